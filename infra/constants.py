@@ -1,0 +1,102 @@
+"""Literals of the Coworker stack, in one place.
+
+Table names, keys and the index come from :mod:`coworker.schema`; this module holds only what
+is particular to the AWS deployment (context keys and their defaults, paths, names, limits).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final
+
+REPO_ROOT: Final = Path(__file__).resolve().parent.parent
+
+# --- paths -------------------------------------------------------------------------------
+LAYER_SOURCE_DIR: Final = REPO_ROOT / "layers" / "coworker" / "python"
+LAYER_PACKAGE: Final = "coworker"
+LAYER_REQUIREMENTS: Final = REPO_ROOT / "requirements.txt"
+FUNCTIONS_DIR: Final = REPO_ROOT / "functions"
+COORDINATOR_DIR_NAME: Final = "coordinator"
+WORKER_DIR_NAME: Final = "worker"
+API_DIR_NAME: Final = "api"
+HANDLER: Final = "handler.handler"
+# Left out of every asset: byte code and caches from local runs.
+ASSET_EXCLUDES: Final = ["__pycache__", "*.pyc", ".pytest_cache", ".mypy_cache", ".ruff_cache"]
+
+# --- runtime -------------------------------------------------------------------------------
+# The layer's wheels are fetched for exactly this interpreter and platform, so the Lambda
+# runtime and architecture below must change together with them.
+PYTHON_VERSION: Final = "3.13"
+PIP_PLATFORM: Final = "manylinux2014_aarch64"
+PIP_IMPLEMENTATION: Final = "cp"
+
+# --- naming ------------------------------------------------------------------------------
+STACK_ID: Final = "Coworker"
+STACK_DESCRIPTION: Final = "Coworker: serverless coordinator-worker task system"
+SERVICE_NAME: Final = "coworker"  # POWERTOOLS_SERVICE_NAME of every function (metric dimension)
+METRICS_NAMESPACE: Final = "Coworker"
+API_STAGE_NAME: Final = "v1"
+DASHBOARD_SUFFIX: Final = "-dashboard"
+
+# --- context keys and defaults -------------------------------------------------------------
+# `cdk deploy -c key=value` (strings) or the "context" block of cdk.json (JSON values).
+CTX_REMOVAL_POLICY: Final = "removalPolicy"  # "retain" | "destroy"
+CTX_LAYER_DEPENDENCIES: Final = "layerDependencies"  # "install" | "skip"
+CTX_WORKER_TIMEOUT: Final = "workerTimeoutSeconds"
+CTX_WORKER_MEMORY: Final = "workerMemoryMb"
+CTX_COORDINATOR_MEMORY: Final = "coordinatorMemoryMb"
+CTX_API_MEMORY: Final = "apiMemoryMb"
+CTX_MAX_CONCURRENCY: Final = "maxConcurrency"
+CTX_BATCH_SIZE: Final = "batchSize"
+CTX_MAX_ATTEMPTS: Final = "maxAttempts"
+CTX_LOCK_SECONDS: Final = "lockSeconds"
+CTX_TICKS_PER_INVOCATION: Final = "ticksPerInvocation"
+CTX_TICK_SECONDS: Final = "tickSeconds"
+CTX_RETENTION_DAYS: Final = "retentionDays"
+CTX_HANDLER_MODULES: Final = "handlerModules"
+CTX_SCHEDULE_MINUTES: Final = "scheduleMinutes"
+CTX_LOG_LEVEL: Final = "logLevel"
+CTX_API_RATE_LIMIT: Final = "apiRateLimit"
+CTX_API_BURST_LIMIT: Final = "apiBurstLimit"
+CTX_API_CLOUDWATCH_ROLE: Final = "apiCloudWatchRole"
+CTX_ALARM_EMAIL: Final = "alarmEmail"
+CTX_ALARM_TOPIC: Final = "alarmTopic"
+
+REMOVAL_RETAIN: Final = "retain"
+REMOVAL_DESTROY: Final = "destroy"
+LAYER_DEPS_INSTALL: Final = "install"
+LAYER_DEPS_SKIP: Final = "skip"
+
+DEFAULT_WORKER_MEMORY_MB: Final = 512
+DEFAULT_COORDINATOR_MEMORY_MB: Final = 256
+DEFAULT_API_MEMORY_MB: Final = 256
+DEFAULT_SCHEDULE_MINUTES: Final = 1
+DEFAULT_LOG_LEVEL: Final = "INFO"
+DEFAULT_API_RATE_LIMIT: Final = 50  # requests per second, steady
+DEFAULT_API_BURST_LIMIT: Final = 100
+
+API_TIMEOUT_SECONDS: Final = 29  # API Gateway's integration limit
+# Slack added to a coordinator invocation beyond its ticks.
+COORDINATOR_TIMEOUT_SLACK_SECONDS: Final = 30
+LAMBDA_MAX_TIMEOUT_SECONDS: Final = 900
+# One coordinator at a time: overlapping ticks would both count free worker slots.
+COORDINATOR_RESERVED_CONCURRENCY: Final = 1
+# Async events older than this are dropped (to the DLQ). Lambda allows 60 s .. 6 h.
+MIN_EVENT_AGE_SECONDS: Final = 60
+MAX_EVENT_AGE_SECONDS: Final = 6 * 60 * 60
+
+# --- monitoring --------------------------------------------------------------------------
+METRIC_TASK_CLAIMED: Final = "TaskClaimed"
+METRIC_TASK_FINISHED: Final = "TaskFinished"
+METRIC_TASK_FAILED: Final = "TaskFailed"
+METRIC_TASK_IGNORED: Final = "TaskIgnored"
+METRIC_LOST_CLAIM: Final = "LostClaim"
+METRIC_TASK_DURATION: Final = "TaskDuration"
+METRIC_TASKS_DISPATCHED: Final = "TasksDispatched"
+METRIC_WORKER_INVOCATIONS: Final = "WorkerInvocations"
+METRIC_BUSY_WORKERS: Final = "CoordinatorBusyWorkers"
+DURATION_PERCENTILES: Final = ("p50", "p90", "p99")
+METRIC_PERIOD_MINUTES: Final = 1
+ALARM_PERIOD_MINUTES: Final = 5
+DASHBOARD_WIDGET_WIDTH: Final = 12
+DASHBOARD_WIDGET_HEIGHT: Final = 6

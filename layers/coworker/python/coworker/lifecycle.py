@@ -1,0 +1,348 @@
+"""The task lifecycle: every state change is one conditional write on the task's item.
+
+::
+
+    put ──► todo ──claim──► processing ──complete──► finished
+                ▲              │  │
+      retry     │    fail <ceil│  │fail at ceiling / not retryable, cancel, lost at ceiling
+    (backoff) failed ◄─────────┘  └──────────────────────────────► ignored
+
+Lock and fencing timeline (``A``, ``B`` are workers; ``n`` is the attempt number)::
+
+    t0  A claims: status=processing, lock_owner=A, attempts=n, due_at=lock_expires_at=t0+L
+    t1  A dies (or stalls) ............................................
+    t0+L  lock expired: the coordinator sees processing & due_at <= now, dispatches again
+    t2  B claims: condition "open & due_at <= now & attempts < max" holds; attempts=n+1, owner=B
+    t3  A wakes and tries to record: condition "status=processing & owner=A & attempts=n" fails
+        -> A is told LOST and logs it; B's attempt is untouched.
+
+The fencing token is the pair (owner, attempt): attempts only ever grow, so even a worker that
+reused an owner id cannot overwrite a newer attempt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import random
+import traceback as tb
+from datetime import datetime, timedelta
+from typing import Any
+
+from pynamodb.exceptions import DoesNotExist, PutError, UpdateError
+from pynamodb.expressions.condition import Condition
+
+from coworker.config import Settings
+from coworker.errors import StorageError, TaskNotFoundError
+from coworker.model import ErrorKind, ErrorRecord, TaskModel, TaskStatus, utcnow
+
+MAX_MESSAGE_CHARS = 1000
+MAX_TRACEBACK_CHARS = 2000
+CONDITION_FAILED = "ConditionalCheckFailedException"
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """What a caller puts: a new task."""
+
+    key: str
+    type: str
+    payload: Any = None
+    max_attempts: int | None = None
+    run_at: datetime | None = None
+    batch_id: str | None = None
+    priority: int | None = None
+
+
+class PutOutcome(str, enum.Enum):
+    CREATED = "created"
+    EXISTS = "exists"
+
+
+class RecordOutcome(str, enum.Enum):
+    """What happened to a worker's attempt to record its result."""
+
+    FINISHED = "finished"
+    FAILED = "failed"  # will be retried after a backoff
+    IGNORED = "ignored"  # ceiling reached or not retryable
+    LOST = "lost"  # the claim was no longer ours: nothing was written
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A task held by one worker. ``attempt`` and ``owner`` are the fencing token."""
+
+    task: TaskModel
+    owner: str
+    attempt: int
+
+    @property
+    def key(self) -> str:
+        return self.task.key
+
+    @property
+    def took_over_lost_attempt(self) -> bool:
+        """True when this claim took the task from a worker whose lock had expired."""
+        return self.task.claimed_from == TaskStatus.PROCESSING.value
+
+
+def _condition_failed(exc: PutError | UpdateError) -> bool:
+    return exc.cause_response_code == CONDITION_FAILED
+
+
+def backoff_delay(attempt: int, settings: Settings, rng: random.Random | None = None) -> float:
+    """Seconds to wait before retrying after failed attempt ``attempt`` (1-based).
+
+    Exponential growth capped at ``backoff_max_seconds``, with full jitter so that a burst of
+    failures does not come back as a burst of retries.
+    """
+    ceiling = min(settings.backoff_max_seconds, settings.backoff_base_seconds * 2 ** (attempt - 1))
+    return (rng or random).uniform(ceiling / 2, ceiling)
+
+
+def error_record(
+    attempt: int, kind: ErrorKind, message: str, at: datetime, traceback: str | None = None
+) -> ErrorRecord:
+    """An error history entry, trimmed to sizes that keep the item small."""
+    return ErrorRecord(
+        attempt=attempt,
+        at=at,
+        kind=kind.value,
+        message=message[:MAX_MESSAGE_CHARS] or kind.value,
+        traceback=traceback[-MAX_TRACEBACK_CHARS:] if traceback else None,
+    )
+
+
+def error_from_exception(attempt: int, kind: ErrorKind, exc: BaseException, at: datetime) -> ErrorRecord:
+    """An error history entry describing ``exc``."""
+    text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
+    return error_record(attempt, kind, f"{type(exc).__name__}: {exc}", at, text)
+
+
+def put_task(spec: TaskSpec, settings: Settings, now: datetime | None = None) -> PutOutcome:
+    """Create a task in ``todo``; a task whose key exists is left exactly as it is."""
+    now = now or utcnow()
+    task = TaskModel(
+        spec.key,
+        task_type=spec.type,
+        payload=spec.payload,
+        status=TaskStatus.TODO.value,
+        due_at=max(spec.run_at, now) if spec.run_at else now,
+        created_at=now,
+        updated_at=now,
+        attempts=0,
+        max_attempts=spec.max_attempts or settings.max_attempts,
+        batch_id=spec.batch_id,
+        priority=spec.priority,
+    )
+    try:
+        task.save(condition=TaskModel.key.does_not_exist())
+    except PutError as exc:
+        if _condition_failed(exc):
+            return PutOutcome.EXISTS
+        raise StorageError(f"could not put task {spec.key!r}: {exc.cause_response_message}") from exc
+    return PutOutcome.CREATED
+
+
+def get_task(key: str, consistent: bool = True) -> TaskModel:
+    """Read one task, or raise :class:`TaskNotFoundError`."""
+    try:
+        return TaskModel.get(key, consistent_read=consistent)
+    except DoesNotExist as exc:
+        raise TaskNotFoundError(f"no task with key {key!r}") from exc
+
+
+def claim(key: str, owner: str, settings: Settings, now: datetime | None = None) -> Claim | None:
+    """Take the task for ``owner`` with one conditional UpdateItem; ``None`` if not claimable.
+
+    Claimable: todo or failed and due, or processing with an expired lock, and below the
+    attempt ceiling. Of any number of concurrent claimers exactly one succeeds.
+    """
+    now = now or utcnow()
+    expires = now + timedelta(seconds=settings.effective_lock_seconds)
+    claimable = (
+        TaskModel.status.is_in(*(s.value for s in TaskStatus.open()))
+        & (TaskModel.due_at <= now)
+        & (TaskModel.attempts < TaskModel.max_attempts)
+    )
+    task = TaskModel(key)
+    try:
+        task.update(
+            actions=[
+                TaskModel.claimed_from.set(TaskModel.status),  # right-hand side reads the old value
+                TaskModel.status.set(TaskStatus.PROCESSING.value),
+                TaskModel.lock_owner.set(owner),
+                TaskModel.lock_expires_at.set(expires),
+                TaskModel.due_at.set(expires),
+                TaskModel.attempts.add(1),
+                TaskModel.updated_at.set(now),
+            ],
+            condition=claimable,
+        )
+    except UpdateError as exc:
+        if _condition_failed(exc):
+            return None
+        raise StorageError(f"could not claim task {key!r}: {exc.cause_response_message}") from exc
+    return Claim(task=task, owner=owner, attempt=int(task.attempts))
+
+
+def _fenced(claim: Claim) -> Condition:
+    """Condition that holds only while ``claim`` is still the task's current attempt."""
+    return (
+        (TaskModel.status == TaskStatus.PROCESSING.value)
+        & (TaskModel.lock_owner == claim.owner)
+        & (TaskModel.attempts == claim.attempt)
+    )
+
+
+def _history(claim: Claim, settings: Settings, now: datetime, new: list[ErrorRecord]) -> list[ErrorRecord]:
+    entries = list(claim.task.errors or [])
+    if claim.took_over_lost_attempt:
+        entries.append(
+            error_record(claim.attempt - 1, ErrorKind.WORKER_LOST,
+                         "the worker's lock expired before it recorded a result", now)
+        )
+    entries.extend(new)
+    return entries[-settings.error_history:]
+
+
+def _release_lock_actions(now: datetime) -> list:
+    return [
+        TaskModel.lock_owner.remove(),
+        TaskModel.lock_expires_at.remove(),
+        TaskModel.claimed_from.remove(),
+        TaskModel.updated_at.set(now),
+    ]
+
+
+def _fenced_update(claim: Claim, actions: list, outcome: RecordOutcome) -> RecordOutcome:
+    try:
+        claim.task.update(actions=actions, condition=_fenced(claim))
+    except UpdateError as exc:
+        if _condition_failed(exc):
+            return RecordOutcome.LOST
+        raise StorageError(f"could not record task {claim.key!r}: {exc.cause_response_message}") from exc
+    return outcome
+
+
+def complete(claim: Claim, settings: Settings, result: Any = None, now: datetime | None = None) -> RecordOutcome:
+    """Record success: finished, lock removed, task leaves the status index."""
+    now = now or utcnow()
+    actions = [
+        TaskModel.status.set(TaskStatus.FINISHED.value),
+        TaskModel.due_at.remove(),
+        TaskModel.finished_at.set(now),
+        *_release_lock_actions(now),
+    ]
+    if result is not None:
+        actions.append(TaskModel.result.set(result))
+    if claim.took_over_lost_attempt:
+        actions.append(TaskModel.errors.set(_history(claim, settings, now, [])))
+    if settings.retention_days:
+        actions.append(TaskModel.delete_after_epoch.set(now + timedelta(days=settings.retention_days)))
+    return _fenced_update(claim, actions, RecordOutcome.FINISHED)
+
+
+def fail(
+    claim: Claim,
+    settings: Settings,
+    error: ErrorRecord,
+    retryable: bool = True,
+    now: datetime | None = None,
+) -> RecordOutcome:
+    """Record a failed attempt: failed with a backoff below the ceiling, else ignored."""
+    now = now or utcnow()
+    give_up = not retryable or claim.attempt >= int(claim.task.max_attempts)
+    if give_up:
+        status, due_at, outcome = TaskStatus.IGNORED, now, RecordOutcome.IGNORED
+    else:
+        delay = backoff_delay(claim.attempt, settings)
+        status, due_at, outcome = TaskStatus.FAILED, now + timedelta(seconds=delay), RecordOutcome.FAILED
+    actions = [
+        TaskModel.status.set(status.value),
+        TaskModel.due_at.set(due_at),
+        TaskModel.errors.set(_history(claim, settings, now, [error])),
+        *_release_lock_actions(now),
+    ]
+    return _fenced_update(claim, actions, outcome)
+
+
+def reap_lost(key: str, attempt: int, settings: Settings, now: datetime | None = None) -> bool:
+    """Ignore a task whose worker was lost on its last allowed attempt.
+
+    Conditional on the task still being that expired attempt, so it races safely with
+    anything else. Returns whether this call changed the task.
+    """
+    now = now or utcnow()
+    lost = error_record(attempt, ErrorKind.WORKER_LOST,
+                        "the worker's lock expired on the last allowed attempt", now)
+    try:
+        TaskModel(key).update(
+            actions=[
+                TaskModel.status.set(TaskStatus.IGNORED.value),
+                TaskModel.due_at.set(now),
+                TaskModel.errors.set((TaskModel.errors | []).append([lost])),
+                *_release_lock_actions(now),
+            ],
+            condition=(
+                (TaskModel.status == TaskStatus.PROCESSING.value)
+                & (TaskModel.attempts == attempt)
+                & (TaskModel.attempts >= TaskModel.max_attempts)
+                & (TaskModel.due_at <= now)
+            ),
+        )
+    except UpdateError as exc:
+        if _condition_failed(exc):
+            return False
+        raise StorageError(f"could not reap task {key!r}: {exc.cause_response_message}") from exc
+    return True
+
+
+def retry(key: str, now: datetime | None = None) -> TaskModel | None:
+    """Redrive a failed or ignored task: todo now, attempts reset, history kept.
+
+    Returns the updated task, or ``None`` if it is not failed or ignored.
+    """
+    now = now or utcnow()
+    task = TaskModel(key)
+    try:
+        task.update(
+            actions=[
+                TaskModel.status.set(TaskStatus.TODO.value),
+                TaskModel.due_at.set(now),
+                TaskModel.attempts.set(0),
+                TaskModel.updated_at.set(now),
+            ],
+            condition=TaskModel.status.is_in(TaskStatus.FAILED.value, TaskStatus.IGNORED.value),
+        )
+    except UpdateError as exc:
+        if _condition_failed(exc):
+            return None
+        raise StorageError(f"could not retry task {key!r}: {exc.cause_response_message}") from exc
+    return task
+
+
+def cancel(key: str, reason: str = "cancelled", now: datetime | None = None) -> TaskModel | None:
+    """Stop handing out a task that is not finished: it becomes ignored with a ``cancelled`` error.
+
+    A worker still running it loses its fencing condition, so its late result cannot hide the
+    cancellation. Returns the updated task, or ``None`` if it was already finished or ignored.
+    """
+    now = now or utcnow()
+    task = TaskModel(key)
+    entry = error_record(0, ErrorKind.CANCELLED, reason, now)
+    try:
+        task.update(
+            actions=[
+                TaskModel.status.set(TaskStatus.IGNORED.value),
+                TaskModel.due_at.set(now),
+                TaskModel.errors.set((TaskModel.errors | []).append([entry])),
+                *_release_lock_actions(now),
+            ],
+            condition=TaskModel.status.is_in(*(s.value for s in TaskStatus.open())),
+        )
+    except UpdateError as exc:
+        if _condition_failed(exc):
+            return None
+        raise StorageError(f"could not cancel task {key!r}: {exc.cause_response_message}") from exc
+    return task

@@ -1,0 +1,151 @@
+"""The pynamodb model of a task, built from :mod:`coworker.schema`.
+
+This is the only module (with :mod:`coworker.lifecycle` and :mod:`coworker.queries`) that
+talks to DynamoDB. Call :func:`bind` once per process to point the model at a table and endpoint.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime, timezone
+from typing import Any
+
+from pynamodb.attributes import (
+    JSONAttribute,
+    ListAttribute,
+    MapAttribute,
+    NumberAttribute,
+    TTLAttribute,
+    UnicodeAttribute,
+    UTCDateTimeAttribute,
+)
+from pynamodb.indexes import GlobalSecondaryIndex, IncludeProjection
+from pynamodb.models import Model
+
+from coworker import schema
+from coworker.config import Settings
+
+
+class TaskStatus(str, enum.Enum):
+    """Lifecycle states, stored as these plain words so the console reads naturally."""
+
+    TODO = "todo"
+    PROCESSING = "processing"
+    FAILED = "failed"
+    FINISHED = "finished"
+    IGNORED = "ignored"
+
+    @classmethod
+    def open(cls) -> tuple[TaskStatus, ...]:
+        """States from which a task may still run."""
+        return (cls.TODO, cls.FAILED, cls.PROCESSING)
+
+
+class ErrorKind(str, enum.Enum):
+    """Why an attempt did not finish."""
+
+    BUSINESS = "business"  # the handler raised TaskFailedError
+    SYSTEM = "system"  # any other exception
+    TIMEOUT = "timeout"  # the worker ran out of time and released the lock
+    WORKER_LOST = "worker_lost"  # the lock expired: the worker died without recording anything
+    UNKNOWN_TYPE = "unknown_type"  # no handler registered for the task type
+    CANCELLED = "cancelled"  # cancelled through the API
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class ErrorRecord(MapAttribute):
+    """One failed attempt, as kept in a task's error history."""
+
+    attempt = NumberAttribute()
+    at = UTCDateTimeAttribute()
+    kind = UnicodeAttribute()
+    message = UnicodeAttribute()
+    traceback = UnicodeAttribute(null=True)
+
+
+class StatusIndex(GlobalSecondaryIndex["TaskModel"]):
+    """Sparse index of live and ignored tasks by status, oldest ``due_at`` first."""
+
+    class Meta:
+        index_name = schema.STATUS_INDEX_NAME
+        projection = IncludeProjection(list(schema.STATUS_INDEX_PROJECTED))
+
+    status = UnicodeAttribute(hash_key=True)
+    due_at = UTCDateTimeAttribute(range_key=True)
+
+
+class TaskModel(Model):
+    """One task. Attribute names are the ones a person sees in the DynamoDB console."""
+
+    class Meta:
+        table_name = schema.DEFAULT_TABLE_NAME
+        region = "us-east-1"
+
+    key = UnicodeAttribute(hash_key=True, attr_name=schema.PARTITION_KEY)
+    task_type = UnicodeAttribute(attr_name="type")
+    payload = JSONAttribute(null=True)
+    status = UnicodeAttribute(attr_name=schema.STATUS_INDEX_PARTITION_KEY)
+    due_at = UTCDateTimeAttribute(null=True, attr_name=schema.STATUS_INDEX_SORT_KEY)
+    created_at = UTCDateTimeAttribute()
+    updated_at = UTCDateTimeAttribute()
+    finished_at = UTCDateTimeAttribute(null=True)
+    attempts = NumberAttribute(default=0)
+    max_attempts = NumberAttribute()
+    lock_owner = UnicodeAttribute(null=True)
+    lock_expires_at = UTCDateTimeAttribute(null=True)
+    # The status the last claim took the task from: "processing" means it took over a lost attempt.
+    claimed_from = UnicodeAttribute(null=True)
+    errors = ListAttribute(of=ErrorRecord, null=True)
+    result = JSONAttribute(null=True)
+    batch_id = UnicodeAttribute(null=True)
+    priority = NumberAttribute(null=True)
+    delete_after_epoch = TTLAttribute(null=True, attr_name=schema.TTL_ATTRIBUTE)
+
+    status_index = StatusIndex()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The task as plain JSON-ready values (times as ISO-8601 UTC strings)."""
+
+        def iso(value: datetime | None) -> str | None:
+            return value.isoformat().replace("+00:00", "Z") if value else None
+
+        return {
+            "key": self.key,
+            "type": self.task_type,
+            "status": self.status,
+            "payload": self.payload,
+            "attempts": int(self.attempts or 0),
+            "max_attempts": int(self.max_attempts),
+            "created_at": iso(self.created_at),
+            "updated_at": iso(self.updated_at),
+            "due_at": iso(self.due_at),
+            "finished_at": iso(self.finished_at),
+            "lock_owner": self.lock_owner,
+            "lock_expires_at": iso(self.lock_expires_at),
+            "batch_id": self.batch_id,
+            "priority": int(self.priority) if self.priority is not None else None,
+            "result": self.result,
+            "errors": [
+                {
+                    "attempt": int(e.attempt),
+                    "at": iso(e.at),
+                    "kind": e.kind,
+                    "message": e.message,
+                    "traceback": e.traceback,
+                }
+                for e in (self.errors or [])
+            ],
+        }
+
+
+def bind(settings: Settings) -> None:
+    """Point the model at the configured table, region and endpoint (once per process)."""
+    TaskModel.Meta.table_name = settings.table_name
+    TaskModel.Meta.region = settings.region
+    TaskModel.Meta.host = settings.dynamodb_endpoint
+    # Tasks carry their own conflict handling (conditions); plain retries are for throttling.
+    TaskModel.Meta.max_retry_attempts = 5
+    TaskModel._connection = None  # drop a connection made for another table or endpoint
