@@ -1,0 +1,342 @@
+"""A local stand-in for API Gateway (REST API, Lambda proxy integration).
+
+:class:`LocalGateway` is a small threaded HTTP server on 127.0.0.1 that turns each real HTTP
+request into the proxy event API Gateway would send (``resource``, ``path``, ``httpMethod``,
+headers and multi-value headers, query string parameters, ``pathParameters``, ``body``,
+``isBase64Encoded``, ``requestContext``), calls a Lambda handler ``handler(event, context)``
+and writes back the ``statusCode``, headers and body it returns.
+
+It is generic: the API tests, the CLI tests and the local runtime serve the task API with it,
+and ``extra_routes``/``static`` let the runtime add a dashboard next to the API.
+
+Nothing here is used on AWS.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import mimetypes
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+# API Gateway refuses request bodies over 10 MB with 413.
+MAX_REQUEST_BYTES = 10 * 1024 * 1024
+PROXY_RESOURCE = "/{proxy+}"
+
+LambdaHandler = Callable[[dict, Any], Mapping[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class GatewayRequest:
+    """One HTTP request, as given to an ``extra_routes`` callable."""
+
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclasses.dataclass
+class GatewayResponse:
+    """What an ``extra_routes`` callable returns (a plain ``(status, headers, body)`` tuple also works)."""
+
+    status: int
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+    body: bytes | str = b""
+
+
+ExtraRoute = Callable[[GatewayRequest], "GatewayResponse | tuple[int, dict[str, str], bytes | str]"]
+
+
+@dataclasses.dataclass
+class LocalLambdaContext:
+    """Enough of a Lambda context for Powertools' ``inject_lambda_context`` and handlers."""
+
+    function_name: str = "coworker-local"
+    function_version: str = "$LATEST"
+    memory_limit_in_mb: int = 512
+    aws_request_id: str = dataclasses.field(default_factory=lambda: str(uuid.uuid4()))
+    timeout_seconds: float = 29.0  # API Gateway's integration timeout
+    started: float = dataclasses.field(default_factory=time.monotonic)
+
+    @property
+    def invoked_function_arn(self) -> str:
+        return f"arn:aws:lambda:us-east-1:000000000000:function:{self.function_name}"
+
+    @property
+    def log_group_name(self) -> str:
+        return f"/aws/lambda/{self.function_name}"
+
+    @property
+    def log_stream_name(self) -> str:
+        return "local"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self.timeout_seconds - (time.monotonic() - self.started)) * 1000))
+
+
+def build_proxy_event(
+    method: str,
+    raw_path: str,
+    headers: Mapping[str, str] | list[tuple[str, str]] | None = None,
+    body: bytes | str | None = None,
+    stage: str = "local",
+    source_ip: str = "127.0.0.1",
+    resource: str | None = None,
+    path_parameters: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The API Gateway REST proxy event for one request.
+
+    ``raw_path`` may carry a query string. Without ``resource`` the event looks like a
+    ``/{proxy+}`` resource (what a ``LambdaRestApi`` with ``proxy=True`` produces); pass
+    ``resource`` and ``path_parameters`` to mimic an explicit resource instead.
+    """
+    parts = urlsplit(raw_path)
+    path = unquote(parts.path) or "/"
+    header_pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers or [])
+    single_headers: dict[str, str] = {}
+    multi_headers: dict[str, list[str]] = {}
+    for name, value in header_pairs:
+        single_headers[name] = value  # API Gateway keeps the last value
+        multi_headers.setdefault(name, []).append(value)
+    multi_query = parse_qs(parts.query, keep_blank_values=True)
+    if resource is None:
+        resource = "/" if path == "/" else PROXY_RESOURCE
+        path_parameters = None if path == "/" else {"proxy": path.lstrip("/")}
+    is_base64 = False
+    body_text: str | None = None
+    if isinstance(body, bytes) and body:
+        try:
+            body_text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            body_text, is_base64 = base64.b64encode(body).decode("ascii"), True
+    elif isinstance(body, str) and body:
+        body_text = body
+    request_id = str(uuid.uuid4())
+    now = datetime.now(timezone.utc)
+    # API Gateway sends null (not {}) for absent headers, query strings and path parameters.
+    return {
+        "resource": resource,
+        "path": path,
+        "httpMethod": method.upper(),
+        "headers": single_headers or None,
+        "multiValueHeaders": multi_headers or None,
+        "queryStringParameters": {k: v[-1] for k, v in multi_query.items()} or None,
+        "multiValueQueryStringParameters": multi_query or None,
+        "pathParameters": path_parameters,
+        "stageVariables": None,
+        "body": body_text,
+        "isBase64Encoded": is_base64,
+        "requestContext": {
+            "resourcePath": resource,
+            "httpMethod": method.upper(),
+            "path": f"/{stage}{path}",
+            "stage": stage,
+            "requestId": request_id,
+            "extendedRequestId": request_id,
+            "accountId": "000000000000",
+            "apiId": "local",
+            "protocol": "HTTP/1.1",
+            "domainName": "localhost",
+            "requestTime": now.strftime("%d/%b/%Y:%H:%M:%S +0000"),
+            "requestTimeEpoch": int(now.timestamp() * 1000),
+            "identity": {
+                "sourceIp": source_ip,
+                "userAgent": single_headers.get("User-Agent") or single_headers.get("user-agent"),
+                "apiKey": single_headers.get("x-api-key") or single_headers.get("X-Api-Key"),
+            },
+        },
+    }
+
+
+class LocalGateway:
+    """Serve a Lambda proxy handler (and optional extra routes and static files) over HTTP.
+
+    ``extra_routes`` maps exact paths (``"/"``, ``"/dashboard/data"``) to callables taking a
+    :class:`GatewayRequest`; they answer any method. ``static`` maps URL prefixes to
+    directories whose files are served for GET. Anything else goes to ``handler``.
+
+    Lambda runs one event at a time per execution environment, and Powertools resolvers keep the
+    current event on the instance, so calls into ``handler`` are serialized unless
+    ``concurrent=True``.
+    """
+
+    def __init__(
+        self,
+        handler: LambdaHandler,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        extra_routes: dict[str, ExtraRoute] | None = None,
+        static: dict[str, str | Path] | None = None,
+        stage: str = "local",
+        concurrent: bool = False,
+        context_factory: Callable[[], Any] = LocalLambdaContext,
+    ) -> None:
+        self.handler = handler
+        self.host = host
+        self.port = port
+        self.extra_routes = dict(extra_routes or {})
+        self.static = {prefix.rstrip("/") + "/": Path(folder) for prefix, folder in (static or {}).items()}
+        self.stage = stage
+        self.context_factory = context_factory
+        self._lock = None if concurrent else threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:54321`` (valid once started)."""
+        if self._server is None:
+            raise RuntimeError("the gateway is not started")
+        return f"http://{self.host}:{self._server.server_address[1]}"
+
+    def start(self) -> LocalGateway:
+        gateway = self
+
+        class Handler(_RequestHandler):
+            pass
+
+        Handler.gateway = gateway
+        self._server = ThreadingHTTPServer((self.host, self.port), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="local-gateway", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def serve_forever(self) -> None:
+        """Start and block until interrupted (Ctrl-C)."""
+        self.start()
+        try:
+            while self._thread is not None and self._thread.is_alive():
+                self._thread.join(timeout=0.5)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.stop()
+
+    def __enter__(self) -> LocalGateway:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- request dispatch -------------------------------------------------------------------
+
+    def dispatch(self, request: GatewayRequest, raw_path: str, header_pairs: list[tuple[str, str]],
+                 source_ip: str) -> GatewayResponse:
+        """Answer one request: extra route, static file, or the Lambda handler."""
+        route = self.extra_routes.get(request.path)
+        if route is not None:
+            answer = route(request)
+            return answer if isinstance(answer, GatewayResponse) else GatewayResponse(*answer)
+        static = self._static_file(request)
+        if static is not None:
+            return static
+        event = build_proxy_event(request.method, raw_path, header_pairs, request.body,
+                                  stage=self.stage, source_ip=source_ip)
+        return self._invoke(event)
+
+    def _static_file(self, request: GatewayRequest) -> GatewayResponse | None:
+        if request.method not in ("GET", "HEAD"):
+            return None
+        for prefix, folder in self.static.items():
+            if not (request.path + "/").startswith(prefix):
+                continue
+            relative = request.path[len(prefix):] or "index.html"
+            target = (folder / relative).resolve()
+            # Refuse paths that climb out of the folder (../).
+            if folder.resolve() not in target.parents or not target.is_file():
+                return GatewayResponse(404, {"Content-Type": "application/json"},
+                                       '{"statusCode": 404, "message": "Not found"}')
+            kind = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
+            return GatewayResponse(200, {"Content-Type": kind}, target.read_bytes())
+        return None
+
+    def _invoke(self, event: dict[str, Any]) -> GatewayResponse:
+        context = self.context_factory()
+        try:
+            if self._lock is None:
+                result = self.handler(event, context)
+            else:
+                with self._lock:
+                    result = self.handler(event, context)
+        except Exception:  # a crashed Lambda: API Gateway answers 502, so do we
+            traceback.print_exc()
+            return GatewayResponse(502, {"Content-Type": "application/json"},
+                                   '{"message": "Internal server error"}')
+        return self._response_from_lambda(result)
+
+    @staticmethod
+    def _response_from_lambda(result: Mapping[str, Any]) -> GatewayResponse:
+        if not isinstance(result, Mapping) or "statusCode" not in result:
+            # API Gateway: "Malformed Lambda proxy response".
+            return GatewayResponse(502, {"Content-Type": "application/json"},
+                                   '{"message": "Internal server error"}')
+        headers = {k: str(v) for k, v in (result.get("headers") or {}).items()}
+        for name, values in (result.get("multiValueHeaders") or {}).items():
+            headers[name] = ", ".join(str(v) for v in values)
+        body: bytes | str = result.get("body") or ""
+        if result.get("isBase64Encoded") and body:
+            body = base64.b64decode(body)
+        return GatewayResponse(int(result["statusCode"]), headers, body)
+
+
+class _RequestHandler(BaseHTTPRequestHandler):
+    gateway: LocalGateway
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        pass  # quiet: the handler logs through Powertools
+
+    def _handle(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_REQUEST_BYTES:
+            self._send(GatewayResponse(413, {"Content-Type": "application/json"},
+                                       '{"message": "Request Too Long"}'))
+            self.close_connection = True
+            return
+        body = self.rfile.read(length) if length else b""
+        parts = urlsplit(self.path)
+        request = GatewayRequest(
+            method=self.command,
+            path=unquote(parts.path) or "/",
+            query=parse_qs(parts.query, keep_blank_values=True),
+            headers={k: v for k, v in self.headers.items()},
+            body=body,
+        )
+        # Hop-by-hop headers are not passed on by API Gateway either.
+        pairs = [(k, v) for k, v in self.headers.items() if k.lower() not in ("connection", "keep-alive")]
+        response = self.gateway.dispatch(request, self.path, pairs, self.client_address[0])
+        self._send(response, head=self.command == "HEAD")
+
+    def _send(self, response: GatewayResponse, head: bool = False) -> None:
+        body = response.body.encode("utf-8") if isinstance(response.body, str) else response.body
+        self.send_response(response.status)
+        for name, value in response.headers.items():
+            if name.lower() not in ("content-length", "connection", "transfer-encoding"):
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _handle

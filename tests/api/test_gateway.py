@@ -1,0 +1,72 @@
+"""LocalGateway: real HTTP in, API Gateway REST proxy events out."""
+
+from __future__ import annotations
+
+import http.client
+import json
+
+import pytest
+import requests
+
+from coworker.gateway import GatewayResponse, LocalGateway, build_proxy_event
+
+
+@pytest.fixture
+def echo_gateway(tmp_path):
+    seen: list[dict] = []
+
+    def handler(event, context):
+        seen.append(event)
+        if event["path"] == "/boom":
+            raise RuntimeError("crash")
+        return {"statusCode": 201, "headers": {"Content-Type": "application/json", "X-Seen": "yes"},
+                "body": json.dumps({"path": event["path"], "remaining": context.get_remaining_time_in_millis()})}
+
+    (tmp_path / "index.html").write_text("<h1>dash</h1>")
+    extra = {"/health": lambda request: GatewayResponse(200, {"Content-Type": "text/plain"}, "ok " + request.method)}
+    with LocalGateway(handler, extra_routes=extra, static={"/ui": tmp_path}) as gateway:
+        yield gateway, seen
+
+
+def test_request_becomes_a_rest_proxy_event(echo_gateway):
+    gateway, seen = echo_gateway
+    response = requests.post(f"{gateway.url}/tasks/a%20b?x=1&x=2&y=", data=b'{"k": 1}',
+                             headers={"x-api-key": "secret", "Content-Type": "application/json"})
+    assert response.status_code == 201
+    assert response.headers["X-Seen"] == "yes"
+    assert response.json()["path"] == "/tasks/a b"
+    event = seen[-1]
+    assert event["httpMethod"] == "POST"
+    assert event["resource"] == "/{proxy+}"
+    assert event["pathParameters"] == {"proxy": "tasks/a b"}
+    assert event["queryStringParameters"] == {"x": "2", "y": ""}
+    assert event["multiValueQueryStringParameters"] == {"x": ["1", "2"], "y": [""]}
+    assert event["body"] == '{"k": 1}' and event["isBase64Encoded"] is False
+    assert event["headers"]["x-api-key"] == "secret"
+    assert event["requestContext"]["stage"] == "local"
+    assert event["requestContext"]["identity"]["sourceIp"] == "127.0.0.1"
+    assert event["requestContext"]["requestId"]
+
+
+def test_binary_body_is_base64_encoded():
+    event = build_proxy_event("PUT", "/x", {}, b"\xff\x00")
+    assert event["isBase64Encoded"] is True and event["body"] == "/wA="
+    assert event["queryStringParameters"] is None and event["headers"] is None
+
+
+def test_crashing_handler_answers_502(echo_gateway):
+    gateway, _ = echo_gateway
+    response = requests.get(f"{gateway.url}/boom")
+    assert response.status_code == 502
+    assert response.json() == {"message": "Internal server error"}
+
+
+def test_extra_routes_and_static_files(echo_gateway):
+    gateway, seen = echo_gateway
+    assert requests.get(f"{gateway.url}/health").text == "ok GET"
+    page = requests.get(f"{gateway.url}/ui/")
+    assert page.status_code == 200 and "dash" in page.text and page.headers["Content-Type"] == "text/html"
+    connection = http.client.HTTPConnection(gateway.url.removeprefix("http://"))
+    connection.request("GET", "/ui/../../etc/passwd")  # http.client sends the path as written
+    assert connection.getresponse().status == 404
+    assert seen == []  # none of these reached the Lambda handler
