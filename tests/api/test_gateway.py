@@ -34,7 +34,7 @@ def test_request_becomes_a_rest_proxy_event(echo_gateway):
                              headers={"x-api-key": "secret", "Content-Type": "application/json"})
     assert response.status_code == 201
     assert response.headers["X-Seen"] == "yes"
-    assert response.json()["path"] == "/tasks/a b"
+    assert response.json()["path"] == "/tasks/a%20b"  # REST APIs pass the path still encoded
     event = seen[-1]
     assert event["httpMethod"] == "POST"
     assert event["resource"] == "/{proxy+}"

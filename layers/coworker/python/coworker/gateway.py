@@ -97,12 +97,14 @@ def build_proxy_event(
 ) -> dict[str, Any]:
     """The API Gateway REST proxy event for one request.
 
-    ``raw_path`` may carry a query string. Without ``resource`` the event looks like a
+    ``raw_path`` is the request target as sent (percent-encoded, may carry a query string). Without ``resource`` the event looks like a
     ``/{proxy+}`` resource (what a ``LambdaRestApi`` with ``proxy=True`` produces); pass
     ``resource`` and ``path_parameters`` to mimic an explicit resource instead.
     """
     parts = urlsplit(raw_path)
-    path = unquote(parts.path) or "/"
+    # REST APIs hand the path on still percent-encoded (so "%2F" stays apart from "/"), while
+    # path parameters arrive decoded.
+    path = parts.path or "/"
     header_pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers or [])
     single_headers: dict[str, str] = {}
     multi_headers: dict[str, list[str]] = {}
@@ -112,7 +114,7 @@ def build_proxy_event(
     multi_query = parse_qs(parts.query, keep_blank_values=True)
     if resource is None:
         resource = "/" if path == "/" else PROXY_RESOURCE
-        path_parameters = None if path == "/" else {"proxy": path.lstrip("/")}
+        path_parameters = None if path == "/" else {"proxy": unquote(path.lstrip("/"))}
     is_base64 = False
     body_text: str | None = None
     if isinstance(body, bytes) and body:
