@@ -5,8 +5,11 @@ Nothing here is used on AWS; moto is imported only when a server is started.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from coworker import schema
@@ -25,28 +28,57 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+class _OneRequestAtATime:
+    """WSGI middleware that serialises requests.
+
+    moto's DynamoDB backend does not lock an item between evaluating a condition and writing
+    it, so two concurrent conditional writes could both succeed: a race real DynamoDB does not
+    have. Serialising requests restores per-item atomicity; moto is bound by the GIL anyway,
+    so throughput barely changes.
+    """
+
+    def __init__(self, app: Callable) -> None:
+        self._app = app
+        self._lock = threading.Lock()
+
+    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        with self._lock:
+            return list(self._app(environ, start_response))
+
+
 class EmbeddedDynamoDB:
     """A moto DynamoDB server on 127.0.0.1, running in a thread of this process."""
 
     def __init__(self, port: int | None = None, host: str = "127.0.0.1") -> None:
-        from moto.server import ThreadedMotoServer
-
         for name, value in FAKE_CREDENTIALS.items():
             os.environ.setdefault(name, value)
         self.host = host
         self.port = port or free_port(host)
-        self._server = ThreadedMotoServer(ip_address=host, port=self.port, verbose=False)
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
 
     @property
     def endpoint(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> EmbeddedDynamoDB:
-        self._server.start()
+        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+        from werkzeug.serving import make_server
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        app = _OneRequestAtATime(DomainDispatcherApplication(create_backend_app))
+        self._server = make_server(self.host, self.port, app, threaded=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="embedded-dynamodb",
+                                        daemon=True)
+        self._thread.start()
         return self
 
     def stop(self) -> None:
-        self._server.stop()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
 
     def __enter__(self) -> EmbeddedDynamoDB:
         return self.start()

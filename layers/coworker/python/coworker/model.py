@@ -148,4 +148,5 @@ def bind(settings: Settings) -> None:
     TaskModel.Meta.host = settings.dynamodb_endpoint
     # Tasks carry their own conflict handling (conditions); plain retries are for throttling.
     TaskModel.Meta.max_retry_attempts = 5
+    TaskModel.Meta.max_pool_connections = 64  # workers run a batch's tasks in parallel threads
     TaskModel._connection = None  # drop a connection made for another table or endpoint

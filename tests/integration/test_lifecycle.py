@@ -1,0 +1,312 @@
+"""The lifecycle contract, against the embedded DynamoDB server over HTTP.
+
+Times are moved by passing ``now`` to the lifecycle functions: a lock taken "in the past"
+is already expired, without the test sleeping through a lock lifetime.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+
+from coworker import lifecycle
+from coworker.handlers import task_handler
+from coworker.lifecycle import PutOutcome, RecordOutcome, TaskSpec
+from coworker.model import ErrorKind, TaskModel, TaskStatus, utcnow
+from coworker.worker import TaskOutcome, process_task, run_batch
+
+# Handlers private to these tests: a gate the test opens to let a running task return.
+RELEASE = threading.Event()
+
+
+@task_handler("test-wait-for-release")
+def _wait_for_release(payload, context):
+    RELEASE.wait(timeout=30)
+    return {"released": True}
+
+
+@task_handler("test-sleep")
+def _sleep(payload, context):
+    time.sleep(payload["seconds"])
+    return {"slept": payload["seconds"]}
+
+
+def _past(settings, extra: float = 1.0):
+    """A moment far enough back that a lock taken then has already expired."""
+    return utcnow() - timedelta(seconds=settings.effective_lock_seconds + extra)
+
+
+def _put(settings, key="k1", type_="quick", now=None, **kw):
+    return lifecycle.put_task(TaskSpec(key=key, type=type_, payload={"n": 1}, **kw), settings, now=now)
+
+
+def _deadline(seconds: float = 60) -> float:
+    return time.monotonic() + seconds
+
+
+# 6. Idempotent put ---------------------------------------------------------------------------
+
+def test_put_creates_todo_then_reports_exists_without_resetting(settings):
+    assert _put(settings) is PutOutcome.CREATED
+    claim = lifecycle.claim("k1", "w1", settings)
+    assert claim is not None
+
+    assert lifecycle.put_task(TaskSpec(key="k1", type="slow", payload={"x": 2}), settings) is PutOutcome.EXISTS
+
+    task = lifecycle.get_task("k1")
+    assert task.status == "processing"
+    assert task.task_type == "quick"
+    assert task.payload == {"n": 1}
+    assert task.attempts == 1
+    assert TaskModel.count() == 1
+
+
+# 1. Claim --------------------------------------------------------------------------------------
+
+def test_claim_sets_processing_owner_expiry_and_counts_the_attempt(settings):
+    _put(settings)
+    before = utcnow()
+    claim = lifecycle.claim("k1", "worker-a", settings)
+
+    task = lifecycle.get_task("k1")
+    assert claim is not None and claim.attempt == 1
+    assert task.status == TaskStatus.PROCESSING.value
+    assert task.lock_owner == "worker-a"
+    expected = before + timedelta(seconds=settings.effective_lock_seconds)
+    assert abs((task.lock_expires_at - expected).total_seconds()) < 5
+    assert task.due_at == task.lock_expires_at
+    assert lifecycle.claim("k1", "worker-b", settings) is None
+
+
+def test_claim_of_missing_finished_or_not_yet_due_task_is_not_claimed(settings):
+    assert lifecycle.claim("nope", "w", settings) is None
+    _put(settings, key="later", run_at=utcnow() + timedelta(hours=1))
+    assert lifecycle.claim("later", "w", settings) is None
+    _put(settings, key="done")
+    lifecycle.complete(lifecycle.claim("done", "w", settings), settings)
+    assert lifecycle.claim("done", "w2", settings) is None
+
+
+def test_of_many_concurrent_thread_claimers_exactly_one_wins(settings):
+    keys = [f"c{i}" for i in range(5)]
+    for key in keys:
+        _put(settings, key=key)
+    for key in keys:
+        barrier = threading.Barrier(12)
+        winners: list = []
+
+        def contend(index: int) -> None:
+            barrier.wait()
+            result = lifecycle.claim(key, f"thread-{index}", settings)
+            if result is not None:
+                winners.append(result.owner)
+
+        threads = [threading.Thread(target=contend, args=(i,)) for i in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(winners) == 1, winners
+        assert lifecycle.get_task(key).lock_owner == winners[0]
+
+
+def _claim_in_subprocess(settings_env: dict, keys: list[str], start_at: float, queue) -> None:
+    from coworker.bootstrap import configure
+    from coworker.config import Settings
+
+    settings = configure(Settings.from_env(settings_env))
+    while time.time() < start_at:
+        time.sleep(0.001)
+    import os
+
+    won = [key for key in keys if lifecycle.claim(key, f"pid-{os.getpid()}", settings) is not None]
+    queue.put(won)
+
+
+@pytest.mark.slow
+def test_of_concurrent_claimers_in_separate_processes_exactly_one_wins(settings):
+    import multiprocessing
+
+    keys = [f"p{i}" for i in range(20)]
+    for key in keys:
+        _put(settings, key=key)
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    start_at = time.time() + 4  # spawned interpreters need a moment to import
+    env = settings.as_environment()
+    processes = [context.Process(target=_claim_in_subprocess, args=(env, keys, start_at, queue))
+                 for _ in range(4)]
+    for p in processes:
+        p.start()
+    results = [queue.get(timeout=60) for _ in processes]
+    for p in processes:
+        p.join(timeout=30)
+    won = [key for result in results for key in result]
+    assert sorted(won) == sorted(keys)  # every key claimed exactly once across processes
+
+
+# 2. Fencing ------------------------------------------------------------------------------------
+
+def test_stale_worker_cannot_overwrite_a_newer_attempt(settings):
+    past = _past(settings)
+    _put(settings, now=past)
+    stale = lifecycle.claim("k1", "worker-a", settings, now=past)  # its lock is already expired
+    fresh = lifecycle.claim("k1", "worker-b", settings)
+    assert stale is not None and fresh is not None and fresh.attempt == 2
+
+    assert lifecycle.complete(stale, settings, result={"from": "a"}) is RecordOutcome.LOST
+    error = lifecycle.error_record(stale.attempt, ErrorKind.SYSTEM, "late", utcnow())
+    assert lifecycle.fail(stale, settings, error) is RecordOutcome.LOST
+    task = lifecycle.get_task("k1")
+    assert (task.status, task.lock_owner, task.attempts, task.result) == ("processing", "worker-b", 2, None)
+
+    assert lifecycle.complete(fresh, settings, result={"from": "b"}) is RecordOutcome.FINISHED
+    task = lifecycle.get_task("k1")
+    assert task.status == "finished" and task.result == {"from": "b"}
+    # The lost first attempt is on record.
+    assert [(e.attempt, e.kind) for e in task.errors] == [(1, ErrorKind.WORKER_LOST.value)]
+
+
+def test_same_owner_with_an_older_attempt_is_fenced_too(settings):
+    past = _past(settings)
+    _put(settings, now=past)
+    first = lifecycle.claim("k1", "same-owner", settings, now=past)
+    second = lifecycle.claim("k1", "same-owner", settings)
+    assert lifecycle.complete(first, settings) is RecordOutcome.LOST
+    assert lifecycle.complete(second, settings) is RecordOutcome.FINISHED
+
+
+# 3. Success, business failure, system error, backoff, ceiling ---------------------------------
+
+def test_success_finishes_releases_lock_and_leaves_the_status_index(settings):
+    _put(settings, key="ok", type_="quick")
+    report = process_task("ok", "w", settings, _deadline())
+    task = lifecycle.get_task("ok")
+    assert report.outcome is TaskOutcome.FINISHED
+    assert task.status == "finished" and task.lock_owner is None and task.lock_expires_at is None
+    assert task.due_at is None and task.finished_at is not None
+    assert "sha256" in task.result
+    assert list(TaskModel.status_index.query("finished")) == []
+    assert list(TaskModel.status_index.query("processing")) == []
+
+
+def test_business_failure_and_system_error_are_recorded_differently(make_settings):
+    settings = make_settings(backoff_base_seconds=30, backoff_max_seconds=60)
+    _put(settings, key="biz", type_="always-fail")
+    _put(settings, key="sys", type_="flaky", max_attempts=3)
+    lifecycle.put_task(TaskSpec(key="sys2", type="flaky", payload={"fail_attempts": 5}), settings)
+    before = utcnow()
+    assert process_task("biz", "w", settings, _deadline()).outcome is TaskOutcome.FAILED
+    assert process_task("sys2", "w", settings, _deadline()).outcome is TaskOutcome.FAILED
+
+    biz, system = lifecycle.get_task("biz"), lifecycle.get_task("sys2")
+    assert [e.kind for e in biz.errors] == ["business"]
+    assert biz.errors[0].message == "the order references an unknown product"
+    assert [e.kind for e in system.errors] == ["system"]
+    assert system.errors[0].message.startswith("ConnectionError:")
+    assert "Traceback" in system.errors[0].traceback
+    for task in (biz, system):
+        assert task.status == "failed" and task.lock_owner is None
+        # backoff: base 30 s with jitter in [15, 30]
+        assert 14 <= (task.due_at - before).total_seconds() <= 31
+    # not due yet: a claim now is refused
+    assert lifecycle.claim("biz", "w2", settings) is None
+
+
+def test_retries_run_to_the_ceiling_then_the_task_is_ignored(settings):
+    lifecycle.put_task(TaskSpec(key="never", type="always-fail", max_attempts=4), settings)
+    outcomes = [process_task("never", f"w{i}", settings, _deadline()).outcome for i in range(5)]
+    assert outcomes == [TaskOutcome.FAILED] * 3 + [TaskOutcome.IGNORED, TaskOutcome.NOT_CLAIMED]
+    task = lifecycle.get_task("never")
+    assert task.status == "ignored" and task.attempts == 4
+    assert [int(e.attempt) for e in task.errors] == [1, 2, 3, 4]
+
+
+def test_flaky_task_finishes_on_a_later_attempt_with_its_errors_kept(settings):
+    lifecycle.put_task(TaskSpec(key="f", type="flaky", payload={"fail_attempts": 2}), settings)
+    outcomes = [process_task("f", "w", settings, _deadline()).outcome for _ in range(3)]
+    assert outcomes == [TaskOutcome.FAILED, TaskOutcome.FAILED, TaskOutcome.FINISHED]
+    task = lifecycle.get_task("f")
+    assert task.status == "finished" and task.attempts == 3
+    assert [e.kind for e in task.errors] == ["system", "system"]
+
+
+def test_non_retryable_business_failure_is_ignored_at_once(settings):
+    from coworker.errors import TaskFailed
+
+    @task_handler("test-refuse")
+    def refuse(payload, context):
+        raise TaskFailed("card declined", retryable=False)
+
+    _put(settings, key="r", type_="test-refuse", max_attempts=5)
+    assert process_task("r", "w", settings, _deadline()).outcome is TaskOutcome.IGNORED
+    assert lifecycle.get_task("r").attempts == 1
+
+
+def test_error_history_keeps_only_the_last_n(make_settings):
+    settings = make_settings(error_history=2)
+    lifecycle.put_task(TaskSpec(key="h", type="always-fail", max_attempts=5), settings)
+    for _ in range(5):
+        process_task("h", "w", settings, _deadline())
+    assert [int(e.attempt) for e in lifecycle.get_task("h").errors] == [4, 5]
+
+
+def test_unknown_task_type_is_a_recorded_error_not_a_crash(settings):
+    _put(settings, key="u", type_="no-such-type")
+    report = process_task("u", "w", settings, _deadline())
+    task = lifecycle.get_task("u")
+    assert report.outcome is TaskOutcome.FAILED
+    assert task.errors[0].kind == "unknown_type" and "no-such-type" in task.errors[0].message
+
+
+# 4. Graceful timeout -----------------------------------------------------------------------------
+
+def test_task_that_cannot_finish_in_time_is_failed_and_unlocked_before_the_deadline(make_settings):
+    settings = make_settings(timeout_margin_seconds=1.0, worker_timeout_seconds=10)
+    lifecycle.put_task(TaskSpec(key="t", type="test-sleep", payload={"seconds": 20}), settings)
+    deadline = _deadline(3.0)
+    reports = run_batch(["t"], "w", settings, deadline)
+    assert time.monotonic() < deadline  # recorded with time to spare
+    task = lifecycle.get_task("t")
+    assert reports[0].outcome is TaskOutcome.FAILED
+    assert task.status == "failed" and task.lock_owner is None
+    assert task.errors[0].kind == "timeout"
+
+
+def test_worker_with_no_time_left_does_not_claim(settings):
+    _put(settings)
+    report = process_task("k1", "w", settings, time.monotonic() + settings.timeout_margin_seconds / 2)
+    assert report.outcome is TaskOutcome.SKIPPED
+    assert lifecycle.get_task("k1").status == "todo"
+
+
+# 5. Stale locks ------------------------------------------------------------------------------------
+
+def test_cancel_while_running_is_not_hidden_by_the_late_result(settings):
+    RELEASE.clear()
+    _put(settings, key="c", type_="test-wait-for-release")
+    worker = threading.Thread(target=run_batch, args=(["c"], "w", settings, _deadline()))
+    worker.start()
+    for _ in range(100):
+        if lifecycle.get_task("c").status == "processing":
+            break
+        time.sleep(0.05)
+    assert lifecycle.cancel("c", "operator changed their mind") is not None
+    RELEASE.set()
+    worker.join(timeout=30)
+    task = lifecycle.get_task("c")
+    assert task.status == "ignored" and task.result is None
+    assert task.errors[-1].kind == "cancelled"
+    assert lifecycle.claim("c", "w2", settings) is None
+
+
+def test_retry_redrives_an_ignored_task_keeping_its_history(settings):
+    lifecycle.put_task(TaskSpec(key="i", type="always-fail", max_attempts=1), settings)
+    process_task("i", "w", settings, _deadline())
+    assert lifecycle.retry("i") is not None
+    task = lifecycle.get_task("i")
+    assert (task.status, task.attempts, len(task.errors)) == ("todo", 0, 1)
+    assert lifecycle.retry("i") is None  # todo is not retryable

@@ -1,0 +1,41 @@
+"""Pure logic: settings validation and retry backoff."""
+
+import random
+
+import pytest
+
+from coworker.config import Settings
+from coworker.errors import ConfigurationError
+from coworker.lifecycle import backoff_delay
+
+
+def test_settings_read_environment_names_and_defaults():
+    settings = Settings.from_env({"COWORKER_MAX_CONCURRENCY": "42", "COWORKER_TABLE_NAME": "t"})
+    assert settings.max_concurrency == 42
+    assert settings.table_name == "t"
+    assert settings.batch_size == 5  # default
+    assert settings.effective_lock_seconds == settings.worker_timeout_seconds + 30
+
+
+def test_settings_round_trip_through_environment():
+    settings = Settings(max_attempts=7, dynamodb_endpoint="http://127.0.0.1:1")
+    assert Settings.from_env(settings.as_environment()) == settings
+
+
+def test_lock_shorter_than_worker_timeout_is_rejected_with_reason():
+    with pytest.raises(ConfigurationError, match="must be longer than"):
+        Settings.from_env({"COWORKER_LOCK_SECONDS": "60", "COWORKER_WORKER_TIMEOUT_SECONDS": "120"})
+
+
+def test_bad_number_is_rejected():
+    with pytest.raises(ConfigurationError, match="COWORKER_MAX_CONCURRENCY"):
+        Settings.from_env({"COWORKER_MAX_CONCURRENCY": "lots"})
+
+
+def test_backoff_grows_exponentially_with_jitter_and_is_capped():
+    settings = Settings(backoff_base_seconds=2, backoff_max_seconds=30)
+    rng = random.Random(7)
+    for attempt, ceiling in [(1, 2), (2, 4), (3, 8), (4, 16), (5, 30), (9, 30)]:
+        delays = [backoff_delay(attempt, settings, rng) for _ in range(200)]
+        assert all(ceiling / 2 <= d <= ceiling for d in delays)
+        assert max(delays) - min(delays) > ceiling / 10  # jittered, not constant
