@@ -1,0 +1,17 @@
+.PHONY: test run bench synth lint
+
+test:  ## install what is needed, run every test
+	scripts/test.sh
+
+run:  ## the whole system on this machine, with a demo workload
+	scripts/run-local.sh
+
+bench:  ## cost benchmark: DynamoDB requests and capacity units per task
+	scripts/bootstrap.sh && .venv/bin/python benchmarks/cost.py
+
+synth:  ## synthesize the CloudFormation template offline
+	scripts/bootstrap.sh && AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x AWS_DEFAULT_REGION=us-east-1 \
+		CDK_DISABLE_VERSION_CHECK=1 PATH="$(CURDIR)/.venv/bin:$$PATH" npx cdk synth --quiet
+
+lint:
+	scripts/bootstrap.sh && .venv/bin/python -m pip install --quiet ruff && .venv/bin/ruff check .
