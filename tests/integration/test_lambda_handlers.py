@@ -1,0 +1,76 @@
+"""The thin Lambda handlers, imported as Lambda imports them, driven with real event shapes."""
+
+from __future__ import annotations
+
+import importlib.util
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from coworker import lifecycle
+from coworker.dispatch import InProcessInvoker
+from coworker.lifecycle import TaskSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class FakeLambdaContext:
+    function_name: str = "coworker-test"
+    memory_limit_in_mb: int = 256
+    invoked_function_arn: str = "arn:aws:lambda:us-east-1:123456789012:function:coworker-test"
+    aws_request_id: str = ""
+    remaining_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        self.aws_request_id = self.aws_request_id or str(uuid.uuid4())
+
+    def get_remaining_time_in_millis(self) -> int:
+        return self.remaining_ms
+
+
+def _load(name: str, settings, monkeypatch):
+    for key, value in settings.as_environment().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("COWORKER_WORKER_FUNCTION", "coworker-worker")
+    spec = importlib.util.spec_from_file_location(f"{name}_handler", ROOT / "functions" / name / "handler.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_worker_handler_processes_its_batch(settings, monkeypatch):
+    worker = _load("worker", settings, monkeypatch)
+    lifecycle.put_task(TaskSpec(key="a", type="quick"), settings)
+    lifecycle.put_task(TaskSpec(key="b", type="always-fail"), settings)
+    result = worker.handler({"keys": ["a", "b", "missing"]}, FakeLambdaContext())
+    assert result == {"outcomes": {"a": "finished", "b": "failed", "missing": "not_claimed"}}
+    assert lifecycle.get_task("a").lock_owner is None
+
+
+def test_coordinator_handler_ticks_and_dispatches(settings, monkeypatch):
+    coordinator = _load("coordinator", settings, monkeypatch)
+    invoker = InProcessInvoker(coordinator.SETTINGS)
+    monkeypatch.setattr(coordinator, "INVOKER", invoker)
+    for i in range(3):
+        lifecycle.put_task(TaskSpec(key=f"t{i}", type="quick"), settings)
+    event = {"id": "evt-1", "detail-type": "Scheduled Event", "source": "aws.events", "detail": {}}
+    result = coordinator.handler(event, FakeLambdaContext())
+    invoker.wait()
+    assert [tick["dispatched"] for tick in result["ticks"]] == [3]
+    assert {lifecycle.get_task(f"t{i}").status for i in range(3)} == {"finished"}
+
+
+def test_coordinator_refuses_to_start_without_a_worker_function(settings, monkeypatch):
+    from coworker.errors import ConfigurationError
+
+    monkeypatch.setenv("COWORKER_WORKER_FUNCTION", "")
+    for key, value in settings.as_environment().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("COWORKER_WORKER_FUNCTION")
+    spec = importlib.util.spec_from_file_location("coord_bad", ROOT / "functions" / "coordinator" / "handler.py")
+    module = importlib.util.module_from_spec(spec)
+    with pytest.raises(ConfigurationError, match="COWORKER_WORKER_FUNCTION"):
+        spec.loader.exec_module(module)
