@@ -177,3 +177,11 @@ def test_killed_worker_process_task_is_completed_by_another_after_lock_expiry(ma
     assert reports[0].outcome is TaskOutcome.FINISHED
     assert (task.status, task.attempts) == ("finished", 2)
     assert task.errors[0].kind == "worker_lost"
+
+
+def test_several_ticks_per_invocation_stop_before_the_time_runs_out(make_settings):
+    settings = make_settings(ticks_per_invocation=4, tick_seconds=10)
+    invoker, sleeps = RecordingInvoker(), []
+    remaining = iter([55.0, 45.0, 12.0])  # seconds left after each tick
+    reports = dispatch.run_ticks(settings, invoker, lambda: next(remaining), sleep=sleeps.append)
+    assert len(reports) == 3 and sleeps == [10, 10]  # third tick: 12 s left < 10 s + 5 s slack

@@ -310,3 +310,16 @@ def test_retry_redrives_an_ignored_task_keeping_its_history(settings):
     task = lifecycle.get_task("i")
     assert (task.status, task.attempts, len(task.errors)) == ("todo", 0, 1)
     assert lifecycle.retry("i") is None  # todo is not retryable
+
+
+def test_finished_task_gets_a_ttl_only_when_retention_is_set(make_settings):
+    keep = make_settings()
+    _put(keep, key="forever")
+    process_task("forever", "w", keep, _deadline())
+    assert lifecycle.get_task("forever").delete_after_epoch is None
+
+    expiring = make_settings(retention_days=7)
+    _put(expiring, key="week")
+    process_task("week", "w", expiring, _deadline())
+    task = lifecycle.get_task("week")
+    assert abs((task.delete_after_epoch - task.finished_at).total_seconds() - 7 * 86400) < 2
