@@ -86,15 +86,7 @@ MIN_EVENT_AGE_SECONDS: Final = 60
 MAX_EVENT_AGE_SECONDS: Final = 6 * 60 * 60
 
 # --- monitoring --------------------------------------------------------------------------
-METRIC_TASK_CLAIMED: Final = "TaskClaimed"
-METRIC_TASK_FINISHED: Final = "TaskFinished"
-METRIC_TASK_FAILED: Final = "TaskFailed"
-METRIC_TASK_IGNORED: Final = "TaskIgnored"
-METRIC_LOST_CLAIM: Final = "LostClaim"
-METRIC_TASK_DURATION: Final = "TaskDuration"
-METRIC_TASKS_DISPATCHED: Final = "TasksDispatched"
-METRIC_WORKER_INVOCATIONS: Final = "WorkerInvocations"
-METRIC_BUSY_WORKERS: Final = "CoordinatorBusyWorkers"
+# Metric names are the library's own (coworker.observability.MetricName).
 DURATION_PERCENTILES: Final = ("p50", "p90", "p99")
 METRIC_PERIOD_MINUTES: Final = 1
 ALARM_PERIOD_MINUTES: Final = 5

@@ -1,0 +1,1 @@
+"""AWS CDK (v2) infrastructure of Coworker: the stack and its constructs."""

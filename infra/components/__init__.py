@@ -1,0 +1,1 @@
+"""One construct per concern of the Coworker stack."""

@@ -1,0 +1,106 @@
+"""The REST API: API Gateway, Lambda proxy integration, API keys with a usage plan.
+
+Authentication is by API key on every method (``api_key_required``), the simplest scheme that
+machines submitting tasks can use with a header (``x-api-key``); the usage plan attached to the
+key throttles it. An API key identifies a caller rather than proving who it is, so a deployment
+facing untrusted users would put an IAM or Cognito authorizer in front (see docs/deploy.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_apigateway as apigw
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from infra import constants as c
+from infra.components.function import LOG_RETENTION, CoworkerFunction
+from infra.config import StackConfig
+
+
+class TaskApi(Construct):
+    """``ANY /`` and ``ANY /{proxy+}`` to the api function, every method behind an API key."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: StackConfig,
+        table: dynamodb.ITableV2,
+        layer: lambda_.ILayerVersion,
+        functions_dir: Path,
+        removal_policy: RemovalPolicy,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self._config = config
+        self._removal_policy = removal_policy
+        self.handler = self._build_handler(table, layer, functions_dir / c.API_DIR_NAME)
+        self.access_logs = logs.LogGroup(self, "AccessLogs", retention=LOG_RETENTION, removal_policy=removal_policy)
+        self.rest_api = self._build_rest_api(self.handler.function)
+        self.api_key, self.usage_plan = self._build_usage_plan()
+
+    def _build_handler(self, table: dynamodb.ITableV2, layer: lambda_.ILayerVersion, code_dir: Path) -> CoworkerFunction:
+        handler = CoworkerFunction(
+            self, "Handler",
+            code_dir=code_dir,
+            layer=layer,
+            environment=self._config.function_environment(table_name=table.table_name),
+            timeout_seconds=c.API_TIMEOUT_SECONDS,
+            memory_mb=self._config.api_memory_mb,
+            removal_policy=self._removal_policy,
+            description="Coworker API: submit, list and inspect tasks",
+        )
+        table.grant_read_write_data(handler.function)
+        return handler
+
+    def _build_rest_api(self, function: lambda_.IFunction) -> apigw.RestApi:
+        config = self._config
+        api = apigw.RestApi(
+            self, "RestApi",
+            description="Coworker task API",
+            endpoint_types=[apigw.EndpointType.REGIONAL],
+            # Access and execution logs need the account-wide API Gateway CloudWatch role; this
+            # creates it unless the deployer says the account already has one.
+            cloud_watch_role=config.api_cloudwatch_role,
+            cloud_watch_role_removal_policy=RemovalPolicy.RETAIN,
+            deploy_options=apigw.StageOptions(
+                stage_name=c.API_STAGE_NAME,
+                tracing_enabled=True,
+                access_log_destination=apigw.LogGroupLogDestination(self.access_logs),
+                access_log_format=apigw.AccessLogFormat.json_with_standard_fields(
+                    caller=True, http_method=True, ip=True, protocol=True, request_time=True,
+                    resource_path=True, response_length=True, status=True, user=True,
+                ),
+                logging_level=apigw.MethodLoggingLevel.ERROR,
+                data_trace_enabled=False,
+                metrics_enabled=True,
+                throttling_rate_limit=config.api_rate_limit,
+                throttling_burst_limit=config.api_burst_limit,
+            ),
+            default_method_options=apigw.MethodOptions(api_key_required=True),
+        )
+        validator = api.add_request_validator(
+            "RequestValidator", validate_request_parameters=True, validate_request_body=True
+        )
+        integration = apigw.LambdaIntegration(function, proxy=True)
+        api.root.add_method("ANY", integration, request_validator=validator)
+        api.root.add_resource("{proxy+}").add_method("ANY", integration, request_validator=validator)
+        return api
+
+    def _build_usage_plan(self) -> tuple[apigw.IApiKey, apigw.UsagePlan]:
+        key = self.rest_api.add_api_key("ApiKey", description="Coworker API key")
+        plan = self.rest_api.add_usage_plan(
+            "UsagePlan",
+            description="Coworker API clients",
+            throttle=apigw.ThrottleSettings(
+                rate_limit=self._config.api_rate_limit, burst_limit=self._config.api_burst_limit
+            ),
+            api_stages=[apigw.UsagePlanPerApiStage(api=self.rest_api, stage=self.rest_api.deployment_stage)],
+        )
+        plan.add_api_key(key)
+        return key, plan

@@ -1,0 +1,69 @@
+"""The common shape of a Coworker function: Python on arm64, the layer, tracing, own log group."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from infra import constants as c
+
+RUNTIME = lambda_.Runtime.PYTHON_3_13  # must match constants.PYTHON_VERSION (layer wheels)
+ARCHITECTURE = lambda_.Architecture.ARM_64  # must match constants.PIP_PLATFORM
+LOG_RETENTION = logs.RetentionDays.ONE_MONTH
+
+
+class CoworkerFunction(Construct):
+    """A function whose code is ``functions/<name>/`` and whose handler is ``handler.handler``."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        code_dir: Path,
+        layer: lambda_.ILayerVersion,
+        environment: dict[str, str],
+        timeout_seconds: int,
+        memory_mb: int,
+        removal_policy: RemovalPolicy,
+        description: str,
+        reserved_concurrency: int | None = None,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.log_group = self._build_log_group(removal_policy)
+        self.function = self._build_function(
+            code_dir, layer, environment, timeout_seconds, memory_mb, description, reserved_concurrency
+        )
+
+    def _build_log_group(self, removal_policy: RemovalPolicy) -> logs.LogGroup:
+        return logs.LogGroup(self, "Logs", retention=LOG_RETENTION, removal_policy=removal_policy)
+
+    def _build_function(
+        self,
+        code_dir: Path,
+        layer: lambda_.ILayerVersion,
+        environment: dict[str, str],
+        timeout_seconds: int,
+        memory_mb: int,
+        description: str,
+        reserved_concurrency: int | None,
+    ) -> lambda_.Function:
+        return lambda_.Function(
+            self, "Function",
+            description=description,
+            runtime=RUNTIME,
+            architecture=ARCHITECTURE,
+            handler=c.HANDLER,
+            code=lambda_.Code.from_asset(str(code_dir), exclude=list(c.ASSET_EXCLUDES)),
+            layers=[layer],
+            environment=environment,
+            timeout=Duration.seconds(timeout_seconds),
+            memory_size=memory_mb,
+            tracing=lambda_.Tracing.ACTIVE,
+            log_group=self.log_group,
+            reserved_concurrent_executions=reserved_concurrency,
+        )

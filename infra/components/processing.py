@@ -1,0 +1,110 @@
+"""Coordinator and workers: the schedule, the two functions, their DLQ and their grants."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_destinations as destinations
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from infra import constants as c
+from infra.components.function import CoworkerFunction
+from infra.config import StackConfig
+
+# Least privilege on the table (no wildcards): what each role's library code calls.
+WORKER_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query")
+# The coordinator finds due and lost tasks on the index and claims or reaps them by UpdateItem.
+COORDINATOR_TABLE_ACTIONS = ("dynamodb:Query", "dynamodb:UpdateItem")
+
+
+class Processing(Construct):
+    """A scheduled coordinator that dispatches claimed tasks to asynchronously invoked workers."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: StackConfig,
+        table: dynamodb.ITableV2,
+        layer: lambda_.ILayerVersion,
+        functions_dir: Path,
+        removal_policy: RemovalPolicy,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self._config = config
+        self._removal_policy = removal_policy
+        self.dead_letter_queue = self._build_dead_letter_queue()
+        self.worker = self._build_worker(table, layer, functions_dir / c.WORKER_DIR_NAME)
+        self.coordinator = self._build_coordinator(table, layer, functions_dir / c.COORDINATOR_DIR_NAME)
+        self.schedule = self._build_schedule(self.coordinator.function)
+
+    def _build_dead_letter_queue(self) -> sqs.Queue:
+        return sqs.Queue(
+            self, "WorkerDeadLetterQueue",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            retention_period=Duration.days(14),
+            removal_policy=self._removal_policy,
+        )
+
+    def _build_worker(self, table: dynamodb.ITableV2, layer: lambda_.ILayerVersion, code_dir: Path) -> CoworkerFunction:
+        config = self._config
+        worker = CoworkerFunction(
+            self, "Worker",
+            code_dir=code_dir,
+            layer=layer,
+            environment=config.function_environment(table_name=table.table_name),
+            timeout_seconds=config.settings.worker_timeout_seconds,
+            memory_mb=config.worker_memory_mb,
+            removal_policy=self._removal_policy,
+            description="Coworker worker: runs a batch of claimed tasks",
+            # ceil(max_concurrency / batch_size) workers at most: the hard ceiling of tasks in flight.
+            reserved_concurrency=config.worker_reserved_concurrency,
+        )
+        # The claim in DynamoDB owns retries: a failed or throttled-out invocation must not be
+        # re-run by Lambda behind the coordinator's back (it re-dispatches after the lock expires).
+        worker.function.configure_async_invoke(
+            retry_attempts=0,
+            max_event_age=Duration.seconds(config.worker_max_event_age_seconds),
+            on_failure=destinations.SqsDestination(self.dead_letter_queue),
+        )
+        table.grant(worker.function, *WORKER_TABLE_ACTIONS)
+        return worker
+
+    def _build_coordinator(self, table: dynamodb.ITableV2, layer: lambda_.ILayerVersion, code_dir: Path) -> CoworkerFunction:
+        config = self._config
+        coordinator = CoworkerFunction(
+            self, "Coordinator",
+            code_dir=code_dir,
+            layer=layer,
+            environment=config.function_environment(
+                table_name=table.table_name, worker_function=self.worker.function.function_name
+            ),
+            timeout_seconds=config.coordinator_timeout_seconds,
+            memory_mb=config.coordinator_memory_mb,
+            removal_policy=self._removal_policy,
+            description="Coworker coordinator: claims due tasks and dispatches them to workers",
+            reserved_concurrency=c.COORDINATOR_RESERVED_CONCURRENCY,
+        )
+        # A missed tick is made up by the next one; a retried tick would only overlap it.
+        coordinator.function.configure_async_invoke(
+            retry_attempts=0, max_event_age=Duration.seconds(c.MIN_EVENT_AGE_SECONDS)
+        )
+        table.grant(coordinator.function, *COORDINATOR_TABLE_ACTIONS)
+        self.worker.function.grant_invoke(coordinator.function)
+        return coordinator
+
+    def _build_schedule(self, coordinator: lambda_.IFunction) -> events.Rule:
+        return events.Rule(
+            self, "Schedule",
+            description="Coworker coordinator tick",
+            schedule=events.Schedule.rate(Duration.minutes(self._config.schedule_minutes)),
+            targets=[targets.LambdaFunction(coordinator)],
+        )

@@ -1,0 +1,61 @@
+"""cdk-nag AwsSolutions checks: no unacknowledged finding, and every acknowledgment has a reason.
+
+cdk-nag v3 is a CDK validation plugin: an unacknowledged error makes ``app.synth()`` raise,
+so the fixture itself is the first assertion; the report written to the cloud assembly is the
+second.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from aws_cdk import Validations
+from aws_cdk.assertions import Annotations, Match
+from cdk_nag import AwsSolutionsChecks
+
+
+@pytest.fixture(scope="module")
+def nagged(synthesize):
+    # Both optional branches on: the e-mail topic and the API Gateway CloudWatch role.
+    stack, assembly = synthesize({"alarmEmail": "ops@example.com"},
+                                 plugins=lambda app: [AwsSolutionsChecks(app)])
+    return stack, assembly
+
+
+@pytest.fixture(scope="module")
+def report(nagged) -> dict:
+    _, assembly = nagged
+    path = Path(assembly.directory) / "validation-report.json"
+    return json.loads(path.read_text())
+
+
+def test_aws_solutions_checks_pass(report: dict) -> None:
+    (plugin,) = [r for r in report["pluginReports"] if r["pluginName"] == "AwsSolutions"]
+    assert plugin["conclusion"] == "success"
+    assert plugin["violations"] == []
+
+
+def test_every_acknowledged_finding_has_a_reason(report: dict) -> None:
+    (plugin,) = [r for r in report["pluginReports"] if r["pluginName"] == "AwsSolutions"]
+    assert plugin["suppressedViolations"], "expected the documented acknowledgments"
+    for finding in plugin["suppressedViolations"]:
+        assert len(finding.get("reason", "").strip()) >= 20, finding["ruleName"]
+
+
+def test_acknowledgments_recorded_on_constructs_all_have_reasons(nagged) -> None:
+    stack, _ = nagged
+    key = Validations.ACKNOWLEDGED_RULES_METADATA_KEY
+    entries = [entry.data for construct in stack.node.find_all()
+               for entry in construct.node.metadata if entry.type == key]
+    assert entries
+    for data in entries:  # {acknowledged id: reason}
+        for rule_id, reason in data.items():
+            assert rule_id.startswith("AwsSolutions::AwsSolutions-"), rule_id
+            assert len(str(reason).strip()) >= 20, rule_id
+
+
+def test_no_error_annotations(nagged) -> None:
+    stack, _ = nagged
+    Annotations.from_stack(stack).has_no_error("*", Match.any_value())
