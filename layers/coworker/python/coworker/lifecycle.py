@@ -32,6 +32,7 @@ from typing import Any
 from pynamodb.exceptions import DoesNotExist, PutError, UpdateError
 from pynamodb.expressions.condition import Condition
 
+from coworker import batches
 from coworker.config import Settings
 from coworker.errors import StorageError, TaskNotFoundError
 from coworker.model import ErrorKind, ErrorRecord, TaskModel, TaskStatus, utcnow
@@ -119,10 +120,9 @@ def error_from_exception(attempt: int, kind: ErrorKind, exc: BaseException, at: 
     return error_record(attempt, kind, f"{type(exc).__name__}: {exc}", at, text)
 
 
-def put_task(spec: TaskSpec, settings: Settings, now: datetime | None = None) -> PutOutcome:
-    """Create a task in ``todo``; a task whose key exists is left exactly as it is."""
-    now = now or utcnow()
-    task = TaskModel(
+def new_task(spec: TaskSpec, settings: Settings, now: datetime) -> TaskModel:
+    """The item a put creates for ``spec`` (not yet written)."""
+    return TaskModel(
         spec.key,
         task_type=spec.type,
         payload=spec.payload,
@@ -135,6 +135,18 @@ def put_task(spec: TaskSpec, settings: Settings, now: datetime | None = None) ->
         batch_id=spec.batch_id,
         priority=spec.priority,
     )
+
+
+def put_task(spec: TaskSpec, settings: Settings, now: datetime | None = None) -> PutOutcome:
+    """Create a task in ``todo``; a task whose key exists is left exactly as it is.
+
+    A task with a ``batch_id`` is put together with its batch's total (one transaction).
+    """
+    now = now or utcnow()
+    task = new_task(spec, settings, now)
+    if spec.batch_id:
+        created = batches.put_tasks([task], spec.batch_id, now)[0]
+        return PutOutcome.CREATED if created else PutOutcome.EXISTS
     try:
         task.save(condition=TaskModel.key.does_not_exist())
     except PutError as exc:
@@ -215,13 +227,28 @@ def _release_lock_actions(now: datetime) -> list:
     ]
 
 
-def _fenced_update(claim: Claim, actions: list, outcome: RecordOutcome) -> RecordOutcome:
+def _write(task: TaskModel, actions: list, condition: Condition, delta: batches.BatchDelta | None,
+           what: str, refresh: bool = False) -> bool:
+    """One state change; ``False`` (nothing written) when ``condition`` does not hold.
+
+    A task of a batch whose change moves a batch counter is written in one transaction with the
+    counter, so a crash cannot lose a count; any other change is a single conditional UpdateItem.
+    """
+    if delta is not None and task.batch_id:
+        return batches.update_task(task, actions, condition, delta, refresh=refresh)
     try:
-        claim.task.update(actions=actions, condition=_fenced(claim))
+        task.update(actions=actions, condition=condition)
     except UpdateError as exc:
         if _condition_failed(exc):
-            return RecordOutcome.LOST
-        raise StorageError(f"could not record task {claim.key!r}: {exc.cause_response_message}") from exc
+            return False
+        raise StorageError(f"could not {what} task {task.key!r}: {exc.cause_response_message}") from exc
+    return True
+
+
+def _fenced_update(claim: Claim, actions: list, outcome: RecordOutcome,
+                   delta: batches.BatchDelta | None = None) -> RecordOutcome:
+    if not _write(claim.task, actions, _fenced(claim), delta, "record"):
+        return RecordOutcome.LOST
     return outcome
 
 
@@ -240,7 +267,7 @@ def complete(claim: Claim, settings: Settings, result: Any = None, now: datetime
         actions.append(TaskModel.errors.set(_history(claim, settings, now, [])))
     if settings.retention_days:
         actions.append(TaskModel.delete_after_epoch.set(now + timedelta(days=settings.retention_days)))
-    return _fenced_update(claim, actions, RecordOutcome.FINISHED)
+    return _fenced_update(claim, actions, RecordOutcome.FINISHED, batches.FINISHED)
 
 
 def fail(
@@ -264,7 +291,7 @@ def fail(
         TaskModel.errors.set(_history(claim, settings, now, [error])),
         *_release_lock_actions(now),
     ]
-    return _fenced_update(claim, actions, outcome)
+    return _fenced_update(claim, actions, outcome, batches.IGNORED if give_up else None)
 
 
 def reap_lost(key: str, attempt: int, settings: Settings, now: datetime | None = None) -> bool:
@@ -276,26 +303,24 @@ def reap_lost(key: str, attempt: int, settings: Settings, now: datetime | None =
     now = now or utcnow()
     lost = error_record(attempt, ErrorKind.WORKER_LOST,
                         "the worker's lock expired on the last allowed attempt", now)
-    try:
-        TaskModel(key).update(
-            actions=[
-                TaskModel.status.set(TaskStatus.IGNORED.value),
-                TaskModel.due_at.set(now),
-                TaskModel.errors.set((TaskModel.errors | []).append([lost])),
-                *_release_lock_actions(now),
-            ],
-            condition=(
-                (TaskModel.status == TaskStatus.PROCESSING.value)
-                & (TaskModel.attempts == attempt)
-                & (TaskModel.attempts >= TaskModel.max_attempts)
-                & (TaskModel.due_at <= now)
-            ),
-        )
-    except UpdateError as exc:
-        if _condition_failed(exc):
-            return False
-        raise StorageError(f"could not reap task {key!r}: {exc.cause_response_message}") from exc
-    return True
+    task = TaskModel(key, batch_id=batches.membership(key)[0])
+    return _write(
+        task,
+        [
+            TaskModel.status.set(TaskStatus.IGNORED.value),
+            TaskModel.due_at.set(now),
+            TaskModel.errors.set((TaskModel.errors | []).append([lost])),
+            *_release_lock_actions(now),
+        ],
+        (
+            (TaskModel.status == TaskStatus.PROCESSING.value)
+            & (TaskModel.attempts == attempt)
+            & (TaskModel.attempts >= TaskModel.max_attempts)
+            & (TaskModel.due_at <= now)
+        ),
+        batches.IGNORED,
+        "reap",
+    )
 
 
 def retry(key: str, now: datetime | None = None) -> TaskModel | None:
@@ -304,22 +329,20 @@ def retry(key: str, now: datetime | None = None) -> TaskModel | None:
     Returns the updated task, or ``None`` if it is not failed or ignored.
     """
     now = now or utcnow()
-    task = TaskModel(key)
-    try:
-        task.update(
-            actions=[
-                TaskModel.status.set(TaskStatus.TODO.value),
-                TaskModel.due_at.set(now),
-                TaskModel.attempts.set(0),
-                TaskModel.updated_at.set(now),
-            ],
-            condition=TaskModel.status.is_in(TaskStatus.FAILED.value, TaskStatus.IGNORED.value),
-        )
-    except UpdateError as exc:
-        if _condition_failed(exc):
-            return None
-        raise StorageError(f"could not retry task {key!r}: {exc.cause_response_message}") from exc
-    return task
+    batch_id, status = batches.membership(key)
+    task = TaskModel(key, batch_id=batch_id)
+    condition = TaskModel.status.is_in(TaskStatus.FAILED.value, TaskStatus.IGNORED.value)
+    delta = None
+    if batch_id and status == TaskStatus.IGNORED.value:
+        # Leaving ignored takes the task back from its batch's ignored count: pin the status read.
+        condition, delta = TaskModel.status == TaskStatus.IGNORED.value, batches.UNIGNORED
+    actions = [
+        TaskModel.status.set(TaskStatus.TODO.value),
+        TaskModel.due_at.set(now),
+        TaskModel.attempts.set(0),
+        TaskModel.updated_at.set(now),
+    ]
+    return task if _write(task, actions, condition, delta, "retry", refresh=True) else None
 
 
 def cancel(key: str, reason: str = "cancelled", now: datetime | None = None) -> TaskModel | None:
@@ -329,20 +352,13 @@ def cancel(key: str, reason: str = "cancelled", now: datetime | None = None) -> 
     cancellation. Returns the updated task, or ``None`` if it was already finished or ignored.
     """
     now = now or utcnow()
-    task = TaskModel(key)
+    task = TaskModel(key, batch_id=batches.membership(key)[0])
     entry = error_record(0, ErrorKind.CANCELLED, reason, now)
-    try:
-        task.update(
-            actions=[
-                TaskModel.status.set(TaskStatus.IGNORED.value),
-                TaskModel.due_at.set(now),
-                TaskModel.errors.set((TaskModel.errors | []).append([entry])),
-                *_release_lock_actions(now),
-            ],
-            condition=TaskModel.status.is_in(*(s.value for s in TaskStatus.open())),
-        )
-    except UpdateError as exc:
-        if _condition_failed(exc):
-            return None
-        raise StorageError(f"could not cancel task {key!r}: {exc.cause_response_message}") from exc
-    return task
+    actions = [
+        TaskModel.status.set(TaskStatus.IGNORED.value),
+        TaskModel.due_at.set(now),
+        TaskModel.errors.set((TaskModel.errors | []).append([entry])),
+        *_release_lock_actions(now),
+    ]
+    condition = TaskModel.status.is_in(*(s.value for s in TaskStatus.open()))
+    return task if _write(task, actions, condition, batches.IGNORED, "cancel", refresh=True) else None

@@ -141,12 +141,33 @@ class TaskModel(Model):
         }
 
 
+class BatchModel(Model):
+    """Progress counters of one batch, kept in the task table under key ``batch#<id>``.
+
+    It has no ``status`` or ``due_at``, so it never enters the status index; the counters move
+    in the same transaction as each terminal transition of a task of the batch
+    (see :mod:`coworker.batches`).
+    """
+
+    class Meta:
+        table_name = schema.DEFAULT_TABLE_NAME
+        region = "us-east-1"
+
+    key = UnicodeAttribute(hash_key=True, attr_name=schema.PARTITION_KEY)
+    total = NumberAttribute(default=0)
+    finished = NumberAttribute(default=0)
+    ignored = NumberAttribute(default=0)
+    created_at = UTCDateTimeAttribute(null=True)
+    updated_at = UTCDateTimeAttribute(null=True)
+
+
 def bind(settings: Settings) -> None:
-    """Point the model at the configured table, region and endpoint (once per process)."""
-    TaskModel.Meta.table_name = settings.table_name
-    TaskModel.Meta.region = settings.region
-    TaskModel.Meta.host = settings.dynamodb_endpoint
-    # Tasks carry their own conflict handling (conditions); plain retries are for throttling.
-    TaskModel.Meta.max_retry_attempts = 5
-    TaskModel.Meta.max_pool_connections = 64  # workers run a batch's tasks in parallel threads
-    TaskModel._connection = None  # drop a connection made for another table or endpoint
+    """Point the models at the configured table, region and endpoint (once per process)."""
+    for model_class in (TaskModel, BatchModel):
+        model_class.Meta.table_name = settings.table_name
+        model_class.Meta.region = settings.region
+        model_class.Meta.host = settings.dynamodb_endpoint
+        # Tasks carry their own conflict handling (conditions); plain retries are for throttling.
+        model_class.Meta.max_retry_attempts = 5
+        model_class.Meta.max_pool_connections = 64  # workers run a batch's tasks in parallel threads
+        model_class._connection = None  # drop a connection made for another table or endpoint

@@ -1,0 +1,282 @@
+"""Batches: progress counters that stay right without scanning.
+
+A batch is an item in the task table under key ``batch#<id>`` holding three counters::
+
+    total     tasks created for the batch (a re-submitted task that already exists is not counted)
+    finished  tasks of the batch that reached ``finished``
+    ignored   tasks of the batch that are ``ignored`` now (a redrive takes one back)
+
+    open = total - finished - ignored        done = (open == 0)
+
+Every terminal transition of a task that has a ``batch_id`` moves a counter **in the same
+transaction** as the task write (``TransactWriteItems``), so a crash between two writes cannot
+lose a count; tasks without a batch keep their single ``UpdateItem``. Creating tasks adds to
+``total`` in the same transaction as their puts, for the same reason.
+
+Costs and limits: a transactional write costs twice a plain one, and concurrent transactions on
+one batch item conflict (DynamoDB cancels one with ``TransactionConflict``); conflicts are retried
+here with jittered backoff. Very wide batches (hundreds of tasks finishing per second) make the
+batch item a hot key: split them into several batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from pynamodb.connection import Connection
+from pynamodb.exceptions import DoesNotExist, GetError, PynamoDBException, TransactWriteError, UpdateError
+from pynamodb.expressions.condition import Condition
+from pynamodb.transactions import TransactWrite
+
+from coworker.errors import CoworkerError, StorageError
+from coworker.model import BatchModel, TaskModel, utcnow
+
+BATCH_KEY_PREFIX = "batch#"
+# DynamoDB limits of one TransactWriteItems call: 100 actions and 4 MB in all.
+MAX_TRANSACTION_ITEMS = 100
+MAX_TRANSACTION_BYTES = 4 * 1024 * 1024
+# Leave room for the counter update and request overhead.
+_PUT_CHUNK_BYTES = MAX_TRANSACTION_BYTES - 256 * 1024
+CONFLICT_ATTEMPTS = 10
+_RETRIED_REASONS = frozenset({"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"})
+_CONDITION_FAILED = "ConditionalCheckFailed"
+
+
+class BatchNotFoundError(CoworkerError):
+    """No batch has the given id."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchDelta:
+    """How one task transition moves its batch's counters."""
+
+    finished: int = 0
+    ignored: int = 0
+
+
+FINISHED = BatchDelta(finished=1)
+IGNORED = BatchDelta(ignored=1)
+UNIGNORED = BatchDelta(ignored=-1)  # redrive of an ignored task
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchProgress:
+    """The counters of one batch, as read (strongly consistent) from its item."""
+
+    batch_id: str
+    total: int
+    finished: int
+    ignored: int
+    created_at: datetime | None
+    updated_at: datetime | None
+
+    @property
+    def open(self) -> int:
+        """Tasks not yet finished or ignored: todo, processing or failed."""
+        return self.total - self.finished - self.ignored
+
+    @property
+    def done(self) -> bool:
+        return self.open <= 0
+
+    def to_dict(self) -> dict[str, Any]:
+        def iso(value: datetime | None) -> str | None:
+            return value.isoformat().replace("+00:00", "Z") if value else None
+
+        return {
+            "batch_id": self.batch_id,
+            "total": self.total,
+            "finished": self.finished,
+            "ignored": self.ignored,
+            "open": self.open,
+            "done": self.done,
+            "created_at": iso(self.created_at),
+            "updated_at": iso(self.updated_at),
+        }
+
+
+def batch_key(batch_id: str) -> str:
+    """The table key of a batch's counter item."""
+    return BATCH_KEY_PREFIX + batch_id
+
+
+def is_batch_key(key: str) -> bool:
+    """True for keys reserved for batch items (task keys may not start with ``batch#``)."""
+    return key.startswith(BATCH_KEY_PREFIX)
+
+
+_connections: dict[tuple[str, str | None], Connection] = {}
+
+
+def _connection() -> Connection:
+    """A pynamodb connection for transactions, on the endpoint the models are bound to."""
+    meta = TaskModel.Meta
+    cache_key = (meta.region, meta.host)
+    if cache_key not in _connections:
+        _connections[cache_key] = Connection(region=meta.region, host=meta.host,
+                                             max_retry_attempts=getattr(meta, "max_retry_attempts", None))
+    return _connections[cache_key]
+
+
+def _counter_actions(delta: BatchDelta, now: datetime) -> list:
+    actions: list = [BatchModel.updated_at.set(now)]
+    if delta.finished:
+        actions.append(BatchModel.finished.add(delta.finished))
+    if delta.ignored:
+        actions.append(BatchModel.ignored.add(delta.ignored))
+    return actions
+
+
+def _reasons(exc: TransactWriteError) -> list[str | None]:
+    return [reason.code if reason else None for reason in (exc.cancellation_reasons or [])]
+
+
+def _transact(build: Callable[[TransactWrite], None], what: str) -> list[str | None] | None:
+    """Run one transaction, retrying conflicts with jittered backoff.
+
+    Returns ``None`` on success, or the per-item cancellation reasons when a condition failed.
+    """
+    for attempt in range(CONFLICT_ATTEMPTS):
+        # One token per attempt: botocore's own retries of this attempt (network errors) reuse
+        # it, so an attempt that did commit is not applied twice.
+        try:
+            with TransactWrite(connection=_connection(), client_request_token=str(uuid.uuid4())) as transaction:
+                build(transaction)
+        except TransactWriteError as exc:
+            reasons = _reasons(exc)
+            if _CONDITION_FAILED in reasons:
+                return reasons
+            if any(code in _RETRIED_REASONS for code in reasons) and attempt < CONFLICT_ATTEMPTS - 1:
+                time.sleep(random.uniform(0, min(1.0, 0.02 * 2 ** attempt)))
+                continue
+            raise StorageError(f"could not {what}: {exc.cause_response_message}") from exc
+        return None
+    raise StorageError(f"could not {what}: too many transaction conflicts")  # pragma: no cover
+
+
+def update_task(task: TaskModel, actions: list, condition: Condition, delta: BatchDelta,
+                now: datetime | None = None, refresh: bool = False) -> bool:
+    """Apply a conditional task update and move its batch's counters, in one transaction.
+
+    Returns ``False`` (nothing written) when ``condition`` does not hold. The counter item is
+    updated unconditionally, so a task whose batch item is missing still moves on. With
+    ``refresh`` the task is re-read afterwards (a transaction returns no attributes).
+    """
+    if not task.batch_id:
+        raise ValueError("update_task is for tasks that belong to a batch")
+    now = now or utcnow()
+
+    def build(transaction: TransactWrite) -> None:
+        transaction.update(task, actions=actions, condition=condition)
+        transaction.update(BatchModel(batch_key(task.batch_id)), actions=_counter_actions(delta, now))
+
+    if _transact(build, f"update task {task.key!r} of batch {task.batch_id!r}") is not None:
+        return False
+    if refresh:
+        task.refresh(consistent_read=True)
+    return True
+
+
+def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = None) -> list[bool]:
+    """Create ``tasks`` (all with ``batch_id``) and add the created ones to the batch's total.
+
+    Each chunk of puts and its ``total`` increment form one transaction, so the total counts
+    exactly the tasks created, even across crashes and re-submissions. Returns, per task,
+    whether it was created (``False``: a task with that key existed and was left untouched).
+    """
+    now = now or utcnow()
+    created = [False] * len(tasks)
+    chunk: list[int] = []
+    size = 0
+    for index, task in enumerate(tasks):
+        if task.batch_id != batch_id:
+            raise ValueError(f"task {task.key!r} does not carry batch id {batch_id!r}")
+        item_size = _item_size(task)
+        if chunk and (len(chunk) >= MAX_TRANSACTION_ITEMS - 1 or size + item_size > _PUT_CHUNK_BYTES):
+            _put_chunk(tasks, chunk, batch_id, now, created)
+            chunk, size = [], 0
+        chunk.append(index)
+        size += item_size
+    if chunk:
+        _put_chunk(tasks, chunk, batch_id, now, created)
+    if not any(created):
+        _touch(batch_id, now)  # every task existed: make sure the batch itself does
+    return created
+
+
+def _item_size(task: TaskModel) -> int:
+    # Attribute names plus values; a close upper bound of DynamoDB's own item size.
+    serialized = task.serialize()
+    return sum(len(name.encode()) + len(repr(value).encode()) for name, value in serialized.items())
+
+
+def _put_chunk(tasks: Sequence[TaskModel], indexes: list[int], batch_id: str, now: datetime,
+               created: list[bool]) -> None:
+    pending = list(indexes)
+    while pending:
+        def build(transaction: TransactWrite, pending: list[int] = pending) -> None:
+            for index in pending:
+                transaction.save(tasks[index], condition=TaskModel.key.does_not_exist())
+            transaction.update(BatchModel(batch_key(batch_id)), actions=[
+                BatchModel.created_at.set(BatchModel.created_at | now),
+                BatchModel.updated_at.set(now),
+                BatchModel.total.add(len(pending)),
+            ])
+
+        reasons = _transact(build, f"put tasks of batch {batch_id!r}")
+        if reasons is None:
+            for index in pending:
+                created[index] = True
+            return
+        # Puts come first in the request, in order: drop the keys that exist and try again.
+        pending = [index for index, code in zip(pending, reasons, strict=False) if code != _CONDITION_FAILED]
+
+
+def _touch(batch_id: str, now: datetime) -> None:
+    try:
+        BatchModel(batch_key(batch_id)).update(actions=[
+            BatchModel.created_at.set(BatchModel.created_at | now),
+            BatchModel.updated_at.set(now),
+            BatchModel.total.add(0),
+        ])
+    except UpdateError as exc:
+        raise StorageError(f"could not record batch {batch_id!r}: {exc.cause_response_message}") from exc
+
+
+def get_batch(batch_id: str) -> BatchProgress:
+    """The batch's counters (one strongly consistent GetItem), or :class:`BatchNotFoundError`."""
+    try:
+        item = BatchModel.get(batch_key(batch_id), consistent_read=True)
+    except DoesNotExist as exc:
+        raise BatchNotFoundError(f"no batch with id {batch_id!r}") from exc
+    except GetError as exc:
+        raise StorageError(f"could not read batch {batch_id!r}: {exc.cause_response_message}") from exc
+    return BatchProgress(
+        batch_id=batch_id,
+        total=int(item.total or 0),
+        finished=int(item.finished or 0),
+        ignored=int(item.ignored or 0),
+        created_at=item.created_at,
+        updated_at=item.updated_at,
+    )
+
+
+def membership(key: str) -> tuple[str | None, str | None]:
+    """``(batch_id, status)`` of a task (consistent read of two attributes); ``(None, None)`` if missing.
+
+    Transitions called with a key only (cancel, retry, reaping) use it to learn whether the
+    task's write must move a batch counter: ``batch_id`` never changes after the put.
+    """
+    try:
+        task = TaskModel.get(key, consistent_read=True, attributes_to_get=["batch_id", "status"])
+    except DoesNotExist:
+        return None, None
+    except PynamoDBException as exc:
+        raise StorageError(f"could not read task {key!r}: {exc}") from exc
+    return task.batch_id, task.status

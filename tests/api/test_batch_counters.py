@@ -1,0 +1,94 @@
+"""Batch counters move with every terminal transition, in the task's own transaction."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from coworker import batches, lifecycle
+from coworker.lifecycle import PutOutcome, RecordOutcome, TaskSpec
+from coworker.model import BatchModel, ErrorKind, TaskModel, TaskStatus, utcnow
+
+
+def _progress(batch_id="b1"):
+    p = batches.get_batch(batch_id)
+    return p.total, p.finished, p.ignored, p.open, p.done
+
+
+def _put(settings, key, batch_id="b1", now=None, **kw):
+    return lifecycle.put_task(TaskSpec(key=key, type="quick", batch_id=batch_id, **kw), settings, now=now)
+
+
+def test_put_counts_only_created_tasks(settings):
+    assert _put(settings, "a") is PutOutcome.CREATED
+    assert _put(settings, "a") is PutOutcome.EXISTS
+    created = batches.put_tasks(
+        [lifecycle.new_task(TaskSpec(key=k, type="quick", batch_id="b1"), settings, utcnow()) for k in "abc"],
+        "b1",
+    )
+    assert created == [False, True, True]
+    assert _progress() == (3, 0, 0, 3, False)
+    assert TaskModel.get("b").status == "todo"
+
+
+def test_put_batch_in_chunks_over_the_transaction_limit(settings):
+    tasks = [lifecycle.new_task(TaskSpec(key=f"t{i}", type="quick", batch_id="big"), settings, utcnow())
+             for i in range(230)]
+    assert all(batches.put_tasks(tasks, "big"))
+    assert _progress("big")[0] == 230
+    # Re-submitting the same batch counts nothing twice.
+    assert not any(batches.put_tasks(tasks, "big"))
+    assert _progress("big")[0] == 230
+
+
+def test_complete_fail_cancel_retry_and_reap_move_the_counters(settings):
+    past = utcnow() - timedelta(seconds=settings.effective_lock_seconds + 5)
+    for key in ("done", "bad", "cancelled", "lost", "plain"):
+        _put(settings, key, max_attempts=1, now=past)
+    lifecycle.put_task(TaskSpec(key="solo", type="quick"), settings)  # no batch: untouched counters
+
+    claim = lifecycle.claim("done", "w", settings)
+    assert lifecycle.complete(claim, settings, result={"ok": 1}) is RecordOutcome.FINISHED
+    assert _progress() == (5, 1, 0, 4, False)
+
+    claim = lifecycle.claim("bad", "w", settings)
+    error = lifecycle.error_record(1, ErrorKind.BUSINESS, "no", utcnow())
+    assert lifecycle.fail(claim, settings, error) is RecordOutcome.IGNORED
+    assert _progress() == (5, 1, 1, 3, False)
+
+    assert lifecycle.cancel("cancelled").status == TaskStatus.IGNORED.value
+    assert lifecycle.cancel("cancelled") is None  # already ignored: nothing moves
+    assert _progress() == (5, 1, 2, 2, False)
+
+    claim = lifecycle.claim("lost", "w", settings, now=past)
+    assert lifecycle.reap_lost("lost", 1, settings) is True
+    assert lifecycle.reap_lost("lost", 1, settings) is False
+    assert _progress() == (5, 1, 3, 1, False)
+
+    retried = lifecycle.retry("bad")
+    assert retried.status == "todo" and retried.attempts == 0 and retried.errors
+    assert _progress() == (5, 1, 2, 2, False)
+
+    for key in ("bad", "plain"):
+        claim = lifecycle.claim(key, "w", settings)
+        lifecycle.complete(claim, settings)
+    lifecycle.cancel("solo")
+    assert _progress() == (5, 3, 2, 0, True)
+
+
+def test_stale_worker_moves_no_counter(settings):
+    past = utcnow() - timedelta(seconds=settings.effective_lock_seconds + 5)
+    _put(settings, "k", max_attempts=3, now=past)
+    stale = lifecycle.claim("k", "old", settings, now=past)
+    fresh = lifecycle.claim("k", "new", settings)
+    assert lifecycle.complete(stale, settings) is RecordOutcome.LOST
+    assert _progress() == (1, 0, 0, 1, False)
+    assert lifecycle.complete(fresh, settings) is RecordOutcome.FINISHED
+    assert _progress() == (1, 1, 0, 0, True)
+
+
+def test_missing_batch(settings):
+    with pytest.raises(batches.BatchNotFoundError):
+        batches.get_batch("nope")
+    assert BatchModel.count() == 0
