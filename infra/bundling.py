@@ -11,6 +11,7 @@ import hashlib
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import jsii
@@ -24,16 +25,24 @@ from infra import constants as c
 class LocalLayerBundling:
     """Copies the package and, unless told not to, pip-installs the requirements for Lambda."""
 
-    def __init__(self, source_dir: Path, requirements: Path, *, install_dependencies: bool) -> None:
+    def __init__(
+        self,
+        source_dir: Path,
+        requirements: Path,
+        *,
+        install_dependencies: bool,
+        dependency_cache: Path = c.LAYER_DEPENDENCY_CACHE,
+    ) -> None:
         self._source_dir = source_dir
         self._requirements = requirements
         self._install_dependencies = install_dependencies
+        self._dependency_cache = dependency_cache
 
     def try_bundle(self, output_dir: str, *, image: DockerImage, **_: object) -> bool:  # noqa: ARG002
         target = Path(output_dir) / "python"
         target.mkdir(parents=True, exist_ok=True)
         if self._install_dependencies:
-            self._pip_install(target)
+            shutil.copytree(self._dependencies(), target, dirs_exist_ok=True)
         shutil.copytree(
             self._source_dir / c.LAYER_PACKAGE,
             target / c.LAYER_PACKAGE,
@@ -41,6 +50,32 @@ class LocalLayerBundling:
             dirs_exist_ok=True,
         )
         return True
+
+    def _dependencies(self) -> Path:
+        """The installed requirements, from a local cache keyed by what pip was asked for.
+
+        Editing the library re-bundles the layer, but pip only runs when requirements.txt, the
+        platform or the Python version change.
+        """
+        digest = hashlib.sha256(self._pip_key().encode() + self._requirements.read_bytes()).hexdigest()
+        cached = self._dependency_cache / digest[:32]
+        if cached.is_dir():
+            return cached
+        self._dependency_cache.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix="partial-", dir=self._dependency_cache))
+        try:
+            self._pip_install(partial)
+            partial.rename(cached)  # atomic: a half-done install is never reused
+        except OSError:
+            if not cached.is_dir():  # not merely another synth finishing first
+                raise
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+        return cached
+
+    @staticmethod
+    def _pip_key() -> str:
+        return f"{c.PIP_PLATFORM}|{c.PIP_IMPLEMENTATION}|{c.PYTHON_VERSION}"
 
     def _pip_install(self, target: Path) -> None:
         command = [
@@ -63,7 +98,7 @@ class LocalLayerBundling:
         instead of running pip again on every synth.
         """
         digest = hashlib.sha256()
-        digest.update(f"{self._install_dependencies}|{c.PIP_PLATFORM}|{c.PYTHON_VERSION}".encode())
+        digest.update(f"{self._install_dependencies}|{self._pip_key()}".encode())
         digest.update(self._requirements.read_bytes())
         package = self._source_dir / c.LAYER_PACKAGE
         for path in sorted(package.rglob("*")):

@@ -15,6 +15,9 @@ REPO_ROOT: Final = Path(__file__).resolve().parent.parent
 LAYER_SOURCE_DIR: Final = REPO_ROOT / "layers" / "coworker" / "python"
 LAYER_PACKAGE: Final = "coworker"
 LAYER_REQUIREMENTS: Final = REPO_ROOT / "requirements.txt"
+# pip's output for the layer, reused across synths while requirements.txt is unchanged
+# (build/ is git-ignored; delete it to force a fresh download).
+LAYER_DEPENDENCY_CACHE: Final = REPO_ROOT / "build" / "layer-dependencies"
 FUNCTIONS_DIR: Final = REPO_ROOT / "functions"
 COORDINATOR_DIR_NAME: Final = "coordinator"
 WORKER_DIR_NAME: Final = "worker"

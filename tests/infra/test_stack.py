@@ -327,17 +327,30 @@ def test_layer_asset_holds_the_library_under_python(synthesized) -> None:
     assert not list(asset_dir.rglob("__pycache__"))
 
 
-def test_layer_dependencies_are_wheels_for_lambda_arm64(tmp_path, monkeypatch) -> None:
-    calls = []
-    monkeypatch.setattr("infra.bundling.subprocess.run", lambda cmd, **kw: calls.append(cmd))
-    bundler = LocalLayerBundling(c.LAYER_SOURCE_DIR, c.LAYER_REQUIREMENTS, install_dependencies=True)
-    assert bundler.try_bundle(str(tmp_path), image=None) is True
-    (command,) = calls
+def fake_pip(calls: list):
+    def run(command, **_):
+        calls.append(command)
+        target = Path(command[command.index("--target") + 1])
+        (target / "pynamodb").mkdir(parents=True)
+
+    return run
+
+
+def test_layer_dependencies_are_wheels_for_lambda_arm64_installed_once(tmp_path, monkeypatch) -> None:
+    calls: list = []
+    monkeypatch.setattr("infra.bundling.subprocess.run", fake_pip(calls))
+    bundler = LocalLayerBundling(c.LAYER_SOURCE_DIR, c.LAYER_REQUIREMENTS, install_dependencies=True,
+                                 dependency_cache=tmp_path / "cache")
+    for out in ("first", "second"):
+        assert bundler.try_bundle(str(tmp_path / out), image=None) is True
+        assert (tmp_path / out / "python" / "coworker" / "schema.py").is_file()
+        assert (tmp_path / out / "python" / "pynamodb").is_dir()
+    (command,) = calls  # the second bundle reused the cached install
     assert command[command.index("--platform") + 1] == "manylinux2014_aarch64"
     assert command[command.index("--python-version") + 1] == c.PYTHON_VERSION
+    assert command[command.index("--implementation") + 1] == "cp"
     assert "--only-binary=:all:" in command
-    assert command[command.index("--target") + 1] == str(tmp_path / "python")
-    assert (tmp_path / "python" / "coworker" / "schema.py").is_file()
+    assert command[command.index("--requirement") + 1] == str(c.LAYER_REQUIREMENTS)
 
 
 def test_layer_hash_changes_with_the_dependency_mode() -> None:
