@@ -79,13 +79,23 @@ class LocalLayerBundling:
 
     def _pip_install(self, target: Path) -> None:
         command = [
-            sys.executable, "-m", "pip", "install",
-            "--quiet", "--disable-pip-version-check", "--no-compile",
-            "--requirement", str(self._requirements),
-            "--target", str(target),
-            "--platform", c.PIP_PLATFORM,
-            "--implementation", c.PIP_IMPLEMENTATION,
-            "--python-version", c.PYTHON_VERSION,
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-compile",
+            "--requirement",
+            str(self._requirements),
+            "--target",
+            str(target),
+            "--platform",
+            c.PIP_PLATFORM,
+            "--implementation",
+            c.PIP_IMPLEMENTATION,
+            "--python-version",
+            c.PYTHON_VERSION,
             "--only-binary=:all:",
         ]
         # pip's own output goes to stderr so that it never mixes with the assembly on stdout.

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from constructs import Node
-
 from coworker.config import Settings
 from coworker.errors import ConfigurationError
+
 from infra import constants as c
 
 # Context key -> Settings field, for the values that go straight to the functions.
@@ -94,10 +94,14 @@ class StackConfig:
 
         removal = str(get(c.CTX_REMOVAL_POLICY, c.REMOVAL_RETAIN)).lower()
         if removal not in (c.REMOVAL_RETAIN, c.REMOVAL_DESTROY):
-            raise ConfigurationError(f"context {c.CTX_REMOVAL_POLICY} must be retain or destroy, not {removal!r}")
+            raise ConfigurationError(
+                f"context {c.CTX_REMOVAL_POLICY} must be retain or destroy, not {removal!r}"
+            )
         deps = str(get(c.CTX_LAYER_DEPENDENCIES, c.LAYER_DEPS_INSTALL)).lower()
         if deps not in (c.LAYER_DEPS_INSTALL, c.LAYER_DEPS_SKIP):
-            raise ConfigurationError(f"context {c.CTX_LAYER_DEPENDENCIES} must be install or skip, not {deps!r}")
+            raise ConfigurationError(
+                f"context {c.CTX_LAYER_DEPENDENCIES} must be install or skip, not {deps!r}"
+            )
         schedule = int(get(c.CTX_SCHEDULE_MINUTES, c.DEFAULT_SCHEDULE_MINUTES))
         if schedule < 1:
             raise ConfigurationError(f"context {c.CTX_SCHEDULE_MINUTES} must be at least 1")

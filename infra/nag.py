@@ -15,7 +15,9 @@ if TYPE_CHECKING:
     from infra.stack import CoworkerStack
 
 PACK = "AwsSolutions"
-BASIC_EXECUTION_POLICY = "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"
+BASIC_EXECUTION_POLICY = (
+    "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"
+)
 API_GATEWAY_LOGS_POLICY = (
     "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AmazonAPIGatewayPushToCloudWatchLogs"
 )
@@ -36,28 +38,58 @@ def acknowledge_findings(stack: CoworkerStack) -> None:
     table_index_arns = f"Resource::{_arn_of(stack, stack.tasks.table)}/index/*"
     functions = (stack.processing.worker, stack.processing.coordinator, stack.api.handler)
     for fn in functions:
-        acknowledge(fn, f"AwsSolutions-IAM4[{BASIC_EXECUTION_POLICY}]",
-                    "AWSLambdaBasicExecutionRole only lets the function write its own logs.")
-        acknowledge(fn, "AwsSolutions-IAM5[Resource::*]",
-                    "X-Ray PutTraceSegments/PutTelemetryRecords take no resource; CDK's tracing grant.")
-        acknowledge(fn, "AwsSolutions-IAM5[" + table_index_arns + "]",
-                    "Queries on the status-due index of the task table only (the table's own indexes).")
-        acknowledge(fn, "AwsSolutions-L1",
-                    "The runtime is pinned to the Python version the layer's wheels are built for "
-                    "(infra/constants.py PYTHON_VERSION); both move together.")
+        acknowledge(
+            fn,
+            f"AwsSolutions-IAM4[{BASIC_EXECUTION_POLICY}]",
+            "AWSLambdaBasicExecutionRole only lets the function write its own logs.",
+        )
+        acknowledge(
+            fn,
+            "AwsSolutions-IAM5[Resource::*]",
+            "X-Ray PutTraceSegments/PutTelemetryRecords take no resource; CDK's tracing grant.",
+        )
+        acknowledge(
+            fn,
+            "AwsSolutions-IAM5[" + table_index_arns + "]",
+            "Queries on the status-due index of the task table only (the table's own indexes).",
+        )
+        acknowledge(
+            fn,
+            "AwsSolutions-L1",
+            "The runtime is pinned to the Python version the layer's wheels are built for "
+            "(infra/constants.py PYTHON_VERSION); both move together.",
+        )
 
     worker_arn = _arn_of(stack, stack.processing.worker.function)
-    acknowledge(stack.processing.coordinator, f"AwsSolutions-IAM5[Resource::{worker_arn}:*]",
-                "lambda:InvokeFunction on the worker function and its versions/aliases only.")
-    acknowledge(stack.processing.dead_letter_queue, "AwsSolutions-SQS3",
-                "This queue is itself the dead-letter destination of the worker's async invocations.")
+    acknowledge(
+        stack.processing.coordinator,
+        f"AwsSolutions-IAM5[Resource::{worker_arn}:*]",
+        "lambda:InvokeFunction on the worker function and its versions/aliases only.",
+    )
+    acknowledge(
+        stack.processing.dead_letter_queue,
+        "AwsSolutions-SQS3",
+        "This queue is itself the dead-letter destination of the worker's async invocations.",
+    )
 
     rest_api = stack.api.rest_api
-    acknowledge(rest_api, "AwsSolutions-APIG4",
-                "Callers authenticate with an API key on every method (api_key_required); see docs/deploy.md.")
-    acknowledge(rest_api, "AwsSolutions-COG4",
-                "No Cognito user pool: clients are machines holding API keys of a usage plan.")
-    acknowledge(rest_api, "AwsSolutions-APIG3",
-                "No WAF web ACL: the usage plan and stage throttle the API; add WAF for public exposure.")
-    acknowledge(rest_api, f"AwsSolutions-IAM4[{API_GATEWAY_LOGS_POLICY}]",
-                "API Gateway's account-wide CloudWatch role needs exactly this AWS managed policy.")
+    acknowledge(
+        rest_api,
+        "AwsSolutions-APIG4",
+        "Callers authenticate with an API key on every method (api_key_required); see docs/deploy.md.",
+    )
+    acknowledge(
+        rest_api,
+        "AwsSolutions-COG4",
+        "No Cognito user pool: clients are machines holding API keys of a usage plan.",
+    )
+    acknowledge(
+        rest_api,
+        "AwsSolutions-APIG3",
+        "No WAF web ACL: the usage plan and stage throttle the API; add WAF for public exposure.",
+    )
+    acknowledge(
+        rest_api,
+        f"AwsSolutions-IAM4[{API_GATEWAY_LOGS_POLICY}]",
+        "API Gateway's account-wide CloudWatch role needs exactly this AWS managed policy.",
+    )

@@ -36,17 +36,24 @@ class CoworkerStack(Stack):
 
         self.tasks = TaskTable(self, "Tasks", removal_policy=removal)
         self.layer = CoworkerLayer(
-            self, "Library",
+            self,
+            "Library",
             source_dir=c.LAYER_SOURCE_DIR,
             requirements=c.LAYER_REQUIREMENTS,
             install_dependencies=self.config.install_layer_dependencies,
         )
-        shared = dict(config=self.config, table=self.tasks.table, layer=self.layer.layer,
-                      functions_dir=functions_dir, removal_policy=removal)
+        shared = dict(
+            config=self.config,
+            table=self.tasks.table,
+            layer=self.layer.layer,
+            functions_dir=functions_dir,
+            removal_policy=removal,
+        )
         self.processing = Processing(self, "Processing", **shared)
         self.api = TaskApi(self, "Api", **shared)
         self.monitoring = Monitoring(
-            self, "Monitoring",
+            self,
+            "Monitoring",
             config=self.config,
             table=self.tasks.table,
             coordinator=self.processing.coordinator.function,
@@ -63,8 +70,12 @@ class CoworkerStack(Stack):
             f"#dashboards:name={self.monitoring.dashboard.dashboard_name}"
         )
         CfnOutput(self, "ApiUrl", value=self.api.rest_api.url, description="Base URL of the task API")
-        CfnOutput(self, "ApiKeyId", value=self.api.api_key.key_id,
-                  description="aws apigateway get-api-key --include-value --api-key <id> prints the key")
+        CfnOutput(
+            self,
+            "ApiKeyId",
+            value=self.api.api_key.key_id,
+            description="aws apigateway get-api-key --include-value --api-key <id> prints the key",
+        )
         CfnOutput(self, "TableName", value=self.tasks.table.table_name, description="DynamoDB task table")
         CfnOutput(self, "DashboardUrl", value=dashboard_url, description="CloudWatch dashboard")
         CfnOutput(self, "WorkerFunctionName", value=self.processing.worker.function.function_name)

@@ -40,13 +40,18 @@ class TaskApi(Construct):
         self._config = config
         self._removal_policy = removal_policy
         self.handler = self._build_handler(table, layer, functions_dir / c.API_DIR_NAME)
-        self.access_logs = logs.LogGroup(self, "AccessLogs", retention=LOG_RETENTION, removal_policy=removal_policy)
+        self.access_logs = logs.LogGroup(
+            self, "AccessLogs", retention=LOG_RETENTION, removal_policy=removal_policy
+        )
         self.rest_api = self._build_rest_api(self.handler.function)
         self.api_key, self.usage_plan = self._build_usage_plan()
 
-    def _build_handler(self, table: dynamodb.ITableV2, layer: lambda_.ILayerVersion, code_dir: Path) -> CoworkerFunction:
+    def _build_handler(
+        self, table: dynamodb.ITableV2, layer: lambda_.ILayerVersion, code_dir: Path
+    ) -> CoworkerFunction:
         handler = CoworkerFunction(
-            self, "Handler",
+            self,
+            "Handler",
             code_dir=code_dir,
             layer=layer,
             environment=self._config.function_environment(table_name=table.table_name),
@@ -61,7 +66,8 @@ class TaskApi(Construct):
     def _build_rest_api(self, function: lambda_.IFunction) -> apigw.RestApi:
         config = self._config
         api = apigw.RestApi(
-            self, "RestApi",
+            self,
+            "RestApi",
             description="Coworker task API",
             endpoint_types=[apigw.EndpointType.REGIONAL],
             # Access and execution logs need the account-wide API Gateway CloudWatch role; this
@@ -73,8 +79,15 @@ class TaskApi(Construct):
                 tracing_enabled=True,
                 access_log_destination=apigw.LogGroupLogDestination(self.access_logs),
                 access_log_format=apigw.AccessLogFormat.json_with_standard_fields(
-                    caller=True, http_method=True, ip=True, protocol=True, request_time=True,
-                    resource_path=True, response_length=True, status=True, user=True,
+                    caller=True,
+                    http_method=True,
+                    ip=True,
+                    protocol=True,
+                    request_time=True,
+                    resource_path=True,
+                    response_length=True,
+                    status=True,
+                    user=True,
                 ),
                 logging_level=apigw.MethodLoggingLevel.ERROR,
                 data_trace_enabled=False,

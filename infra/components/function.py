@@ -53,7 +53,8 @@ class CoworkerFunction(Construct):
         reserved_concurrency: int | None,
     ) -> lambda_.Function:
         return lambda_.Function(
-            self, "Function",
+            self,
+            "Function",
             description=description,
             runtime=RUNTIME,
             architecture=ARCHITECTURE,

@@ -27,9 +27,12 @@ class CoworkerLayer(Construct):
         super().__init__(scope, construct_id)
         self.layer = self._build_layer(source_dir, requirements, install_dependencies)
 
-    def _build_layer(self, source_dir: Path, requirements: Path, install_dependencies: bool) -> lambda_.LayerVersion:
+    def _build_layer(
+        self, source_dir: Path, requirements: Path, install_dependencies: bool
+    ) -> lambda_.LayerVersion:
         return lambda_.LayerVersion(
-            self, "Layer",
+            self,
+            "Layer",
             description="Coworker library and its runtime dependencies",
             code=layer_code(source_dir, requirements, install_dependencies=install_dependencies),
             compatible_runtimes=[RUNTIME],

@@ -16,9 +16,9 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
-
 from coworker import schema
 from coworker.observability import MetricName
+
 from infra import constants as c
 from infra.config import StackConfig
 
@@ -52,7 +52,9 @@ class Monitoring(Construct):
 
     # --- metrics -----------------------------------------------------------------------------
     @staticmethod
-    def task_metric(name: str, statistic: str = cloudwatch.Stats.SUM, period: Duration = _MINUTE) -> cloudwatch.Metric:
+    def task_metric(
+        name: str, statistic: str = cloudwatch.Stats.SUM, period: Duration = _MINUTE
+    ) -> cloudwatch.Metric:
         return cloudwatch.Metric(
             namespace=c.METRICS_NAMESPACE,
             metric_name=name,
@@ -67,14 +69,21 @@ class Monitoring(Construct):
             dimensions = {"TableName": self._table.table_name}
             if index:
                 dimensions["GlobalSecondaryIndexName"] = schema.STATUS_INDEX_NAME
-            return cloudwatch.Metric(namespace="AWS/DynamoDB", metric_name=name, dimensions_map=dimensions,
-                                     statistic=cloudwatch.Stats.SUM, period=period)
+            return cloudwatch.Metric(
+                namespace="AWS/DynamoDB",
+                metric_name=name,
+                dimensions_map=dimensions,
+                statistic=cloudwatch.Stats.SUM,
+                period=period,
+            )
 
         return cloudwatch.MathExpression(
             expression="FILL(tr, 0) + FILL(tw, 0) + FILL(ir, 0) + FILL(iw, 0)",
             using_metrics={
-                "tr": metric("ReadThrottleEvents", False), "tw": metric("WriteThrottleEvents", False),
-                "ir": metric("ReadThrottleEvents", True), "iw": metric("WriteThrottleEvents", True),
+                "tr": metric("ReadThrottleEvents", False),
+                "tw": metric("WriteThrottleEvents", False),
+                "ir": metric("ReadThrottleEvents", True),
+                "iw": metric("WriteThrottleEvents", True),
             },
             label="DynamoDB throttle events (table + status-due)",
             period=period,
@@ -90,10 +99,13 @@ class Monitoring(Construct):
         topic.add_subscription(subscriptions.EmailSubscription(config.alarm_email))
         return topic
 
-    def _build_alarms(self, coordinator: lambda_.IFunction, dead_letter_queue: sqs.IQueue) -> list[cloudwatch.Alarm]:
+    def _build_alarms(
+        self, coordinator: lambda_.IFunction, dead_letter_queue: sqs.IQueue
+    ) -> list[cloudwatch.Alarm]:
         def alarm(construct_id: str, metric: cloudwatch.IMetric, description: str) -> cloudwatch.Alarm:
             return cloudwatch.Alarm(
-                self, construct_id,
+                self,
+                construct_id,
                 metric=metric,
                 threshold=1,
                 evaluation_periods=1,
@@ -103,18 +115,30 @@ class Monitoring(Construct):
             )
 
         return [
-            alarm("TasksIgnoredAlarm", self.task_metric(MetricName.IGNORED, period=_ALARM_PERIOD),
-                  "Tasks were ignored (attempt ceiling reached or non-retryable failure); "
-                  "list them on the status-due index with status = ignored."),
-            alarm("CoordinatorErrorsAlarm", coordinator.metric_errors(period=_ALARM_PERIOD),
-                  "The coordinator failed; no task is dispatched while it keeps failing."),
-            alarm("DeadLetterQueueAlarm",
-                  dead_letter_queue.metric_approximate_number_of_messages_visible(
-                      period=_ALARM_PERIOD, statistic=cloudwatch.Stats.MAXIMUM),
-                  "Worker invocations failed outside the task handlers (crash, timeout, throttled "
-                  "too long); their tasks are re-dispatched once their lock expires."),
-            alarm("TableThrottlesAlarm", self._table_throttles(_ALARM_PERIOD),
-                  "DynamoDB throttled requests on the task table or its status-due index."),
+            alarm(
+                "TasksIgnoredAlarm",
+                self.task_metric(MetricName.IGNORED, period=_ALARM_PERIOD),
+                "Tasks were ignored (attempt ceiling reached or non-retryable failure); "
+                "list them on the status-due index with status = ignored.",
+            ),
+            alarm(
+                "CoordinatorErrorsAlarm",
+                coordinator.metric_errors(period=_ALARM_PERIOD),
+                "The coordinator failed; no task is dispatched while it keeps failing.",
+            ),
+            alarm(
+                "DeadLetterQueueAlarm",
+                dead_letter_queue.metric_approximate_number_of_messages_visible(
+                    period=_ALARM_PERIOD, statistic=cloudwatch.Stats.MAXIMUM
+                ),
+                "Worker invocations failed outside the task handlers (crash, timeout, throttled "
+                "too long); their tasks are re-dispatched once their lock expires.",
+            ),
+            alarm(
+                "TableThrottlesAlarm",
+                self._table_throttles(_ALARM_PERIOD),
+                "DynamoDB throttled requests on the task table or its status-due index.",
+            ),
         ]
 
     # --- dashboard -----------------------------------------------------------------------------
@@ -127,40 +151,77 @@ class Monitoring(Construct):
     ) -> cloudwatch.Dashboard:
         def graph(title: str, left: list[cloudwatch.IMetric], right: list[cloudwatch.IMetric] | None = None):
             return cloudwatch.GraphWidget(
-                title=title, left=left, right=right or [],
-                width=c.DASHBOARD_WIDGET_WIDTH, height=c.DASHBOARD_WIDGET_HEIGHT,
+                title=title,
+                left=left,
+                right=right or [],
+                width=c.DASHBOARD_WIDGET_WIDTH,
+                height=c.DASHBOARD_WIDGET_HEIGHT,
             )
 
         m = self.task_metric
         dashboard = cloudwatch.Dashboard(self, "Dashboard", default_interval=Duration.hours(3))
         dashboard.add_widgets(
-            graph("Tasks per minute", [m(MetricName.CLAIMED), m(MetricName.FINISHED), m(MetricName.FAILED),
-                                       m(MetricName.IGNORED), m(MetricName.LOST_CLAIM)],
-                  [m(MetricName.NOT_CLAIMED)]),
+            graph(
+                "Tasks per minute",
+                [
+                    m(MetricName.CLAIMED),
+                    m(MetricName.FINISHED),
+                    m(MetricName.FAILED),
+                    m(MetricName.IGNORED),
+                    m(MetricName.LOST_CLAIM),
+                ],
+                [m(MetricName.NOT_CLAIMED)],
+            ),
             graph("Task duration (ms)", [m(MetricName.DURATION, p) for p in c.DURATION_PERCENTILES]),
         )
         dashboard.add_widgets(
-            graph("Dispatch per minute", [m(MetricName.DISPATCHED), m(MetricName.WORKER_INVOCATIONS),
-                                          m(MetricName.REAPED)],
-                  [m(MetricName.BUSY, cloudwatch.Stats.MAXIMUM)]),
-            graph("Coordinator", [coordinator.metric_invocations(period=_MINUTE), coordinator.metric_errors(period=_MINUTE)],
-                  [coordinator.metric_duration(period=_MINUTE, statistic=cloudwatch.Stats.MAXIMUM)]),
+            graph(
+                "Dispatch per minute",
+                [m(MetricName.DISPATCHED), m(MetricName.WORKER_INVOCATIONS), m(MetricName.REAPED)],
+                [m(MetricName.BUSY, cloudwatch.Stats.MAXIMUM)],
+            ),
+            graph(
+                "Coordinator",
+                [coordinator.metric_invocations(period=_MINUTE), coordinator.metric_errors(period=_MINUTE)],
+                [coordinator.metric_duration(period=_MINUTE, statistic=cloudwatch.Stats.MAXIMUM)],
+            ),
         )
         dashboard.add_widgets(
-            graph("Worker", [worker.metric_invocations(period=_MINUTE), worker.metric_errors(period=_MINUTE),
-                             worker.metric_throttles(period=_MINUTE)],
-                  [worker.metric_duration(period=_MINUTE, statistic=cloudwatch.Stats.p(90))]),
-            graph("API function", [api_handler.metric_invocations(period=_MINUTE),
-                                   api_handler.metric_errors(period=_MINUTE),
-                                   api_handler.metric_throttles(period=_MINUTE)]),
+            graph(
+                "Worker",
+                [
+                    worker.metric_invocations(period=_MINUTE),
+                    worker.metric_errors(period=_MINUTE),
+                    worker.metric_throttles(period=_MINUTE),
+                ],
+                [worker.metric_duration(period=_MINUTE, statistic=cloudwatch.Stats.p(90))],
+            ),
+            graph(
+                "API function",
+                [
+                    api_handler.metric_invocations(period=_MINUTE),
+                    api_handler.metric_errors(period=_MINUTE),
+                    api_handler.metric_throttles(period=_MINUTE),
+                ],
+            ),
         )
         dashboard.add_widgets(
             graph("DynamoDB throttles", [self._table_throttles(_MINUTE)]),
-            graph("Worker dead-letter queue", [dead_letter_queue.metric_approximate_number_of_messages_visible(
-                period=_MINUTE, statistic=cloudwatch.Stats.MAXIMUM)]),
+            graph(
+                "Worker dead-letter queue",
+                [
+                    dead_letter_queue.metric_approximate_number_of_messages_visible(
+                        period=_MINUTE, statistic=cloudwatch.Stats.MAXIMUM
+                    )
+                ],
+            ),
         )
         dashboard.add_widgets(
-            cloudwatch.AlarmStatusWidget(alarms=self.alarms, title="Alarms",
-                                         width=2 * c.DASHBOARD_WIDGET_WIDTH, height=c.DASHBOARD_WIDGET_HEIGHT // 2)
+            cloudwatch.AlarmStatusWidget(
+                alarms=self.alarms,
+                title="Alarms",
+                width=2 * c.DASHBOARD_WIDGET_WIDTH,
+                height=c.DASHBOARD_WIDGET_HEIGHT // 2,
+            )
         )
         return dashboard

@@ -47,17 +47,21 @@ class Processing(Construct):
 
     def _build_dead_letter_queue(self) -> sqs.Queue:
         return sqs.Queue(
-            self, "WorkerDeadLetterQueue",
+            self,
+            "WorkerDeadLetterQueue",
             encryption=sqs.QueueEncryption.SQS_MANAGED,
             enforce_ssl=True,
             retention_period=Duration.days(14),
             removal_policy=self._removal_policy,
         )
 
-    def _build_worker(self, table: dynamodb.ITableV2, layer: lambda_.ILayerVersion, code_dir: Path) -> CoworkerFunction:
+    def _build_worker(
+        self, table: dynamodb.ITableV2, layer: lambda_.ILayerVersion, code_dir: Path
+    ) -> CoworkerFunction:
         config = self._config
         worker = CoworkerFunction(
-            self, "Worker",
+            self,
+            "Worker",
             code_dir=code_dir,
             layer=layer,
             environment=config.function_environment(table_name=table.table_name),
@@ -78,10 +82,13 @@ class Processing(Construct):
         table.grant(worker.function, *WORKER_TABLE_ACTIONS)
         return worker
 
-    def _build_coordinator(self, table: dynamodb.ITableV2, layer: lambda_.ILayerVersion, code_dir: Path) -> CoworkerFunction:
+    def _build_coordinator(
+        self, table: dynamodb.ITableV2, layer: lambda_.ILayerVersion, code_dir: Path
+    ) -> CoworkerFunction:
         config = self._config
         coordinator = CoworkerFunction(
-            self, "Coordinator",
+            self,
+            "Coordinator",
             code_dir=code_dir,
             layer=layer,
             environment=config.function_environment(
@@ -103,7 +110,8 @@ class Processing(Construct):
 
     def _build_schedule(self, coordinator: lambda_.IFunction) -> events.Rule:
         return events.Rule(
-            self, "Schedule",
+            self,
+            "Schedule",
             description="Coworker coordinator tick",
             schedule=events.Schedule.rate(Duration.minutes(self._config.schedule_minutes)),
             targets=[targets.LambdaFunction(coordinator)],

@@ -5,11 +5,13 @@ from __future__ import annotations
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_dynamodb as dynamodb
 from constructs import Construct
-
 from coworker import schema
 
-_TYPES = {"S": dynamodb.AttributeType.STRING, "N": dynamodb.AttributeType.NUMBER,
-          "B": dynamodb.AttributeType.BINARY}
+_TYPES = {
+    "S": dynamodb.AttributeType.STRING,
+    "N": dynamodb.AttributeType.NUMBER,
+    "B": dynamodb.AttributeType.BINARY,
+}
 
 
 class TaskTable(Construct):
@@ -22,7 +24,8 @@ class TaskTable(Construct):
     def _build_table(self, removal_policy: RemovalPolicy) -> dynamodb.TableV2:
         types = schema.key_schema()
         return dynamodb.TableV2(
-            self, "Table",
+            self,
+            "Table",
             partition_key=self._attribute(schema.PARTITION_KEY, types),
             billing=dynamodb.Billing.on_demand(),
             global_secondary_indexes=[

@@ -14,12 +14,15 @@ import pytest
 
 os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
 
-from aws_cdk import App, Stack, Validations  # noqa: E402
-from aws_cdk import cx_api  # noqa: E402
+from aws_cdk import (  # noqa: E402
+    App,
+    Stack,
+    Validations,
+    cx_api,  # noqa: E402
+)
 
 from infra import constants as c  # noqa: E402
 from infra.stack import CoworkerStack  # noqa: E402
-
 from tests.infra.support import FUNCTION_DIRS, missing_function_code  # noqa: E402
 
 
@@ -46,8 +49,9 @@ def synthesize(
     """Synthesize a Coworker app with the given context (and, optionally, cdk-nag)."""
 
     def run(context: dict[str, object], *, plugins: Callable[[App], list] | None = None):
-        app = App(context={"layerDependencies": "skip", **context},
-                  outdir=str(tmp_path_factory.mktemp("cdk.out")))
+        app = App(
+            context={"layerDependencies": "skip", **context}, outdir=str(tmp_path_factory.mktemp("cdk.out"))
+        )
         stack = CoworkerStack(app, functions_dir=functions_dir)
         if plugins is not None:
             Validations.of(app).add_plugins(*plugins(app))

@@ -24,8 +24,11 @@ CFN_LINT_IGNORED = ("W3005",)
 def offline_environment() -> dict[str, str]:
     env = dict(os.environ)
     env.update(
-        AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x", AWS_DEFAULT_REGION="us-east-1",
-        CDK_DISABLE_VERSION_CHECK="1", JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION="1",
+        AWS_ACCESS_KEY_ID="x",
+        AWS_SECRET_ACCESS_KEY="x",
+        AWS_DEFAULT_REGION="us-east-1",
+        CDK_DISABLE_VERSION_CHECK="1",
+        JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION="1",
         # cdk.json runs `python3 app.py`: make that the interpreter running the tests.
         PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
     )
@@ -43,7 +46,11 @@ def test_cdk_synth_offline_and_cfn_lint(tmp_path: Path) -> None:
     out = tmp_path / "cdk.out"
     result = subprocess.run(
         [str(CDK_BIN), "synth", "--quiet", "--output", str(out), "-c", "layerDependencies=skip"],
-        cwd=c.REPO_ROOT, env=offline_environment(), capture_output=True, text=True, timeout=300,
+        cwd=c.REPO_ROOT,
+        env=offline_environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     template = out / f"{c.STACK_ID}.template.json"
@@ -53,6 +60,8 @@ def test_cdk_synth_offline_and_cfn_lint(tmp_path: Path) -> None:
     assert cfn_lint, "cfn-lint is in requirements-dev.txt"
     lint = subprocess.run(
         [cfn_lint, "--ignore-checks", *CFN_LINT_IGNORED, "--", str(template)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert lint.returncode == 0, lint.stdout + lint.stderr

@@ -19,8 +19,9 @@ from cdk_nag import AwsSolutionsChecks
 @pytest.fixture(scope="module")
 def nagged(synthesize):
     # Both optional branches on: the e-mail topic and the API Gateway CloudWatch role.
-    stack, assembly = synthesize({"alarmEmail": "ops@example.com"},
-                                 plugins=lambda app: [AwsSolutionsChecks(app)])
+    stack, assembly = synthesize(
+        {"alarmEmail": "ops@example.com"}, plugins=lambda app: [AwsSolutionsChecks(app)]
+    )
     return stack, assembly
 
 
@@ -47,8 +48,12 @@ def test_every_acknowledged_finding_has_a_reason(report: dict) -> None:
 def test_acknowledgments_recorded_on_constructs_all_have_reasons(nagged) -> None:
     stack, _ = nagged
     key = Validations.ACKNOWLEDGED_RULES_METADATA_KEY
-    entries = [entry.data for construct in stack.node.find_all()
-               for entry in construct.node.metadata if entry.type == key]
+    entries = [
+        entry.data
+        for construct in stack.node.find_all()
+        for entry in construct.node.metadata
+        if entry.type == key
+    ]
     assert entries
     for data in entries:  # {acknowledged id: reason}
         for rule_id, reason in data.items():

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from aws_cdk import App
 from aws_cdk.assertions import Match, Template
-
 from coworker import schema
 from coworker.errors import ConfigurationError
 from coworker.observability import MetricName
+
 from infra import constants as c
 from infra.bundling import LocalLayerBundling
 from infra.config import StackConfig
@@ -63,37 +63,54 @@ def table_logical_id(template: Template) -> str:
 
 # --- table -------------------------------------------------------------------------------------
 
+
 def test_table_keys_index_and_ttl_come_from_the_schema(template: Template) -> None:
-    template.has_resource_properties("AWS::DynamoDB::GlobalTable", {
-        "BillingMode": "PAY_PER_REQUEST",
-        "KeySchema": [{"AttributeName": schema.PARTITION_KEY, "KeyType": "HASH"}],
-        "AttributeDefinitions": Match.array_equals([
-            {"AttributeName": name, "AttributeType": kind} for name, kind in schema.key_schema().items()
-        ]),
-        "GlobalSecondaryIndexes": [{
-            "IndexName": schema.STATUS_INDEX_NAME,
-            "KeySchema": [
-                {"AttributeName": schema.STATUS_INDEX_PARTITION_KEY, "KeyType": "HASH"},
-                {"AttributeName": schema.STATUS_INDEX_SORT_KEY, "KeyType": "RANGE"},
+    template.has_resource_properties(
+        "AWS::DynamoDB::GlobalTable",
+        {
+            "BillingMode": "PAY_PER_REQUEST",
+            "KeySchema": [{"AttributeName": schema.PARTITION_KEY, "KeyType": "HASH"}],
+            "AttributeDefinitions": Match.array_equals(
+                [{"AttributeName": name, "AttributeType": kind} for name, kind in schema.key_schema().items()]
+            ),
+            "GlobalSecondaryIndexes": [
+                {
+                    "IndexName": schema.STATUS_INDEX_NAME,
+                    "KeySchema": [
+                        {"AttributeName": schema.STATUS_INDEX_PARTITION_KEY, "KeyType": "HASH"},
+                        {"AttributeName": schema.STATUS_INDEX_SORT_KEY, "KeyType": "RANGE"},
+                    ],
+                    "Projection": {
+                        "ProjectionType": "INCLUDE",
+                        "NonKeyAttributes": list(schema.STATUS_INDEX_PROJECTED),
+                    },
+                }
             ],
-            "Projection": {"ProjectionType": "INCLUDE",
-                           "NonKeyAttributes": list(schema.STATUS_INDEX_PROJECTED)},
-        }],
-        "TimeToLiveSpecification": {"AttributeName": schema.TTL_ATTRIBUTE, "Enabled": True},
-    })
+            "TimeToLiveSpecification": {"AttributeName": schema.TTL_ATTRIBUTE, "Enabled": True},
+        },
+    )
 
 
 def test_table_has_pitr_aws_managed_encryption_and_is_retained_by_default(template: Template) -> None:
-    template.has_resource("AWS::DynamoDB::GlobalTable", {
-        "DeletionPolicy": "Retain",
-        "UpdateReplacePolicy": "Retain",
-        "Properties": Match.object_like({
-            "SSESpecification": {"SSEEnabled": True, "SSEType": "KMS"},  # no key id: aws/dynamodb
-            "Replicas": [Match.object_like({
-                "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
-            })],
-        }),
-    })
+    template.has_resource(
+        "AWS::DynamoDB::GlobalTable",
+        {
+            "DeletionPolicy": "Retain",
+            "UpdateReplacePolicy": "Retain",
+            "Properties": Match.object_like(
+                {
+                    "SSESpecification": {"SSEEnabled": True, "SSEType": "KMS"},  # no key id: aws/dynamodb
+                    "Replicas": [
+                        Match.object_like(
+                            {
+                                "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
+                            }
+                        )
+                    ],
+                }
+            ),
+        },
+    )
 
 
 def test_the_schema_request_and_the_template_describe_the_same_table(template: Template) -> None:
@@ -106,6 +123,7 @@ def test_the_schema_request_and_the_template_describe_the_same_table(template: T
 
 # --- functions ---------------------------------------------------------------------------------
 
+
 def test_three_functions_on_arm64_python_with_the_layer_and_tracing(template: Template, functions) -> None:
     assert set(functions) == {"coordinator", "worker", "api"}
     (layer_id,) = resources(template, "AWS::Lambda::LayerVersion")
@@ -116,9 +134,13 @@ def test_three_functions_on_arm64_python_with_the_layer_and_tracing(template: Te
         assert fn["Layers"] == [{"Ref": layer_id}]
         assert fn["TracingConfig"] == {"Mode": "Active"}
         assert "LogGroup" in fn["LoggingConfig"]
-    template.has_resource_properties("AWS::Lambda::LayerVersion", {
-        "CompatibleArchitectures": ["arm64"], "CompatibleRuntimes": [f"python{c.PYTHON_VERSION}"],
-    })
+    template.has_resource_properties(
+        "AWS::Lambda::LayerVersion",
+        {
+            "CompatibleArchitectures": ["arm64"],
+            "CompatibleRuntimes": [f"python{c.PYTHON_VERSION}"],
+        },
+    )
 
 
 def test_log_groups_keep_a_month(template: Template) -> None:
@@ -158,36 +180,63 @@ def test_worker_limits_come_from_context(functions) -> None:
     assert functions["api"]["Timeout"] <= 29
 
 
-def test_worker_async_invocations_are_never_retried_and_fail_to_the_dlq(template: Template, functions) -> None:
+def test_worker_async_invocations_are_never_retried_and_fail_to_the_dlq(
+    template: Template, functions
+) -> None:
     (queue_id,) = resources(template, "AWS::SQS::Queue")
-    template.has_resource_properties("AWS::Lambda::EventInvokeConfig", {
-        "FunctionName": {"Ref": functions["worker"]["id"]},
-        "MaximumRetryAttempts": 0,
-        "MaximumEventAgeInSeconds": 120 + 30,  # the default lock: worker timeout + 30 s
-        "DestinationConfig": {"OnFailure": {"Destination": {"Fn::GetAtt": [queue_id, "Arn"]}}},
-    })
-    template.has_resource_properties("AWS::Lambda::EventInvokeConfig", {
-        "FunctionName": {"Ref": functions["coordinator"]["id"]}, "MaximumRetryAttempts": 0,
-    })
+    template.has_resource_properties(
+        "AWS::Lambda::EventInvokeConfig",
+        {
+            "FunctionName": {"Ref": functions["worker"]["id"]},
+            "MaximumRetryAttempts": 0,
+            "MaximumEventAgeInSeconds": 120 + 30,  # the default lock: worker timeout + 30 s
+            "DestinationConfig": {"OnFailure": {"Destination": {"Fn::GetAtt": [queue_id, "Arn"]}}},
+        },
+    )
+    template.has_resource_properties(
+        "AWS::Lambda::EventInvokeConfig",
+        {
+            "FunctionName": {"Ref": functions["coordinator"]["id"]},
+            "MaximumRetryAttempts": 0,
+        },
+    )
 
 
 def test_dlq_is_encrypted_and_refuses_plain_http(template: Template) -> None:
     template.has_resource_properties("AWS::SQS::Queue", {"SqsManagedSseEnabled": True})
-    template.has_resource_properties("AWS::SQS::QueuePolicy", {"PolicyDocument": {"Statement": Match.array_with([
-        Match.object_like({"Effect": "Deny", "Action": "sqs:*",
-                           "Condition": {"Bool": {"aws:SecureTransport": "false"}}}),
-    ])}})
+    template.has_resource_properties(
+        "AWS::SQS::QueuePolicy",
+        {
+            "PolicyDocument": {
+                "Statement": Match.array_with(
+                    [
+                        Match.object_like(
+                            {
+                                "Effect": "Deny",
+                                "Action": "sqs:*",
+                                "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                            }
+                        ),
+                    ]
+                )
+            }
+        },
+    )
 
 
 def test_coordinator_runs_on_the_schedule_from_context(template: Template, functions) -> None:
-    template.has_resource_properties("AWS::Events::Rule", {
-        "ScheduleExpression": "rate(2 minutes)",
-        "State": "ENABLED",
-        "Targets": [Match.object_like({"Arn": {"Fn::GetAtt": [functions["coordinator"]["id"], "Arn"]}})],
-    })
+    template.has_resource_properties(
+        "AWS::Events::Rule",
+        {
+            "ScheduleExpression": "rate(2 minutes)",
+            "State": "ENABLED",
+            "Targets": [Match.object_like({"Arn": {"Fn::GetAtt": [functions["coordinator"]["id"], "Arn"]}})],
+        },
+    )
 
 
 # --- IAM -----------------------------------------------------------------------------------
+
 
 def policy_statements(template: Template) -> dict[str, list[dict]]:
     """Statements of each inline policy, by the logical id of the role it is attached to."""
@@ -225,9 +274,15 @@ def role_of(fn: dict) -> str:
 
 
 def test_least_privilege_on_the_table(template: Template, functions) -> None:
-    assert table_actions(template, role_of(functions["coordinator"])) == {"dynamodb:Query", "dynamodb:UpdateItem"}
+    assert table_actions(template, role_of(functions["coordinator"])) == {
+        "dynamodb:Query",
+        "dynamodb:UpdateItem",
+    }
     assert table_actions(template, role_of(functions["worker"])) == {
-        "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query"}
+        "dynamodb:GetItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:Query",
+    }
     api_actions = table_actions(template, role_of(functions["api"]))
     assert {"dynamodb:PutItem", "dynamodb:GetItem", "dynamodb:Query", "dynamodb:UpdateItem"} <= api_actions
     assert all(a.startswith("dynamodb:") and a != "dynamodb:*" for a in api_actions)
@@ -245,6 +300,7 @@ def test_only_the_coordinator_may_invoke_the_worker(template: Template, function
 
 # --- API -----------------------------------------------------------------------------------
 
+
 def test_every_api_method_requires_an_api_key(template: Template, functions) -> None:
     methods = resources(template, "AWS::ApiGateway::Method")
     assert len(methods) >= 2  # ANY on / and ANY on /{proxy+}
@@ -259,37 +315,62 @@ def test_every_api_method_requires_an_api_key(template: Template, functions) -> 
 
 
 def test_usage_plan_throttles_and_holds_the_key(template: Template) -> None:
-    template.has_resource_properties("AWS::ApiGateway::UsagePlan", {
-        "Throttle": {"RateLimit": c.DEFAULT_API_RATE_LIMIT, "BurstLimit": c.DEFAULT_API_BURST_LIMIT},
-        "ApiStages": [Match.object_like({"Stage": Match.any_value()})],
-    })
+    template.has_resource_properties(
+        "AWS::ApiGateway::UsagePlan",
+        {
+            "Throttle": {"RateLimit": c.DEFAULT_API_RATE_LIMIT, "BurstLimit": c.DEFAULT_API_BURST_LIMIT},
+            "ApiStages": [Match.object_like({"Stage": Match.any_value()})],
+        },
+    )
     template.resource_count_is("AWS::ApiGateway::ApiKey", 1)
     template.resource_count_is("AWS::ApiGateway::UsagePlanKey", 1)
 
 
 def test_stage_traces_throttles_and_writes_access_logs(template: Template) -> None:
-    template.has_resource_properties("AWS::ApiGateway::Stage", {
-        "StageName": c.API_STAGE_NAME,
-        "TracingEnabled": True,
-        "AccessLogSetting": {"DestinationArn": Match.any_value(), "Format": Match.any_value()},
-        "MethodSettings": [Match.object_like({
-            "ThrottlingRateLimit": c.DEFAULT_API_RATE_LIMIT,
-            "ThrottlingBurstLimit": c.DEFAULT_API_BURST_LIMIT,
-            "DataTraceEnabled": False,
-        })],
-    })
+    template.has_resource_properties(
+        "AWS::ApiGateway::Stage",
+        {
+            "StageName": c.API_STAGE_NAME,
+            "TracingEnabled": True,
+            "AccessLogSetting": {"DestinationArn": Match.any_value(), "Format": Match.any_value()},
+            "MethodSettings": [
+                Match.object_like(
+                    {
+                        "ThrottlingRateLimit": c.DEFAULT_API_RATE_LIMIT,
+                        "ThrottlingBurstLimit": c.DEFAULT_API_BURST_LIMIT,
+                        "DataTraceEnabled": False,
+                    }
+                )
+            ],
+        },
+    )
 
 
 # --- monitoring ------------------------------------------------------------------------------
+
 
 def test_dashboard_shows_the_task_metrics(template: Template) -> None:
     (dashboard,) = resources(template, "AWS::CloudWatch::Dashboard").values()
     body = json.dumps(dashboard["Properties"]["DashboardBody"])
     library_metrics = [v for k, v in vars(MetricName).items() if k.isupper()]
-    assert {"TaskClaimed", "TaskFinished", "TaskFailed", "TaskIgnored", "LostClaim", "TaskDuration",
-            "TasksDispatched", "WorkerInvocations"} <= set(library_metrics)
-    for name in (*library_metrics, "Throttles", "Errors", "ReadThrottleEvents", "WriteThrottleEvents",
-                 "ApproximateNumberOfMessagesVisible"):
+    assert {
+        "TaskClaimed",
+        "TaskFinished",
+        "TaskFailed",
+        "TaskIgnored",
+        "LostClaim",
+        "TaskDuration",
+        "TasksDispatched",
+        "WorkerInvocations",
+    } <= set(library_metrics)
+    for name in (
+        *library_metrics,
+        "Throttles",
+        "Errors",
+        "ReadThrottleEvents",
+        "WriteThrottleEvents",
+        "ApproximateNumberOfMessagesVisible",
+    ):
         assert name in body, name
     for percentile in c.DURATION_PERCENTILES:
         assert f'\\"stat\\":\\"{percentile}\\"' in body
@@ -307,7 +388,9 @@ def test_alarms_watch_ignored_tasks_coordinator_errors_dlq_and_throttles(templat
     (topic_id,) = resources(template, "AWS::SNS::Topic")
     for alarm in alarms:  # alarmEmail is set in CONTEXT
         assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic_id}]
-    template.has_resource_properties("AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": "ops@example.com"})
+    template.has_resource_properties(
+        "AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": "ops@example.com"}
+    )
 
 
 def test_outputs(template: Template) -> None:
@@ -317,6 +400,7 @@ def test_outputs(template: Template) -> None:
 
 
 # --- layer -------------------------------------------------------------------------------------
+
 
 def test_layer_asset_holds_the_library_under_python(synthesized) -> None:
     _, artifact, template = synthesized
@@ -339,8 +423,12 @@ def fake_pip(calls: list):
 def test_layer_dependencies_are_wheels_for_lambda_arm64_installed_once(tmp_path, monkeypatch) -> None:
     calls: list = []
     monkeypatch.setattr("infra.bundling.subprocess.run", fake_pip(calls))
-    bundler = LocalLayerBundling(c.LAYER_SOURCE_DIR, c.LAYER_REQUIREMENTS, install_dependencies=True,
-                                 dependency_cache=tmp_path / "cache")
+    bundler = LocalLayerBundling(
+        c.LAYER_SOURCE_DIR,
+        c.LAYER_REQUIREMENTS,
+        install_dependencies=True,
+        dependency_cache=tmp_path / "cache",
+    )
     for out in ("first", "second"):
         assert bundler.try_bundle(str(tmp_path / out), image=None) is True
         assert (tmp_path / out / "python" / "coworker" / "schema.py").is_file()
@@ -361,6 +449,7 @@ def test_layer_hash_changes_with_the_dependency_mode() -> None:
 
 # --- configuration -----------------------------------------------------------------------------
 
+
 def config(**context) -> StackConfig:
     return StackConfig.from_context(App(context=context).node)
 
@@ -377,13 +466,16 @@ def test_context_strings_from_the_command_line_are_accepted() -> None:
     assert cfg.worker_reserved_concurrency == 3 and cfg.destroy_on_removal and not cfg.api_cloudwatch_role
 
 
-@pytest.mark.parametrize("context", [
-    {"removalPolicy": "delete"},
-    {"layerDependencies": "maybe"},
-    {"workerTimeoutSeconds": 300, "lockSeconds": 200},  # a lock shorter than a worker run
-    {"batchSize": 0},
-    {"scheduleMinutes": 0},
-])
+@pytest.mark.parametrize(
+    "context",
+    [
+        {"removalPolicy": "delete"},
+        {"layerDependencies": "maybe"},
+        {"workerTimeoutSeconds": 300, "lockSeconds": 200},  # a lock shorter than a worker run
+        {"batchSize": 0},
+        {"scheduleMinutes": 0},
+    ],
+)
 def test_bad_context_fails_the_synth(context) -> None:
     with pytest.raises(ConfigurationError):
         config(**context)
@@ -392,7 +484,11 @@ def test_bad_context_fails_the_synth(context) -> None:
 def test_function_code_is_present() -> None:
     missing = missing_function_code()
     if missing:
-        pytest.skip(f"functions/{{{','.join(missing)}}}/handler.py not written yet; synthesized with stand-ins")
+        pytest.skip(
+            f"functions/{{{','.join(missing)}}}/handler.py not written yet; synthesized with stand-ins"
+        )
     for name in ("coordinator", "worker", "api"):
-        assert "def handler" in (c.FUNCTIONS_DIR / name / "handler.py").read_text() or \
-            "handler =" in (c.FUNCTIONS_DIR / name / "handler.py").read_text()
+        assert (
+            "def handler" in (c.FUNCTIONS_DIR / name / "handler.py").read_text()
+            or "handler =" in (c.FUNCTIONS_DIR / name / "handler.py").read_text()
+        )
