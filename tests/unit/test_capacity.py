@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from coworker import capacity, schema
 from coworker.capacity import (
     get_item_read_units,

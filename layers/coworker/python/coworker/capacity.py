@@ -241,13 +241,24 @@ class MeterTotals:
                                    unmetered=collections.Counter(self.unmetered))
 
     def __sub__(self, other: MeterTotals) -> MeterTotals:
+        return self._combine(other, -1)
+
+    def __add__(self, other: MeterTotals) -> MeterTotals:
+        return self._combine(other, 1)
+
+    def _combine(self, other: MeterTotals, sign: int) -> MeterTotals:
+        requests, unmetered = collections.Counter(self.requests), collections.Counter(self.unmetered)
+        for name, count in other.requests.items():
+            requests[name] += sign * count
+        for name, count in other.unmetered.items():
+            unmetered[name] += sign * count
         return MeterTotals(
-            requests=self.requests - other.requests,
-            table_write_units=self.table_write_units - other.table_write_units,
-            index_write_units=self.index_write_units - other.index_write_units,
-            read_units=self.read_units - other.read_units,
-            items_read=self.items_read - other.items_read,
-            unmetered=self.unmetered - other.unmetered,
+            requests=+requests,  # unary plus drops the zero counts
+            table_write_units=self.table_write_units + sign * other.table_write_units,
+            index_write_units=self.index_write_units + sign * other.index_write_units,
+            read_units=self.read_units + sign * other.read_units,
+            items_read=self.items_read + sign * other.items_read,
+            unmetered=+unmetered,
         )
 
 
@@ -262,7 +273,7 @@ class CapacityMeter:
     from the item before and after, read with a second, unmetered ``snapshot_client``
     (consistent GetItem) around each write; that is exact as long as no two writes to the same
     item run at once, which holds when every task is worked by one thread at a time. A
-    ``Select=COUNT`` query returns no items, so it is re-run with ``ALL_PROJECTED`` through the
+    ``Select=COUNT`` query returns no items, so it is re-run with ``ALL_PROJECTED_ATTRIBUTES`` through the
     snapshot client to learn the sizes it read. Queries with a filter or projection expression
     are billed by what they return (the engine uses neither).
     """
@@ -390,7 +401,7 @@ class CapacityMeter:
     def _meter_query(self, operation: str, params: Mapping[str, Any], parsed: Mapping[str, Any]) -> None:
         index_name = params.get("IndexName")
         if params.get("Select") == "COUNT":
-            rerun = dict(params, Select="ALL_PROJECTED" if index_name else "ALL_ATTRIBUTES")
+            rerun = dict(params, Select="ALL_PROJECTED_ATTRIBUTES" if index_name else "ALL_ATTRIBUTES")
             call = self.snapshot_client.query if operation == "Query" else self.snapshot_client.scan
             items = call(**rerun).get("Items", [])
         else:

@@ -1,0 +1,236 @@
+"""Cost benchmark: DynamoDB requests and capacity units per task, and per coordinator tick.
+
+    .venv/bin/python benchmarks/cost.py [--tasks 200] [--backlog 100000] [--concurrency 10]
+
+Runs against its own embedded DynamoDB (moto). moto's ConsumedCapacity is not DynamoDB's, so
+every request the engine makes is metered by :class:`coworker.capacity.CapacityMeter`, which
+bills it by DynamoDB's documented rules (item sizes, index key changes). Speed is not measured:
+the embedded server's speed says nothing about DynamoDB's.
+
+a) Happy path: put N quick tasks, run coordinator ticks (workers in process) until all are
+   finished; write units per finished task, read units per dispatched task, against the
+   target (at most 5 write units per finished task, 1 read unit per dispatched task).
+b) Coordinator scaling: one tick against a backlog of 1,000 and of 100,000 due tasks, with
+   max_concurrency 10 and 100: items and read units per tick follow what is dispatched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import logging
+import os
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+
+os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "ERROR")
+os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
+
+from coworker import dispatch, lifecycle  # noqa: E402
+from coworker.bootstrap import configure  # noqa: E402
+from coworker.capacity import CapacityMeter, MeterTotals, item_size, status_index  # noqa: E402
+from coworker.config import Settings  # noqa: E402
+from coworker.embedded import EmbeddedDynamoDB, create_table, dynamodb_client  # noqa: E402
+from coworker.model import TaskModel, utcnow  # noqa: E402
+from coworker.observability import metrics  # noqa: E402
+
+TARGET_WRITE_UNITS = 5
+TARGET_READ_UNITS = 1
+SMALL_BACKLOG = 1_000
+
+
+class RecordingInvoker:
+    """Takes the dispatched keys and starts nothing: isolates the coordinator's own reads."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    def invoke(self, keys: Sequence[str]) -> None:
+        self.keys.extend(keys)
+
+
+def _settings(endpoint: str, table: str, **overrides) -> Settings:
+    settings = Settings(table_name=table, dynamodb_endpoint=endpoint, **overrides)
+    create_table(settings)
+    return configure(settings)
+
+
+def _step(record) -> str:
+    """Name the lifecycle step of a metered write from the item it produced."""
+    if not record.succeeded:
+        return f"{record.operation} (condition failed)"
+    if record.operation == "PutItem":
+        return "put"
+    status = (record.new or {}).get("status", {}).get("S")
+    return {"processing": "claim", "finished": "finish"}.get(status, f"{record.operation} -> {status}")
+
+
+def happy_path(endpoint: str, tasks: int, concurrency: int) -> dict:
+    settings = _settings(endpoint, "cost-happy", max_concurrency=concurrency, batch_size=5)
+    snapshot_client = dynamodb_client(settings)
+    meter = CapacityMeter.for_model(TaskModel, snapshot_client).attach()
+    for i in range(tasks):
+        lifecycle.put_task(lifecycle.TaskSpec(key=f"task-{i:06d}", type="quick", payload={"n": i}), settings)
+
+    invoker = dispatch.InProcessInvoker(settings)
+    finished = dispatched = ticks = 0
+    coordinator_reads = MeterTotals()
+    while finished < tasks:
+        start = meter.snapshot()
+        report = dispatch.tick(settings, invoker)
+        coordinator_reads = coordinator_reads + (meter.snapshot() - start)  # the tick alone
+        ticks += 1
+        dispatched += report.dispatched
+        # Workers of one tick finish before the next tick: every item is written by one thread
+        # at a time, so the meter's before/after snapshots are exact.
+        finished += sum(r.outcome.value == "finished" for r in invoker.wait())
+        # Powertools flushes every 100 metrics even with POWERTOOLS_METRICS_DISABLED: drop them.
+        metrics.clear_metrics()
+        if report.dispatched == 0 and ticks > tasks:
+            raise RuntimeError("the coordinator stopped dispatching before every task finished")
+    invoker.shutdown()
+    meter.detach()
+    total = meter.snapshot()
+
+    steps: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for record in meter.writes:
+        row = steps[_step(record)]
+        row[0] += 1
+        row[1] += record.table_units
+        row[2] += record.index_units
+    sizes = [item_size(r.new) for r in meter.writes if r.new]
+    index = status_index()
+    entries = [item_size(index.entry(r.new)) for r in meter.writes if index.contains(r.new)]
+    return {
+        "tasks": tasks, "finished": finished, "dispatched": dispatched, "ticks": ticks,
+        "total": total, "ticks_only": coordinator_reads,
+        "steps": dict(steps), "max_item": max(sizes), "max_entry": max(entries),
+    }
+
+
+def _load_backlog(client, settings: Settings, template: dict, start: int, stop: int) -> None:
+    """BatchWriteItem copies of a real task item, due in the past, oldest first by key order."""
+    base = utcnow() - timedelta(days=1)
+    for first in range(start, stop, 25):
+        requests = []
+        for i in range(first, min(first + 25, stop)):
+            item = dict(template)
+            item["key"] = {"S": f"backlog-{i:07d}"}
+            due = (base + timedelta(microseconds=i)).strftime("%Y-%m-%dT%H:%M:%S.%f+0000")
+            item["due_at"] = {"S": due}
+            requests.append({"PutRequest": {"Item": item}})
+        pending = {settings.table_name: requests}
+        while pending:
+            pending = client.batch_write_item(RequestItems=pending).get("UnprocessedItems") or {}
+
+
+def _measure_tick(endpoint: str, table: str, concurrency: int, meter: CapacityMeter) -> dict:
+    settings = Settings(table_name=table, dynamodb_endpoint=endpoint, max_concurrency=concurrency)
+    invoker = RecordingInvoker()
+    first_read = len(meter.reads)
+    start = meter.snapshot()
+    report = dispatch.tick(settings, invoker)
+    spent = meter.snapshot() - start
+    reads = meter.reads[first_read:]
+    return {
+        "concurrency": concurrency, "dispatched": report.dispatched, "requests": sum(spent.requests.values()),
+        "items_read": spent.items_read, "read_units": spent.read_units,
+        "due_items": sum(r.items_read for r in reads if r.select != "COUNT"),
+    }
+
+
+def scaling(endpoint: str, backlog: int, load_seconds: float) -> tuple[list[dict], int]:
+    settings = _settings(endpoint, "cost-backlog", max_concurrency=100)
+    client = dynamodb_client(settings)
+    lifecycle.put_task(lifecycle.TaskSpec(key="template", type="quick", payload={"n": 0}), settings)
+    template = client.get_item(TableName=settings.table_name, Key={"key": {"S": "template"}})["Item"]
+    client.delete_item(TableName=settings.table_name, Key={"key": {"S": "template"}})
+    meter = CapacityMeter.for_model(TaskModel, client).attach()
+    rows, loaded = [], 0
+    for size in sorted({min(SMALL_BACKLOG, backlog), backlog}):
+        started = time.monotonic()
+        while loaded < size and time.monotonic() - started < load_seconds:
+            step = min(size, loaded + 5_000)
+            _load_backlog(client, settings, template, loaded, step)
+            loaded = step
+        for concurrency in (10, 100):
+            measured = _measure_tick(endpoint, settings.table_name, concurrency, meter)
+            rows.append({"backlog": loaded, **measured})
+    meter.detach()
+    return rows, loaded
+
+
+def _print_happy(result: dict) -> None:
+    total: MeterTotals = result["total"]
+    tasks, dispatched = result["finished"], result["dispatched"]
+    print(f"a) Happy path: {result['tasks']} quick tasks put, {result['ticks']} ticks, "
+          f"{dispatched} dispatched, {tasks} finished")
+    print("   (largest task item written: "
+          f"{result['max_item']} bytes; largest status-index entry: {result['max_entry']} bytes)")
+    print()
+    print(f"   {'step':<28}{'writes':>8}{'table WCU':>12}{'index WCU':>12}{'per write':>12}")
+    for name, (count, table_units, index_units) in sorted(result["steps"].items()):
+        per = (table_units + index_units) / count
+        print(f"   {name:<28}{count:>8}{table_units:>12.0f}{index_units:>12.0f}{per:>12.2f}")
+    print()
+    print("   per finished task")
+    for operation, count in sorted(total.requests.items()):
+        print(f"     {operation + ' requests':<30}{count / tasks:>10.2f}")
+    wcu = total.write_units / tasks
+    print(f"     {'table write units':<30}{total.table_write_units / tasks:>10.2f}")
+    print(f"     {'index write units':<30}{total.index_write_units / tasks:>10.2f}")
+    verdict = "meets" if wcu <= TARGET_WRITE_UNITS else "MISSES"
+    print(f"     {'total write units':<30}{wcu:>10.2f}   target <= {TARGET_WRITE_UNITS}: {verdict}")
+    ticks: MeterTotals = result["ticks_only"]
+    print("   per dispatched task (reads of the coordinator's ticks)")
+    rcu = ticks.read_units / dispatched
+    verdict = "meets" if rcu <= TARGET_READ_UNITS else "MISSES"
+    print(f"     {'read units':<30}{rcu:>10.3f}   target <= {TARGET_READ_UNITS}: {verdict}")
+    print(f"     {'items read':<30}{ticks.items_read / dispatched:>10.3f}")
+    print(f"     {'Query requests':<30}{ticks.requests['Query'] / dispatched:>10.3f}")
+    print(f"   read units outside the ticks (puts, workers): {total.read_units - ticks.read_units:.1f}")
+    if total.unmetered:
+        print(f"   unmetered requests: {dict(total.unmetered)}")
+
+
+def _print_scaling(rows: list[dict], wanted: int, loaded: int) -> None:
+    print()
+    print(f"b) Coordinator scaling: one tick against a backlog of due todo tasks"
+          f"{'' if loaded >= wanted else f' (load stopped at {loaded:,} of {wanted:,})'}")
+    print()
+    print(f"   {'backlog':>9}{'max_conc':>10}{'dispatched':>12}{'requests':>10}{'items read':>12}"
+          f"{'of which due':>14}{'read units':>12}{'RCU/dispatched':>16}")
+    for row in rows:
+        per = row["read_units"] / row["dispatched"] if row["dispatched"] else float("nan")
+        print(f"   {row['backlog']:>9,}{row['concurrency']:>10}{row['dispatched']:>12}{row['requests']:>10}"
+              f"{row['items_read']:>12}{row['due_items']:>14}{row['read_units']:>12.1f}{per:>16.3f}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=200, help="tasks in the happy-path run")
+    parser.add_argument("--backlog", type=int, default=100_000, help="due tasks for the scaling run")
+    parser.add_argument("--concurrency", type=int, default=10, help="max_concurrency of the happy path")
+    parser.add_argument("--load-seconds", type=float, default=150.0,
+                        help="stop loading the backlog after this long and measure what is there")
+    args = parser.parse_args(argv)
+    print("$ .venv/bin/python benchmarks/cost.py " + shlex.join(sys.argv[1:] if argv is None else argv))
+    print()
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
+    started = time.monotonic()
+    with EmbeddedDynamoDB() as server:
+        _print_happy(happy_path(server.endpoint, args.tasks, args.concurrency))
+        rows, loaded = scaling(server.endpoint, args.backlog, args.load_seconds)
+        _print_scaling(rows, args.backlog, loaded)
+    print()
+    print(f"({time.monotonic() - started:.0f} s on the embedded server; capacity computed by "
+          "coworker.capacity from DynamoDB's documented rules)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,155 @@
+"""What the engine costs on DynamoDB, metered on the embedded server by DynamoDB's rules.
+
+Figures, not speed: the meter counts requests, items read and capacity units of the real
+requests the engine makes (see :mod:`coworker.capacity`); nothing here is timed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+import pytest
+from coworker import dispatch, lifecycle
+from coworker.capacity import CapacityMeter, item_size, read_units, status_index
+from coworker.embedded import dynamodb_client
+from coworker.lifecycle import TaskSpec
+from coworker.model import TaskModel, utcnow
+
+LARGE_BACKLOG = 5_000
+INDEX = status_index()
+
+
+class RecordingInvoker:
+    """Keeps the dispatched keys and starts nothing, so a tick's own reads can be metered."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    def invoke(self, keys: Sequence[str]) -> None:
+        self.keys.extend(keys)
+
+
+def load_backlog(settings, count: int) -> None:
+    """``count`` due todo tasks, copies of a real task item, written with BatchWriteItem."""
+    client = dynamodb_client(settings)
+    lifecycle.put_task(TaskSpec(key="template", type="quick", payload={"n": 0}), settings)
+    template = client.get_item(TableName=settings.table_name, Key={"key": {"S": "template"}})["Item"]
+    client.delete_item(TableName=settings.table_name, Key={"key": {"S": "template"}})
+    base = utcnow() - timedelta(hours=1)
+    for first in range(0, count, 25):
+        batch = []
+        for i in range(first, min(first + 25, count)):
+            due = (base + timedelta(microseconds=i)).strftime("%Y-%m-%dT%H:%M:%S.%f+0000")
+            batch.append({"PutRequest": {"Item": {**template, "key": {"S": f"b-{i:06d}"},
+                                                  "due_at": {"S": due}}}})
+        pending = {settings.table_name: batch}
+        while pending:
+            pending = client.batch_write_item(RequestItems=pending).get("UnprocessedItems") or {}
+
+
+def metered_tick(settings) -> tuple[dispatch.TickReport, CapacityMeter]:
+    with CapacityMeter.for_model(TaskModel, dynamodb_client(settings)) as meter:
+        report = dispatch.tick(settings, RecordingInvoker())
+    return report, meter
+
+
+@pytest.mark.slow
+def test_tick_reads_what_it_dispatches_not_the_backlog(make_settings):
+    # Given a large backlog of due tasks and 3 tasks held by live workers
+    large = make_settings(max_concurrency=10)
+    load_backlog(large, LARGE_BACKLOG)
+    for i in range(3):
+        lifecycle.put_task(TaskSpec(key=f"busy-{i}", type="quick"), large)
+        assert lifecycle.claim(f"busy-{i}", "worker-x", large) is not None
+
+    # When the coordinator ticks
+    report, meter = metered_tick(large)
+
+    # Then it dispatches the free slots and reads only those items, plus the busy ones it counts
+    assert (report.busy, report.dispatched) == (3, 7)
+    due_reads = [r for r in meter.reads if r.select != "COUNT"]
+    (count_read,) = [r for r in meter.reads if r.select == "COUNT"]
+    assert sum(r.items_read for r in due_reads) == report.dispatched
+    assert count_read.items_read == 3 and count_read.bytes_read > 0  # sized by re-running it
+    assert meter.totals.items_read == report.dispatched + report.busy
+    assert set(meter.totals.requests) == {"Query"}  # no scan, no per-item reads
+    # every query here reads well under 4 KB: the minimum half unit each
+    assert meter.totals.read_units == 0.5 * len(meter.reads) == 2.0
+
+    # And the same tick over a backlog 100 times smaller reads exactly as much
+    small = make_settings(max_concurrency=10)
+    load_backlog(small, LARGE_BACKLOG // 100)
+    for i in range(3):
+        lifecycle.put_task(TaskSpec(key=f"busy-{i}", type="quick"), small)
+        lifecycle.claim(f"busy-{i}", "worker-x", small)
+    small_report, small_meter = metered_tick(small)
+    assert small_report.dispatched == report.dispatched
+    assert small_meter.totals.items_read == meter.totals.items_read
+    assert small_meter.totals.read_units == meter.totals.read_units
+
+
+def test_query_read_units_follow_the_sizes_of_the_items_read(make_settings):
+    # Given 100 due tasks whose index entries together pass 4 KB
+    settings = make_settings(max_concurrency=100)
+    load_backlog(settings, 100)
+
+    report, meter = metered_tick(settings)
+
+    (todo_read,) = [r for r in meter.reads if r.key_values[:1] == ("todo",)]
+    assert todo_read.items_read == report.dispatched == 100
+    assert todo_read.bytes_read > 4096
+    assert todo_read.units == read_units(todo_read.bytes_read) > 0.5
+
+
+def test_happy_path_write_units_match_the_rules_for_the_observed_items(make_settings):
+    # Given a few quick tasks run to the end by coordinator ticks and in-process workers
+    settings = make_settings(max_concurrency=4, batch_size=2)
+    tasks = 6
+    with CapacityMeter.for_model(TaskModel, dynamodb_client(settings)) as meter:
+        for i in range(tasks):
+            lifecycle.put_task(TaskSpec(key=f"t{i}", type="quick", payload={"n": i}), settings)
+        invoker = dispatch.InProcessInvoker(settings)
+        finished = 0
+        for _ in range(10):
+            dispatch.tick(settings, invoker)
+            finished += sum(r.outcome.value == "finished" for r in invoker.wait())
+            if finished == tasks:
+                break
+        invoker.shutdown()
+    assert finished == tasks
+
+    # Then each task took exactly put, claim, finish: one PutItem and two UpdateItems
+    assert meter.totals.requests["PutItem"] == tasks
+    assert meter.totals.requests["UpdateItem"] == 2 * tasks
+    by_key: dict[str, list] = {}
+    for record in meter.writes:
+        by_key.setdefault(record.new["key"]["S"], []).append(record)
+    client = dynamodb_client(settings)
+    for key, (put, claim, finish) in by_key.items():
+        # the snapshots chain: each write starts from the item the previous one left
+        assert put.old is None and claim.old == put.new and finish.old == claim.new
+        final = client.get_item(TableName=settings.table_name, Key={"key": {"S": key}})["Item"]
+        assert finish.new == final
+        # and the units are the documented ones for these items: small items, 1 unit a write;
+        # index: added (1), key todo->processing (delete + put: 2), left the sparse index (1)
+        assert max(item_size(r.new) for r in (put, claim, finish)) <= 1024
+        assert INDEX.contains(put.new) and INDEX.contains(claim.new) and not INDEX.contains(finish.new)
+        assert INDEX.key_of(put.new) != INDEX.key_of(claim.new)
+        assert [r.table_units for r in (put, claim, finish)] == [1, 1, 1]
+        assert [r.index_units for r in (put, claim, finish)] == [1, 2, 1]
+
+    # So a finished task costs 3 table and 4 index write units: the index writes are counted
+    assert meter.totals.table_write_units == 3 * tasks
+    assert meter.totals.index_write_units == 4 * tasks
+    assert meter.totals.write_units / tasks == 7
+
+
+def test_failed_conditional_put_is_billed_without_index_writes(make_settings):
+    settings = make_settings()
+    lifecycle.put_task(TaskSpec(key="dup", type="quick"), settings)
+    with CapacityMeter.for_model(TaskModel, dynamodb_client(settings)) as meter:
+        assert lifecycle.put_task(TaskSpec(key="dup", type="quick"), settings) is lifecycle.PutOutcome.EXISTS
+    (record,) = meter.writes
+    assert not record.succeeded
+    assert (record.table_units, record.index_units) == (1, 0)
