@@ -1,0 +1,462 @@
+"""The task API: a Powertools ``APIGatewayRestResolver`` behind API Gateway (REST, Lambda proxy).
+
+Routes (details, limits and the error format in docs/api.md; the OpenAPI document is served at
+``GET /openapi.json`` and Swagger UI at ``GET /docs``)::
+
+    POST /tasks                    one task, or {"tasks": [...]} as a batch (up to 1,000)
+    GET  /tasks/{key}              the whole record
+    GET  /tasks?status=...         a page of the status index (todo, processing, failed, ignored)
+    POST /tasks/{key}/retry        redrive a failed or ignored task
+    POST /tasks/{key}/cancel       stop a task that is not finished or ignored
+    GET  /batches/{id}             a batch's counters and done flag
+    POST /batches/{id}/retry       redrive a batch's ignored (or failed) tasks, a bounded slice per call
+    GET  /stats                    counts by status, bounded
+
+Bad input is refused before anything is written. Every error answer has the shape
+``{"statusCode", "error", "message", "errors"?}``; domain errors are mapped to HTTP codes in
+:data:`ERROR_STATUS`, here and only here.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from http import HTTPStatus
+from typing import Annotated, Any
+from urllib.parse import unquote
+
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
+from aws_lambda_powertools.event_handler.exceptions import NotFoundError
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.params import Body, Query
+from pydantic import BaseModel
+
+from coworker import batches, lifecycle, schema
+from coworker.api_models import (
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
+    MAX_REDRIVE_PER_REQUEST,
+    BatchIn,
+    BatchOut,
+    ErrorOut,
+    IndexedStatus,
+    Order,
+    PutResult,
+    RedriveOut,
+    RedriveStatus,
+    StatsOut,
+    StatusCount,
+    SubmitBatchOut,
+    Submission,
+    SubmitTaskOut,
+    TaskIn,
+    TaskOut,
+    TaskPage,
+    TaskSummary,
+)
+from coworker.config import Settings
+from coworker.errors import (
+    ConfigurationError,
+    CoworkerError,
+    StorageError,
+    TaskNotFoundError,
+)
+from coworker.lifecycle import PutOutcome, TaskSpec
+from coworker.model import TaskModel, TaskStatus, utcnow
+from coworker.observability import logger
+
+API_TITLE = "Coworker task API"
+API_VERSION = "1.0.0"
+# Index entries one listing or redrive request may read, whatever filters drop: bounds the
+# cost and the latency of a request (API Gateway gives up after 29 s).
+MAX_SCANNED_PER_REQUEST = 1000
+DEFAULT_STATS_CAP = 1000
+MAX_STATS_CAP = 10_000
+INDEXED_STATUSES = (TaskStatus.TODO, TaskStatus.PROCESSING, TaskStatus.FAILED, TaskStatus.IGNORED)
+FINISHED_NOT_LISTED = (
+    "finished tasks leave the status index (that keeps the coordinator's queries and the index "
+    "small), so they cannot be listed: read one with GET /tasks/{key}, or a batch's finished "
+    "count with GET /batches/{id}"
+)
+
+
+class BadRequestError(CoworkerError):
+    """The request is well-formed but cannot be answered as asked (a bad cursor, status=finished)."""
+
+
+class TaskStateConflictError(CoworkerError):
+    """The task exists but its state does not allow the operation."""
+
+
+# The one mapping from domain errors to HTTP answers: (status, short error name).
+ERROR_STATUS: dict[type[CoworkerError], tuple[HTTPStatus, str]] = {
+    TaskNotFoundError: (HTTPStatus.NOT_FOUND, "task_not_found"),
+    batches.BatchNotFoundError: (HTTPStatus.NOT_FOUND, "batch_not_found"),
+    TaskStateConflictError: (HTTPStatus.CONFLICT, "conflict"),
+    BadRequestError: (HTTPStatus.BAD_REQUEST, "bad_request"),
+    StorageError: (HTTPStatus.SERVICE_UNAVAILABLE, "storage_unavailable"),
+    ConfigurationError: (HTTPStatus.INTERNAL_SERVER_ERROR, "configuration_error"),
+}
+
+_ERROR_RESPONSES: dict[int, Any] = {
+    code: {"description": text, "content": {"application/json": {"model": ErrorOut}}}
+    for code, text in (
+        (400, "Bad request"),
+        (404, "Not found"),
+        (409, "The task's state does not allow this"),
+        (422, "Invalid input: every problem is listed with its location"),
+    )
+}
+
+
+def error_response(status: int, error: str, message: str, errors: list[dict] | None = None,
+                   headers: dict[str, str] | None = None) -> Response:
+    """An error answer in the API's one error format."""
+    body: dict[str, Any] = {"statusCode": int(status), "error": error, "message": message}
+    if errors is not None:
+        body["errors"] = errors
+    return Response(status_code=int(status), content_type=content_types.APPLICATION_JSON,
+                    body=json.dumps(body), headers=headers)
+
+
+def _json(status: int, body: BaseModel) -> Response:
+    return Response(status_code=status, content_type=content_types.APPLICATION_JSON, body=body)
+
+
+# -- validation errors, readable ---------------------------------------------------------------
+
+_TAGS = {"task", "batch"}  # discriminator tags of the POST /tasks body; not part of the field path
+
+
+def _location(loc: Sequence[Any]) -> tuple[str, int | None]:
+    parts: list[str] = []
+    entry = None
+    items = list(loc)
+    if len(items) > 1 and items[0] == "body" and items[1] in _TAGS:
+        items.pop(1)
+    for index, part in enumerate(items):
+        if isinstance(part, int):
+            if index > 0 and items[index - 1] == "tasks" and entry is None:
+                entry = part
+            parts.append(f"[{part}]")
+        else:
+            parts.append(("." if parts else "") + str(part))
+    return "".join(parts) or "request", entry
+
+
+def _readable(error: dict[str, Any]) -> dict[str, Any]:
+    location, entry = _location(error.get("loc", ()))
+    kind = error.get("type", "invalid")
+    message = str(error.get("msg", "invalid value"))
+    if kind == "json_invalid":
+        detail = (error.get("ctx") or {}).get("error", "")
+        location, message = "body", f"the body is not valid JSON ({detail} at character {error['loc'][-1]})"
+    elif kind == "extra_forbidden":
+        message = "unknown field"
+    elif kind == "missing":
+        message = "required field is missing"
+    elif message.startswith("Value error, "):
+        message = message[len("Value error, "):]
+    return {"location": location, "message": message, "type": kind, "entry": entry}
+
+
+def validation_error_response(exc: RequestValidationError) -> Response:
+    errors = [_readable(e) for e in exc.errors()]
+    shown = "; ".join(f"{e['location']}: {e['message']}" for e in errors[:5])
+    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+    entries = sorted({e["entry"] for e in errors if e["entry"] is not None})
+    prefix = (f"the batch was refused as a whole (nothing was written): {len(entries)} bad "
+              f"{'entry' if len(entries) == 1 else 'entries'}. " if entries else "")
+    return error_response(HTTPStatus.UNPROCESSABLE_ENTITY, "validation_error",
+                          f"{prefix}Invalid request: {shown}{more}", errors)
+
+
+# -- cursors -----------------------------------------------------------------------------------
+
+_CURSOR_KEYS = {schema.PARTITION_KEY, schema.STATUS_INDEX_PARTITION_KEY, schema.STATUS_INDEX_SORT_KEY}
+
+
+def encode_cursor(last_evaluated_key: dict[str, Any] | None) -> str | None:
+    """Opaque cursor: URL-safe base64 of the index's LastEvaluatedKey."""
+    if not last_evaluated_key:
+        return None
+    raw = json.dumps(last_evaluated_key, separators=(",", ":"), sort_keys=True).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None, status: str) -> dict[str, Any] | None:
+    """The LastEvaluatedKey a cursor stands for; :class:`BadRequestError` if it is not one of ours."""
+    if not cursor:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        value = json.loads(raw)
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        raise BadRequestError("the cursor is not valid: pass back the cursor of a previous answer unchanged") from None
+    well_formed = (
+        isinstance(value, dict) and set(value) == _CURSOR_KEYS
+        and all(isinstance(v, dict) and set(v) == {"S"} and isinstance(v["S"], str) for v in value.values())
+    )
+    if not well_formed:
+        raise BadRequestError("the cursor is not valid: pass back the cursor of a previous answer unchanged")
+    if value[schema.STATUS_INDEX_PARTITION_KEY]["S"] != status:
+        raise BadRequestError(f"the cursor belongs to a listing of another status, not {status!r}")
+    return value
+
+
+# -- index reads (bounded) ---------------------------------------------------------------------
+
+def _index_key_of(item: dict[str, Any]) -> dict[str, Any]:
+    return {name: item[name] for name in _CURSOR_KEYS}
+
+
+def read_index(status: str, *, want: int, start: dict[str, Any] | None = None, forward: bool = True,
+               batch_id: str | None = None, task_type: str | None = None,
+               budget: int = MAX_SCANNED_PER_REQUEST) -> tuple[list[TaskModel], dict[str, Any] | None, int]:
+    """Up to ``want`` index entries of ``status`` matching the filters, reading at most ``budget``.
+
+    Returns ``(tasks, last_evaluated_key, scanned)``; ``last_evaluated_key`` is ``None`` when the
+    partition is exhausted. Filters on projected attributes (``type``, ``batch_id``) are applied by
+    DynamoDB after reading, so they cut the answer, not the read: hence the budget.
+    """
+    condition = None
+    if task_type is not None:
+        condition = TaskModel.task_type == task_type
+    if batch_id is not None:
+        by_batch = TaskModel.batch_id == batch_id
+        condition = by_batch if condition is None else condition & by_batch
+    found: list[TaskModel] = []
+    scanned = 0
+    last_key = start
+    while True:
+        remaining = want - len(found)
+        page_size = remaining if condition is None else max(remaining, 100)
+        page_size = max(1, min(page_size, budget - scanned))
+        pages = TaskModel.status_index.query(
+            status, filter_condition=condition, scan_index_forward=forward,
+            page_size=page_size, last_evaluated_key=last_key,
+        ).page_iter
+        page = next(pages)
+        scanned += int(page.get("ScannedCount", 0))
+        items = page.get("Items", [])
+        last_key = page.get("LastEvaluatedKey")
+        for position, item in enumerate(items):
+            found.append(TaskModel.from_raw_data(item))
+            if len(found) == want:
+                # Stopped inside the page: resume right after this entry.
+                if position < len(items) - 1:
+                    last_key = _index_key_of(item)
+                return found, last_key, scanned
+        if last_key is None or scanned >= budget:
+            return found, last_key, scanned
+
+
+def count_index(status: str, cap: int) -> tuple[int, bool]:
+    """Entries in one index partition, counting at most ``cap``: ``(count, capped)``."""
+    total = 0
+    last_key = None
+    while total < cap:
+        pages = TaskModel.status_index.query(
+            status, page_size=cap - total, last_evaluated_key=last_key, attributes_to_get=["key"],
+        ).page_iter
+        page = next(pages)
+        total += int(page.get("Count", 0))
+        last_key = page.get("LastEvaluatedKey")
+        if last_key is None:
+            return total, False
+    return total, True
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+def _summary(task: TaskModel) -> dict[str, Any]:
+    return TaskSummary(
+        key=task.key,
+        type=task.task_type,
+        status=task.status,
+        due_at=_iso(task.due_at),
+        attempts=int(task.attempts) if task.attempts is not None else None,
+        max_attempts=int(task.max_attempts) if task.max_attempts is not None else None,
+        updated_at=_iso(task.updated_at),
+        batch_id=task.batch_id,
+        lock_owner=task.lock_owner,
+    ).model_dump()
+
+
+def _task_key(raw: str) -> str:
+    """The task key of a path parameter (REST APIs pass the path percent-encoded)."""
+    key = unquote(raw)
+    if batches.is_batch_key(key):
+        raise TaskNotFoundError(f"no task with key {key!r} (keys starting with "
+                                f"{batches.BATCH_KEY_PREFIX!r} are reserved for batches)")
+    return key
+
+
+def _spec(task: TaskIn, batch_id: str | None) -> TaskSpec:
+    return TaskSpec(key=task.key or str(uuid.uuid4()), type=task.type, payload=task.payload,
+                    max_attempts=task.max_attempts, run_at=task.run_at, batch_id=batch_id,
+                    priority=task.priority)
+
+
+# -- the application ---------------------------------------------------------------------------
+
+def create_app(settings: Settings) -> APIGatewayRestResolver:
+    """The task API for ``settings`` (the model must already be bound: see ``bootstrap.configure``)."""
+    app = APIGatewayRestResolver(enable_validation=True)
+    app.enable_swagger(path="/docs", title=API_TITLE, version=API_VERSION,
+                       description="Submit, inspect, list, retry and cancel Coworker tasks.")
+
+    @app.exception_handler(RequestValidationError)
+    def _invalid(exc: RequestValidationError) -> Response:
+        return validation_error_response(exc)
+
+    @app.exception_handler(CoworkerError)
+    def _domain_error(exc: CoworkerError) -> Response:
+        for cls in type(exc).__mro__:
+            if cls in ERROR_STATUS:
+                status, name = ERROR_STATUS[cls]
+                break
+        else:
+            status, name = HTTPStatus.INTERNAL_SERVER_ERROR, "internal_error"
+        if status >= 500:
+            logger.exception("request failed", extra={"error": name})
+        return error_response(status, name, str(exc))
+
+    @app.not_found
+    def _no_route(exc: NotFoundError) -> Response:
+        method = app.current_event.http_method.upper()
+        path = app.current_event.path
+        allowed = sorted({route.method for route in app._static_routes + app._dynamic_routes
+                          if route.rule.match(path)})
+        if allowed:
+            return error_response(HTTPStatus.METHOD_NOT_ALLOWED, "method_not_allowed",
+                                  f"{method} is not allowed on {path}; allowed: {', '.join(allowed)}",
+                                  headers={"Allow": ", ".join(allowed)})
+        return error_response(HTTPStatus.NOT_FOUND, "route_not_found",
+                              f"no route {method} {path}; see GET /docs for the routes of this API")
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi_document():  # noqa: ANN202 - a bare Response annotation would be validated as a model
+        return Response(status_code=200, content_type=content_types.APPLICATION_JSON,
+                        body=app.get_openapi_json_schema(title=API_TITLE, version=API_VERSION))
+
+    @app.post("/tasks", summary="Submit one task or a batch", tags=["tasks"],
+              responses={201: {"description": "Created (at least one task)", "content": {
+                  "application/json": {"schema": {"oneOf": [
+                      {"$ref": "#/components/schemas/SubmitTaskOut"},
+                      {"$ref": "#/components/schemas/SubmitBatchOut"}]}}}},
+                  200: {"description": "Every task existed already (left untouched)",
+                        "content": {"application/json": {"model": SubmitTaskOut}}},
+                  **_ERROR_RESPONSES})
+    def submit(body: Annotated[Submission, Body(description="A task, or {\"tasks\": [...]} for a batch")]
+               ) -> Response[SubmitTaskOut | SubmitBatchOut]:
+        now = utcnow()
+        if isinstance(body, TaskIn):
+            spec = _spec(body, None)
+            outcome = lifecycle.put_task(spec, settings, now=now)
+            answer = SubmitTaskOut(key=spec.key, outcome=outcome.value)
+            status = 201 if outcome is PutOutcome.CREATED else 200
+            return _json(status, answer)
+        assert isinstance(body, BatchIn)
+        batch_id = body.batch_id or uuid.uuid4().hex
+        specs = [_spec(task, batch_id) for task in body.tasks]
+        created = batches.put_tasks([lifecycle.new_task(spec, settings, now) for spec in specs], batch_id, now)
+        results = [PutResult(key=spec.key, outcome="created" if made else "exists")
+                   for spec, made in zip(specs, created, strict=True)]
+        made_count = sum(created)
+        answer = SubmitBatchOut(batch_id=batch_id, created=made_count, existing=len(specs) - made_count,
+                                results=results)
+        logger.info("batch submitted", extra={"batch_id": batch_id, "created": made_count,
+                                              "existing": len(specs) - made_count})
+        return _json(201 if made_count else 200, answer)
+
+    @app.get("/tasks/<key>", summary="Read a task", tags=["tasks"], responses=_ERROR_RESPONSES)
+    def read_task(key: str) -> TaskOut:
+        return TaskOut.model_validate(lifecycle.get_task(_task_key(key)).to_dict())
+
+    @app.get("/tasks", summary="List tasks of one status (a page of the status index)", tags=["tasks"],
+             responses=_ERROR_RESPONSES)
+    def list_tasks(
+        status: Annotated[IndexedStatus, Query(description="todo, processing, failed or ignored. "
+                                                           "finished tasks are not in the index: 400.")],
+        type: Annotated[str | None, Query(description="Only tasks of this type.", max_length=128)] = None,  # noqa: A002
+        batch: Annotated[str | None, Query(description="Only tasks of this batch.", max_length=128)] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+        cursor: Annotated[str | None, Query(description="From the previous page.", max_length=4096)] = None,
+        order: Annotated[Order, Query(description="By due_at: oldest (default) or newest first.")] = Order.OLDEST,
+    ) -> TaskPage:
+        if status is IndexedStatus.FINISHED:
+            raise BadRequestError(FINISHED_NOT_LISTED)
+        start = decode_cursor(cursor, status.value)
+        tasks, last_key, scanned = read_index(status.value, want=limit, start=start,
+                                              forward=order is Order.OLDEST, batch_id=batch, task_type=type)
+        return TaskPage(items=[TaskSummary(**_summary(t)) for t in tasks], count=len(tasks),
+                        cursor=encode_cursor(last_key), scanned=scanned)
+
+    @app.post("/tasks/<key>/retry", summary="Redrive a failed or ignored task", tags=["tasks"],
+              responses=_ERROR_RESPONSES)
+    def retry_task(key: str) -> TaskOut:
+        key = _task_key(key)
+        task = lifecycle.retry(key)
+        if task is None:
+            current = lifecycle.get_task(key)  # TaskNotFoundError -> 404
+            raise TaskStateConflictError(f"task {key!r} is {current.status}; "
+                                         "only failed or ignored tasks can be retried")
+        return TaskOut.model_validate(task.to_dict())
+
+    @app.post("/tasks/<key>/cancel", summary="Cancel a task that is not finished", tags=["tasks"],
+              responses=_ERROR_RESPONSES)
+    def cancel_task(key: str) -> TaskOut:
+        key = _task_key(key)
+        task = lifecycle.cancel(key, reason="cancelled through the API")
+        if task is None:
+            current = lifecycle.get_task(key)
+            raise TaskStateConflictError(f"task {key!r} is already {current.status}; "
+                                         "only todo, failed or processing tasks can be cancelled")
+        return TaskOut.model_validate(task.to_dict())
+
+    @app.get("/batches/<batch_id>", summary="A batch's progress", tags=["batches"],
+             responses=_ERROR_RESPONSES)
+    def read_batch(batch_id: str) -> BatchOut:
+        return BatchOut(**batches.get_batch(unquote(batch_id)).to_dict())
+
+    @app.post("/batches/<batch_id>/retry", summary="Redrive a batch's ignored or failed tasks",
+              tags=["batches"], responses=_ERROR_RESPONSES)
+    def retry_batch(
+        batch_id: str,
+        status: Annotated[RedriveStatus, Query()] = RedriveStatus.IGNORED,
+        limit: Annotated[int, Query(ge=1, le=MAX_REDRIVE_PER_REQUEST)] = 100,
+        cursor: Annotated[str | None, Query(max_length=4096)] = None,
+    ) -> RedriveOut:
+        batch_id = unquote(batch_id)
+        batches.get_batch(batch_id)  # BatchNotFoundError -> 404
+        start = decode_cursor(cursor, status.value)
+        tasks, last_key, scanned = read_index(status.value, want=limit, start=start, batch_id=batch_id)
+        redriven = sum(1 for task in tasks if lifecycle.retry(task.key) is not None)
+        logger.info("batch redrive", extra={"batch_id": batch_id, "status": status.value,
+                                            "redriven": redriven})
+        return RedriveOut(batch_id=batch_id, status=status, redriven=redriven, skipped=len(tasks) - redriven,
+                          scanned=scanned, cursor=encode_cursor(last_key))
+
+    @app.get("/stats", summary="Counts by status (bounded)", tags=["stats"], responses=_ERROR_RESPONSES)
+    def stats(
+        cap: Annotated[int, Query(ge=1, le=MAX_STATS_CAP,
+                                  description="Most entries counted per status.")] = DEFAULT_STATS_CAP,
+    ) -> StatsOut:
+        counts: dict[str, StatusCount] = {}
+        for status in INDEXED_STATUSES:
+            count, capped = count_index(status.value, cap)
+            counts[status.value] = StatusCount(count=count, capped=capped)
+        counts[TaskStatus.FINISHED.value] = StatusCount(count=None, capped=False)
+        return StatsOut(counts=counts, cap=cap, note=(
+            "todo, processing, failed and ignored are counted from the status index (eventually "
+            f"consistent), at most {cap} each: capped means 'at least count'. finished tasks are not "
+            "in the index and are not counted here; see GET /batches/{id} for a batch's finished count."))
+
+    return app

@@ -1,0 +1,261 @@
+"""Request and response models of the task API, and its documented limits.
+
+The OpenAPI document (``GET /openapi.json``) is generated from these models by Powertools, so
+the limits below are what the document states and what the API enforces.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import unicodedata
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
+
+from coworker.batches import BATCH_KEY_PREFIX
+
+MAX_BATCH_TASKS = 1000
+MAX_KEY_CHARS = 512  # DynamoDB allows 2048 bytes; 512 characters of UTF-8 always fit
+MAX_TYPE_CHARS = 128
+MAX_PAYLOAD_BYTES = 256 * 1024  # serialized JSON; a DynamoDB item holds 400 KB in all
+MAX_ATTEMPTS_CEILING = 100
+MAX_PRIORITY = 2**31 - 1
+BATCH_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+MAX_REDRIVE_PER_REQUEST = 200
+
+
+def _no_control_characters(value: str, what: str) -> str:
+    if any(unicodedata.category(ch) == "Cc" for ch in value):
+        raise ValueError(f"{what} must not contain control characters (tabs, newlines, NUL...)")
+    return value
+
+
+class IndexedStatus(str, enum.Enum):
+    """Statuses a listing can ask for; ``finished`` is accepted only to explain why it cannot be listed."""
+
+    TODO = "todo"
+    PROCESSING = "processing"
+    FAILED = "failed"
+    IGNORED = "ignored"
+    FINISHED = "finished"
+
+
+class RedriveStatus(str, enum.Enum):
+    FAILED = "failed"
+    IGNORED = "ignored"
+
+
+class Order(str, enum.Enum):
+    OLDEST = "oldest"
+    NEWEST = "newest"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TaskIn(_Strict):
+    """One task to create."""
+
+    key: str | None = Field(
+        None, min_length=1, max_length=MAX_KEY_CHARS,
+        description="Unique task key; makes the put idempotent. A UUID is generated when absent. "
+                    f"1-{MAX_KEY_CHARS} characters, no control characters, not starting with "
+                    f"'{BATCH_KEY_PREFIX}'. Percent-encode it in URLs (including '/').",
+    )
+    type: str = Field(min_length=1, max_length=MAX_TYPE_CHARS,
+                      description="Task type: selects the registered handler.")
+    payload: Any = Field(None, description=f"Any JSON value, at most {MAX_PAYLOAD_BYTES} bytes serialized.")
+    max_attempts: int | None = Field(None, ge=1, le=MAX_ATTEMPTS_CEILING,
+                                     description="Attempt ceiling; default COWORKER_MAX_ATTEMPTS.")
+    run_at: datetime | None = Field(None, description="ISO-8601 time before which the task is not run "
+                                                      "(no zone means UTC).")
+    priority: int | None = Field(None, ge=-MAX_PRIORITY, le=MAX_PRIORITY,
+                                 description="Stored with the task for your own use.")
+
+    @field_validator("key")
+    @classmethod
+    def _key_is_usable(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        _no_control_characters(value, "key")
+        if value.startswith(BATCH_KEY_PREFIX):
+            raise ValueError(f"keys starting with '{BATCH_KEY_PREFIX}' are reserved for batches")
+        return value
+
+    @field_validator("type")
+    @classmethod
+    def _type_is_usable(cls, value: str) -> str:
+        return _no_control_characters(value, "type")
+
+    @field_validator("payload")
+    @classmethod
+    def _payload_fits(cls, value: Any) -> Any:
+        size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+        if size > MAX_PAYLOAD_BYTES:
+            raise ValueError(f"payload is {size} bytes serialized; the limit is {MAX_PAYLOAD_BYTES} bytes")
+        return value
+
+    @field_validator("run_at")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc) if value is not None else None
+
+
+class BatchIn(_Strict):
+    """Several tasks at once, under one batch id."""
+
+    tasks: list[TaskIn] = Field(min_length=1, max_length=MAX_BATCH_TASKS,
+                                description=f"1 to {MAX_BATCH_TASKS} tasks.")
+    batch_id: str | None = Field(
+        None, pattern=BATCH_ID_PATTERN,
+        description="Batch id; pass the same id to re-submit a batch idempotently. Generated when absent.",
+    )
+
+    @model_validator(mode="after")
+    def _keys_unique(self) -> BatchIn:
+        seen: dict[str, int] = {}
+        clashes = []
+        for index, task in enumerate(self.tasks):
+            if task.key is None:
+                continue
+            if task.key in seen:
+                clashes.append(f"tasks[{index}] repeats the key {task.key!r} of tasks[{seen[task.key]}]")
+            else:
+                seen[task.key] = index
+        if clashes:
+            raise ValueError("keys must be unique within a batch: " + "; ".join(clashes[:10]))
+        return self
+
+
+def _submission_kind(value: Any) -> str:
+    return "batch" if isinstance(value, dict) and "tasks" in value else "task"
+
+
+Submission = Annotated[
+    Annotated[TaskIn, Tag("task")] | Annotated[BatchIn, Tag("batch")],
+    Discriminator(_submission_kind),
+]
+
+
+class PutResult(BaseModel):
+    key: str
+    outcome: Literal["created", "exists"]
+
+
+class SubmitTaskOut(PutResult):
+    """Answer to a single task: 201 when created, 200 when the key existed (left untouched)."""
+
+
+class SubmitBatchOut(BaseModel):
+    """Answer to a batch: 201 when at least one task was created, else 200."""
+
+    batch_id: str
+    created: int
+    existing: int
+    results: list[PutResult]
+
+
+class ErrorDetail(BaseModel):
+    location: str = Field(description="Where the problem is, e.g. body.tasks[3].key or query.limit.")
+    message: str
+    type: str
+    entry: int | None = Field(None, description="Index of the batch entry concerned, if any.")
+
+
+class ErrorOut(BaseModel):
+    """Every error answer has this shape."""
+
+    statusCode: int  # noqa: N815 - the Powertools convention for error bodies
+    error: str = Field(description="Short machine-readable error name.")
+    message: str = Field(description="What went wrong, for a person.")
+    errors: list[ErrorDetail] | None = None
+
+
+class TaskOut(BaseModel):
+    """The whole record of a task."""
+
+    model_config = ConfigDict(extra="allow")
+
+    key: str
+    type: str
+    status: str
+    payload: Any = None
+    attempts: int
+    max_attempts: int
+    created_at: str | None
+    updated_at: str | None
+    due_at: str | None
+    finished_at: str | None
+    lock_owner: str | None
+    lock_expires_at: str | None
+    batch_id: str | None
+    priority: int | None
+    result: Any = None
+    errors: list[dict[str, Any]]
+
+
+class TaskSummary(BaseModel):
+    """A task as the status index holds it (listing entries)."""
+
+    key: str
+    type: str | None
+    status: str
+    due_at: str | None
+    attempts: int | None
+    max_attempts: int | None
+    updated_at: str | None
+    batch_id: str | None
+    lock_owner: str | None
+
+
+class TaskPage(BaseModel):
+    items: list[TaskSummary]
+    count: int
+    cursor: str | None = Field(description="Pass as ?cursor= for the next page; null when there is no more.")
+    scanned: int = Field(description="Index entries read to answer (filters drop some of them).")
+
+
+class BatchOut(BaseModel):
+    batch_id: str
+    total: int
+    finished: int
+    ignored: int
+    open: int = Field(description="total - finished - ignored: tasks still todo, processing or failed.")
+    done: bool
+    created_at: str | None
+    updated_at: str | None
+
+
+class RedriveOut(BaseModel):
+    batch_id: str
+    status: RedriveStatus
+    redriven: int
+    skipped: int = Field(description="Matching tasks that changed state before they could be redriven.")
+    scanned: int
+    cursor: str | None = Field(description="More may remain: call again with this cursor.")
+
+
+class StatusCount(BaseModel):
+    count: int | None
+    capped: bool = Field(description="True when counting stopped at the cap: the real number is at least count.")
+
+
+class StatsOut(BaseModel):
+    counts: dict[str, StatusCount]
+    cap: int
+    note: str
