@@ -30,7 +30,7 @@ os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "ERROR")
 os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
 
-from coworker import dispatch, lifecycle  # noqa: E402
+from coworker import batches, dispatch, lifecycle  # noqa: E402
 from coworker.bootstrap import configure  # noqa: E402
 from coworker.capacity import CapacityMeter, MeterTotals, item_size, status_index  # noqa: E402
 from coworker.config import Settings  # noqa: E402
@@ -63,18 +63,25 @@ def _step(record) -> str:
     """Name the lifecycle step of a metered write from the item it produced."""
     if not record.succeeded:
         return f"{record.operation} (condition failed)"
-    if record.operation == "PutItem":
-        return "put"
+    key = (record.new or {}).get("key", {}).get("S", "")
+    if batches.is_batch_key(key):
+        return "batch counter (in transaction)"
+    if record.operation in ("PutItem", "TransactWriteItems:Put"):
+        return "put" if record.operation == "PutItem" else "put (in transaction)"
     status = (record.new or {}).get("status", {}).get("S")
-    return {"processing": "claim", "finished": "finish"}.get(status, f"{record.operation} -> {status}")
+    step = {"processing": "claim", "finished": "finish"}.get(status, f"update -> {status}")
+    return step if record.operation == "UpdateItem" else f"{step} (in transaction)"
 
 
-def happy_path(endpoint: str, tasks: int, concurrency: int) -> dict:
-    settings = _settings(endpoint, "cost-happy", max_concurrency=concurrency, batch_size=5)
+def happy_path(endpoint: str, tasks: int, concurrency: int, batch_id: str | None = None) -> dict:
+    settings = _settings(endpoint, f"cost-happy-{batch_id or 'single'}", max_concurrency=concurrency,
+                         batch_size=5)
     snapshot_client = dynamodb_client(settings)
-    meter = CapacityMeter.for_model(TaskModel, snapshot_client).attach()
+    # Tasks of a batch are written in transactions, on a pynamodb connection of their own.
+    meter = CapacityMeter.for_model(TaskModel, snapshot_client, batches._connection()).attach()
     for i in range(tasks):
-        lifecycle.put_task(lifecycle.TaskSpec(key=f"task-{i:06d}", type="quick", payload={"n": i}), settings)
+        spec = lifecycle.TaskSpec(key=f"task-{i:06d}", type="quick", payload={"n": i}, batch_id=batch_id)
+        lifecycle.put_task(spec, settings)
 
     invoker = dispatch.InProcessInvoker(settings)
     finished = dispatched = ticks = 0
@@ -164,18 +171,18 @@ def scaling(endpoint: str, backlog: int, load_seconds: float) -> tuple[list[dict
     return rows, loaded
 
 
-def _print_happy(result: dict) -> None:
+def _print_happy(result: dict, title: str) -> None:
     total: MeterTotals = result["total"]
     tasks, dispatched = result["finished"], result["dispatched"]
-    print(f"a) Happy path: {result['tasks']} quick tasks put, {result['ticks']} ticks, "
+    print(f"{title}: {result['tasks']} quick tasks put, {result['ticks']} ticks, "
           f"{dispatched} dispatched, {tasks} finished")
     print("   (largest task item written: "
           f"{result['max_item']} bytes; largest status-index entry: {result['max_entry']} bytes)")
     print()
-    print(f"   {'step':<28}{'writes':>8}{'table WCU':>12}{'index WCU':>12}{'per write':>12}")
+    print(f"   {'step':<32}{'writes':>8}{'table WCU':>12}{'index WCU':>12}{'per write':>12}")
     for name, (count, table_units, index_units) in sorted(result["steps"].items()):
         per = (table_units + index_units) / count
-        print(f"   {name:<28}{count:>8}{table_units:>12.0f}{index_units:>12.0f}{per:>12.2f}")
+        print(f"   {name:<32}{count:>8}{table_units:>12.0f}{index_units:>12.0f}{per:>12.2f}")
     print()
     print("   per finished task")
     for operation, count in sorted(total.requests.items()):
@@ -214,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=200, help="tasks in the happy-path run")
     parser.add_argument("--backlog", type=int, default=100_000, help="due tasks for the scaling run")
+    parser.add_argument("--batch-tasks", type=int, default=50,
+                        help="tasks of the happy-path run within a batch (0 skips it)")
     parser.add_argument("--concurrency", type=int, default=10, help="max_concurrency of the happy path")
     parser.add_argument("--load-seconds", type=float, default=150.0,
                         help="stop loading the backlog after this long and measure what is there")
@@ -223,7 +232,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
     started = time.monotonic()
     with EmbeddedDynamoDB() as server:
-        _print_happy(happy_path(server.endpoint, args.tasks, args.concurrency))
+        _print_happy(happy_path(server.endpoint, args.tasks, args.concurrency), "a) Happy path")
+        if args.batch_tasks:
+            print()
+            _print_happy(happy_path(server.endpoint, args.batch_tasks, args.concurrency, batch_id="b1"),
+                         "a') Happy path, every task in one batch (batch counters move in transactions)")
         rows, loaded = scaling(server.endpoint, args.backlog, args.load_seconds)
         _print_scaling(rows, args.backlog, loaded)
     print()

@@ -36,7 +36,7 @@ import collections
 import dataclasses
 import math
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -278,10 +278,11 @@ class CapacityMeter:
     are billed by what they return (the engine uses neither).
     """
 
-    def __init__(self, client: Any, snapshot_client: Any,
+    def __init__(self, client: Any | Sequence[Any], snapshot_client: Any,
                  indexes: Iterable[IndexDescription] | None = None,
                  table_key: tuple[str, ...] = (schema.PARTITION_KEY,)) -> None:
-        self.client = client
+        # Several clients: pynamodb runs transactions on a connection of their own.
+        self.clients = list(client) if isinstance(client, Sequence) else [client]
         self.snapshot_client = snapshot_client
         self.indexes = {ix.name: ix for ix in (indexes if indexes is not None else [status_index()])}
         self.table_key = table_key
@@ -289,26 +290,25 @@ class CapacityMeter:
         self.writes: list[WriteRecord] = []
         self.reads: list[ReadRecord] = []
         self._lock = threading.Lock()
-        self._attached = False
 
     @classmethod
-    def for_model(cls, model: Any, snapshot_client: Any, **kwargs: Any) -> CapacityMeter:
-        """A meter on the botocore client behind a pynamodb model (bind the model first)."""
-        return cls(model._get_connection().connection.client, snapshot_client, **kwargs)
+    def for_model(cls, model: Any, snapshot_client: Any, *connections: Any, **kwargs: Any) -> CapacityMeter:
+        """A meter on the botocore client behind a pynamodb model (bind the model first), and on
+        those of any further pynamodb ``connections`` (e.g. the one transactions use)."""
+        clients = [model._get_connection().connection.client, *(c.client for c in connections)]
+        return cls(clients, snapshot_client, **kwargs)
 
     # lifecycle
     def attach(self) -> CapacityMeter:
-        events = self.client.meta.events
-        events.register("before-parameter-build.dynamodb", self._before)
-        events.register("after-call.dynamodb", self._after)
-        self._attached = True
+        for client in self.clients:
+            client.meta.events.register("before-parameter-build.dynamodb", self._before)
+            client.meta.events.register("after-call.dynamodb", self._after)
         return self
 
     def detach(self) -> None:
-        events = self.client.meta.events
-        events.unregister("before-parameter-build.dynamodb", self._before)
-        events.unregister("after-call.dynamodb", self._after)
-        self._attached = False
+        for client in self.clients:
+            client.meta.events.unregister("before-parameter-build.dynamodb", self._before)
+            client.meta.events.unregister("after-call.dynamodb", self._after)
 
     def __enter__(self) -> CapacityMeter:
         return self.attach()
