@@ -372,8 +372,9 @@ def create_app(settings: Settings) -> APIGatewayRestResolver:
         made_count = sum(created)
         answer = SubmitBatchOut(batch_id=batch_id, created=made_count, existing=len(specs) - made_count,
                                 results=results)
-        logger.info("batch submitted", extra={"batch_id": batch_id, "created": made_count,
-                                              "existing": len(specs) - made_count})
+        # "created" is a LogRecord attribute: logging refuses it as an extra key (KeyError -> 502).
+        logger.info("batch submitted", extra={"batch_id": batch_id, "tasks_created": made_count,
+                                              "tasks_existing": len(specs) - made_count})
         return _json(201 if made_count else 200, answer)
 
     @app.get("/tasks/<key>", summary="Read a task", tags=["tasks"], responses=_ERROR_RESPONSES)
