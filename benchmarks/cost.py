@@ -227,7 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--load-seconds", type=float, default=150.0,
                         help="stop loading the backlog after this long and measure what is there")
     args = parser.parse_args(argv)
-    print("$ .venv/bin/python benchmarks/cost.py " + shlex.join(sys.argv[1:] if argv is None else argv))
+    given = sys.argv[1:] if argv is None else argv
+    print(f"$ .venv/bin/python benchmarks/cost.py {shlex.join(given)}".rstrip())
     print()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
     started = time.monotonic()
