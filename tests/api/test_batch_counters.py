@@ -62,8 +62,8 @@ def test_complete_fail_cancel_retry_and_reap_move_the_counters(settings):
     assert _progress() == (5, 1, 2, 2, False)
 
     claim = lifecycle.claim("lost", "w", settings, now=past)
-    assert lifecycle.reap_lost("lost", 1, settings) is True
-    assert lifecycle.reap_lost("lost", 1, settings) is False
+    assert lifecycle.reap_lost("lost", 1, claim.task.batch_id, settings) is True
+    assert lifecycle.reap_lost("lost", 1, claim.task.batch_id, settings) is False
     assert _progress() == (5, 1, 3, 1, False)
 
     retried = lifecycle.retry("bad")

@@ -118,7 +118,7 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None) -> T
         for task in queries.due(status, now, free - len(keys)):
             if status is TaskStatus.PROCESSING and task.attempts >= task.max_attempts:
                 # Lost on its last allowed attempt: no claim can take it, so retire it here.
-                reaped += lifecycle.reap_lost(task.key, int(task.attempts), settings, now)
+                reaped += lifecycle.reap_lost(task.key, int(task.attempts), task.batch_id, settings, now)
                 continue
             keys.append(task.key)
     batches = _chunks(keys, settings.batch_size)

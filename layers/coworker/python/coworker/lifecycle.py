@@ -294,16 +294,18 @@ def fail(
     return _fenced_update(claim, actions, outcome, batches.IGNORED if give_up else None)
 
 
-def reap_lost(key: str, attempt: int, settings: Settings, now: datetime | None = None) -> bool:
+def reap_lost(key: str, attempt: int, batch_id: str | None, settings: Settings,
+              now: datetime | None = None) -> bool:
     """Ignore a task whose worker was lost on its last allowed attempt.
 
-    Conditional on the task still being that expired attempt, so it races safely with
-    anything else. Returns whether this call changed the task.
+    ``batch_id`` comes with the task from the status index (it is projected there), so reaping
+    costs no read. Conditional on the task still being that expired attempt, so it races safely
+    with anything else. Returns whether this call changed the task.
     """
     now = now or utcnow()
     lost = error_record(attempt, ErrorKind.WORKER_LOST,
                         "the worker's lock expired on the last allowed attempt", now)
-    task = TaskModel(key, batch_id=batches.membership(key)[0])
+    task = TaskModel(key, batch_id=batch_id)
     return _write(
         task,
         [
