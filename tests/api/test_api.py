@@ -1,0 +1,352 @@
+"""The task API, driven with API Gateway REST proxy events against the embedded DynamoDB.
+
+Events are built as API Gateway builds them (``coworker.gateway.build_proxy_event``: path still
+percent-encoded, ``/{proxy+}`` resource, headers and query strings single and multi-valued).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from coworker import dispatch, lifecycle
+from coworker.api import create_app
+from coworker.api_models import MAX_BATCH_TASKS, MAX_KEY_CHARS, MAX_PAYLOAD_BYTES
+from coworker.dispatch import InProcessInvoker
+from coworker.embedded import dynamodb_client
+from coworker.gateway import LocalLambdaContext, build_proxy_event
+from coworker.lifecycle import TaskSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Api:
+    """Calls the resolver the way API Gateway's Lambda proxy integration does."""
+
+    def __init__(self, settings) -> None:
+        self.settings = settings
+        self.app = create_app(settings)
+
+    def call(self, method: str, path: str, body=None, headers=None, raw: str | None = None):
+        headers = {"Content-Type": "application/json", **(headers or {})}
+        text = raw if raw is not None else (None if body is None else json.dumps(body))
+        response = self.app.resolve(build_proxy_event(method, path, headers, text), LocalLambdaContext())
+        parsed = json.loads(response["body"]) if response["body"] and response["body"][0] in "{[" else None
+        return response["statusCode"], parsed, response
+
+    def items(self) -> list[dict]:
+        """Every item of the table (tasks and batch items), to prove a request changed nothing."""
+        client = dynamodb_client(self.settings)
+        pages = client.get_paginator("scan").paginate(TableName=self.settings.table_name, ConsistentRead=True)
+        return sorted((item for page in pages for item in page["Items"]), key=lambda i: i["key"]["S"])
+
+
+@pytest.fixture
+def api(settings) -> Api:
+    return Api(settings)
+
+
+def _run_all(settings) -> None:
+    """Coordinator ticks with in-process workers until nothing is due."""
+    invoker = InProcessInvoker(settings)
+    try:
+        for _ in range(10):
+            report = dispatch.tick(settings, invoker)
+            invoker.wait()
+            if report.dispatched == 0:
+                return
+    finally:
+        invoker.shutdown()
+
+
+# Submit -------------------------------------------------------------------------------------
+
+def test_submit_one_task_is_idempotent_by_key(api):
+    status, body, _ = api.call("POST", "/tasks", {"key": "k1", "type": "quick", "payload": {"n": 1},
+                                                  "max_attempts": 4, "priority": 7})
+    assert (status, body) == (201, {"key": "k1", "outcome": "created"})
+    before = api.items()
+
+    status, body, _ = api.call("POST", "/tasks", {"key": "k1", "type": "slow", "payload": {"n": 2}})
+    assert (status, body) == (200, {"key": "k1", "outcome": "exists"})
+    assert api.items() == before  # neither reset nor duplicated
+
+    status, task, _ = api.call("GET", "/tasks/k1")
+    assert status == 200
+    assert task["type"] == "quick" and task["payload"] == {"n": 1}
+    assert task["max_attempts"] == 4 and task["priority"] == 7 and task["status"] == "todo"
+
+
+def test_submit_without_key_generates_one_and_honours_run_at(api):
+    status, body, _ = api.call("POST", "/tasks", {"type": "quick", "run_at": "2099-01-01T00:00:00"})
+    assert status == 201 and len(body["key"]) == 36
+    task = api.call("GET", f"/tasks/{body['key']}")[1]
+    assert task["due_at"].startswith("2099-01-01T00:00:00")
+
+
+def test_batch_submit_counts_only_created_tasks_and_resubmits_idempotently(api):
+    lifecycle.put_task(TaskSpec(key="old", type="quick"), api.settings)
+    batch = {"batch_id": "b-1", "tasks": [{"key": "old", "type": "quick"},
+                                          {"key": "a", "type": "quick"}, {"key": "b", "type": "slow"}]}
+    status, body, _ = api.call("POST", "/tasks", batch)
+    assert status == 201
+    assert body["batch_id"] == "b-1" and (body["created"], body["existing"]) == (2, 1)
+    assert [r["outcome"] for r in body["results"]] == ["exists", "created", "created"]
+    assert api.call("GET", "/batches/b-1")[1]["total"] == 2
+
+    status, body, _ = api.call("POST", "/tasks", batch)
+    assert status == 200 and body["created"] == 0 and body["existing"] == 3
+    progress = api.call("GET", "/batches/b-1")[1]
+    assert (progress["total"], progress["open"], progress["done"]) == (2, 2, False)
+
+
+def test_batch_without_id_gets_one(api):
+    status, body, _ = api.call("POST", "/tasks", {"tasks": [{"type": "quick"}, {"type": "quick"}]})
+    assert status == 201 and body["batch_id"] and body["created"] == 2
+    assert api.call("GET", f"/batches/{body['batch_id']}")[1]["total"] == 2
+
+
+# Bad input: a clear 4xx and an unchanged table --------------------------------------------------
+
+BIG = "x" * (MAX_PAYLOAD_BYTES + 1)
+
+BAD_SUBMISSIONS = {
+    "malformed JSON": (None, '{"type": "quick",', "body", "not valid JSON"),
+    "empty body": (None, "", "body", "required"),
+    "type missing": ({"key": "k"}, None, "body.type", "required field is missing"),
+    "wrong type of type": ({"type": 5}, None, "body.type", "valid string"),
+    "wrong type of max_attempts": ({"type": "q", "max_attempts": "many"}, None, "body.max_attempts", "integer"),
+    "max_attempts out of range": ({"type": "q", "max_attempts": 0}, None, "body.max_attempts", "greater than"),
+    "unknown field": ({"type": "q", "colour": "red"}, None, "body.colour", "unknown field"),
+    "empty key": ({"key": "", "type": "q"}, None, "body.key", "at least 1 character"),
+    "over-long key": ({"key": "k" * (MAX_KEY_CHARS + 1), "type": "q"}, None, "body.key", "at most 512"),
+    "control character in key": ({"key": "a\nb", "type": "q"}, None, "body.key", "control characters"),
+    "reserved key": ({"key": "batch#x", "type": "q"}, None, "body.key", "reserved for batches"),
+    "payload too large": ({"type": "q", "payload": BIG}, None, "body.payload", f"limit is {MAX_PAYLOAD_BYTES}"),
+    "bad run_at": ({"type": "q", "run_at": "next tuesday"}, None, "body.run_at", "datetime"),
+    "empty batch": ({"tasks": []}, None, "body.tasks", "at least 1 item"),
+    "batch over the limit": ({"tasks": [{"type": "q"}] * (MAX_BATCH_TASKS + 1)}, None, "body.tasks",
+                             f"at most {MAX_BATCH_TASKS} items"),
+    "bad batch id": ({"tasks": [{"type": "q"}], "batch_id": "a b"}, None, "body.batch_id", "pattern"),
+    "unknown batch field": ({"tasks": [{"type": "q"}], "owner": "me"}, None, "body.owner", "unknown field"),
+    "duplicate keys in a batch": ({"tasks": [{"key": "a", "type": "q"}, {"key": "a", "type": "q"}]}, None,
+                                  "body", "tasks[1] repeats the key 'a' of tasks[0]"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SUBMISSIONS), ids=list(BAD_SUBMISSIONS))
+def test_bad_submissions_are_refused_and_change_nothing(api, case):
+    api.call("POST", "/tasks", {"key": "existing", "type": "quick"})
+    before = api.items()
+    body, raw, location, words = BAD_SUBMISSIONS[case]
+    status, answer, _ = api.call("POST", "/tasks", body, raw=raw)
+    assert status == 422, answer
+    assert answer["error"] == "validation_error" and answer["statusCode"] == 422
+    assert any(e["location"] == location and words in e["message"] for e in answer["errors"]), answer
+    assert words in answer["message"] or case == "batch over the limit"
+    assert api.items() == before
+
+
+def test_batch_with_some_bad_entries_is_refused_whole_with_per_entry_errors(api):
+    tasks = [{"key": "good-1", "type": "quick"}, {"key": "", "type": "quick"},
+             {"key": "good-2", "type": "quick"}, {"key": "good-3", "type": 3, "extra": True}]
+    status, answer, _ = api.call("POST", "/tasks", {"batch_id": "mixed", "tasks": tasks})
+    assert status == 422
+    assert "refused as a whole (nothing was written): 2 bad entries" in answer["message"]
+    assert sorted({e["entry"] for e in answer["errors"]}) == [1, 3]
+    assert {e["location"] for e in answer["errors"]} == {"body.tasks[1].key", "body.tasks[3].type",
+                                                         "body.tasks[3].extra"}
+    assert api.items() == []  # not even the good entries, nor a batch item
+
+
+def test_unknown_routes_and_methods(api):
+    status, answer, _ = api.call("GET", "/nowhere")
+    assert status == 404 and answer["error"] == "route_not_found" and "GET /nowhere" in answer["message"]
+    status, answer, response = api.call("DELETE", "/tasks/k1")
+    assert status == 405 and answer["error"] == "method_not_allowed"
+    assert response["multiValueHeaders"]["Allow"] == ["GET"]  # REST proxy responses use multiValueHeaders
+    status, answer, response = api.call("PUT", "/tasks")
+    assert status == 405 and response["multiValueHeaders"]["Allow"] == ["GET, POST"]
+
+
+# Read ----------------------------------------------------------------------------------------
+
+def test_read_missing_task_and_keys_that_need_encoding(api):
+    status, answer, _ = api.call("GET", "/tasks/nope")
+    assert status == 404 and answer == {"statusCode": 404, "error": "task_not_found",
+                                        "message": "no task with key 'nope'"}
+    key = "orders/2024 #7 é"
+    assert api.call("POST", "/tasks", {"key": key, "type": "quick"})[0] == 201
+    status, task, _ = api.call("GET", "/tasks/" + quote(key, safe=""))
+    assert status == 200 and task["key"] == key
+    api.call("POST", "/tasks", {"batch_id": "bb", "tasks": [{"type": "quick"}]})
+    status, answer, _ = api.call("GET", "/tasks/batch%23bb")  # the batch item is not a task
+    assert status == 404 and "reserved for batches" in answer["message"]
+
+
+# List ----------------------------------------------------------------------------------------
+
+def test_list_pages_through_the_index_in_both_orders(api):
+    from datetime import timedelta
+
+    from coworker.model import utcnow
+    base = utcnow() - timedelta(minutes=10)
+    for i in range(7):
+        lifecycle.put_task(TaskSpec(key=f"t{i}", type="quick"), api.settings, now=base + timedelta(seconds=i))
+    seen, cursor, pages = [], None, 0
+    while True:
+        path = "/tasks?status=todo&limit=3" + (f"&cursor={cursor}" if cursor else "")
+        status, page, _ = api.call("GET", path)
+        assert status == 200
+        pages += 1
+        seen += [item["key"] for item in page["items"]]
+        cursor = page["cursor"]
+        if not cursor:
+            break
+    assert seen == [f"t{i}" for i in range(7)] and pages == 3
+    newest = api.call("GET", "/tasks?status=todo&limit=10&order=newest")[1]
+    assert [i["key"] for i in newest["items"]] == [f"t{i}" for i in reversed(range(7))]
+    assert newest["cursor"] is None
+    assert set(newest["items"][0]) >= {"key", "type", "status", "due_at", "attempts", "batch_id"}
+
+
+def test_list_filters_by_type_and_batch(api):
+    api.call("POST", "/tasks", {"batch_id": "b1", "tasks": [{"key": f"b{i}", "type": "slow" if i % 2 else "quick"}
+                                                            for i in range(6)]})
+    for i in range(4):
+        api.call("POST", "/tasks", {"key": f"x{i}", "type": "slow"})
+    page = api.call("GET", "/tasks?status=todo&batch=b1&type=slow&limit=2")[1]
+    keys = [i["key"] for i in page["items"]]
+    assert len(keys) == 2 and page["cursor"]
+    rest = api.call("GET", f"/tasks?status=todo&batch=b1&type=slow&limit=10&cursor={page['cursor']}")[1]
+    keys += [i["key"] for i in rest["items"]]
+    assert sorted(keys) == ["b1", "b3", "b5"]
+    assert api.call("GET", "/tasks?status=failed")[1] == {"items": [], "count": 0, "cursor": None, "scanned": 0}
+
+
+@pytest.mark.parametrize("query,status,words", [
+    ("status=finished", 400, "finished tasks leave the status index"),
+    ("", 422, "query.status: required field is missing"),
+    ("status=done", 422, "query.status"),
+    ("status=todo&limit=0", 422, "query.limit"),
+    ("status=todo&limit=501", 422, "query.limit"),
+    ("status=todo&order=sideways", 422, "query.order"),
+    ("status=todo&cursor=not-a-cursor", 400, "cursor is not valid"),
+])
+def test_bad_listing_queries(api, query, status, words):
+    code, answer, _ = api.call("GET", f"/tasks?{query}")
+    assert code == status and words in answer["message"], answer
+
+
+def test_cursor_of_another_status_is_refused(api):
+    for i in range(3):
+        api.call("POST", "/tasks", {"key": f"t{i}", "type": "quick"})
+    cursor = api.call("GET", "/tasks?status=todo&limit=1")[1]["cursor"]
+    code, answer, _ = api.call("GET", f"/tasks?status=ignored&cursor={cursor}")
+    assert code == 400 and "another status" in answer["message"]
+
+
+# Cancel and retry ----------------------------------------------------------------------------
+
+def test_cancel_then_retry_a_task(api):
+    api.call("POST", "/tasks", {"key": "k", "type": "quick"})
+    status, task, _ = api.call("POST", "/tasks/k/cancel")
+    assert status == 200 and task["status"] == "ignored" and task["errors"][-1]["kind"] == "cancelled"
+    status, answer, _ = api.call("POST", "/tasks/k/cancel")
+    assert status == 409 and "already ignored" in answer["message"]
+    status, task, _ = api.call("POST", "/tasks/k/retry")
+    assert status == 200 and task["status"] == "todo" and task["errors"]  # history kept
+    status, answer, _ = api.call("POST", "/tasks/k/retry")
+    assert status == 409 and answer["message"] == "task 'k' is todo; only failed or ignored tasks can be retried"
+    for action in ("cancel", "retry"):
+        status, answer, _ = api.call("POST", f"/tasks/missing/{action}")
+        assert status == 404 and answer["error"] == "task_not_found"
+
+
+def test_cancel_of_finished_task_is_a_conflict(api):
+    api.call("POST", "/tasks", {"key": "k", "type": "quick"})
+    _run_all(api.settings)
+    assert api.call("GET", "/tasks/k")[1]["status"] == "finished"
+    status, answer, _ = api.call("POST", "/tasks/k/cancel")
+    assert status == 409 and "already finished" in answer["message"]
+
+
+# Batches -------------------------------------------------------------------------------------
+
+def test_batch_progress_follows_the_tasks_and_redrive(api):
+    tasks = ([{"key": f"ok{i}", "type": "quick"} for i in range(4)]
+             + [{"key": f"bad{i}", "type": "always-fail", "max_attempts": 1} for i in range(3)])
+    api.call("POST", "/tasks", {"batch_id": "run-1", "tasks": tasks})
+    assert api.call("GET", "/batches/run-1")[1] | {"created_at": None, "updated_at": None} == {
+        "batch_id": "run-1", "total": 7, "finished": 0, "ignored": 0, "open": 7, "done": False,
+        "created_at": None, "updated_at": None}
+
+    _run_all(api.settings)
+    progress = api.call("GET", "/batches/run-1")[1]
+    assert (progress["finished"], progress["ignored"], progress["open"], progress["done"]) == (4, 3, 0, True)
+
+    # Redrive the ignored ones, one request at a time with a small limit: cursor, then the rest.
+    status, first, _ = api.call("POST", "/batches/run-1/retry?status=ignored&limit=2")
+    assert status == 200 and first["redriven"] == 2 and first["cursor"]
+    rest = api.call("POST", f"/batches/run-1/retry?status=ignored&limit=2&cursor={first['cursor']}")[1]
+    assert rest["redriven"] == 1 and rest["cursor"] is None
+    progress = api.call("GET", "/batches/run-1")[1]
+    assert (progress["ignored"], progress["open"], progress["done"]) == (0, 3, False)
+    assert api.call("GET", "/tasks/bad0")[1]["attempts"] == 0
+
+    _run_all(api.settings)
+    progress = api.call("GET", "/batches/run-1")[1]
+    assert (progress["finished"], progress["ignored"], progress["done"]) == (4, 3, True)
+
+
+def test_missing_batch_and_bad_redrive_status(api):
+    status, answer, _ = api.call("GET", "/batches/nope")
+    assert status == 404 and answer["message"] == "no batch with id 'nope'"
+    assert api.call("POST", "/batches/nope/retry")[0] == 404
+    api.call("POST", "/tasks", {"batch_id": "b", "tasks": [{"type": "quick"}]})
+    status, answer, _ = api.call("POST", "/batches/b/retry?status=todo")
+    assert status == 422 and answer["errors"][0]["location"] == "query.status"
+
+
+# Stats and documents --------------------------------------------------------------------------
+
+def test_stats_counts_by_status_with_a_cap(api):
+    for i in range(5):
+        api.call("POST", "/tasks", {"key": f"t{i}", "type": "quick"})
+    api.call("POST", "/tasks/t0/cancel")
+    stats = api.call("GET", "/stats")[1]
+    assert stats["counts"]["todo"] == {"count": 4, "capped": False}
+    assert stats["counts"]["ignored"] == {"count": 1, "capped": False}
+    assert stats["counts"]["finished"]["count"] is None and "not counted" in stats["note"]
+    capped = api.call("GET", "/stats?cap=3")[1]
+    assert capped["counts"]["todo"] == {"count": 3, "capped": True}
+
+
+def test_openapi_document_and_swagger_ui(api):
+    status, document, _ = api.call("GET", "/openapi.json")
+    assert status == 200 and document["info"]["title"] == "Coworker task API"
+    assert {"/tasks", "/tasks/{key}", "/tasks/{key}/retry", "/tasks/{key}/cancel", "/batches/{batch_id}",
+            "/batches/{batch_id}/retry", "/stats"} <= set(document["paths"])
+    task_in = document["components"]["schemas"]["TaskIn"]
+    assert task_in["additionalProperties"] is False
+    assert task_in["properties"]["key"]["anyOf"][0]["maxLength"] == MAX_KEY_CHARS
+    status, _, response = api.call("GET", "/docs")
+    assert status == 200 and "swagger" in response["body"].lower()
+
+
+def test_lambda_handler_module(settings, monkeypatch):
+    """functions/api/handler.py as Lambda runs it: settings from the environment."""
+    for name, value in settings.as_environment().items():
+        monkeypatch.setenv(name, value)
+    spec = importlib.util.spec_from_file_location("api_handler_under_test", ROOT / "functions/api/handler.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    event = build_proxy_event("POST", "/tasks", {"Content-Type": "application/json"},
+                              json.dumps({"key": "via-handler", "type": "quick"}))
+    response = module.handler(event, LocalLambdaContext())
+    assert response["statusCode"] == 201
+    assert lifecycle.get_task("via-handler").status == "todo"

@@ -1,0 +1,193 @@
+"""The real ``coworker`` command, run as a subprocess against the API served by LocalGateway."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coworker import dispatch
+from coworker.api import create_app
+from coworker.dispatch import InProcessInvoker
+from coworker.embedded import free_port
+from coworker.gateway import LocalGateway
+
+ROOT = Path(__file__).resolve().parents[2]
+LIBRARY = ROOT / "layers" / "coworker" / "python"
+
+
+def _command() -> list[str]:
+    """The installed console script if there is one, else the module (same code)."""
+    script = Path(sys.executable).parent / "coworker"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("coworker")
+    return [found] if found else [sys.executable, "-m", "coworker.cli"]
+
+
+class Served:
+    def __init__(self, settings, gateway: LocalGateway, events: list[dict]) -> None:
+        self.settings = settings
+        self.url = gateway.url
+        self.events = events
+
+    def run(self, *args: str, stdin: str | None = None, url: str | None = None, env: dict | None = None):
+        environ = {**os.environ, "COWORKER_API_URL": url or self.url,
+                   "PYTHONPATH": f"{LIBRARY}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **(env or {})}
+        environ.pop("COWORKER_API_KEY", None) if "COWORKER_API_KEY" not in (env or {}) else None
+        return subprocess.run([*_command(), *args], input=stdin or "", capture_output=True, text=True,
+                              env=environ, timeout=60)
+
+    def popen(self, *args: str) -> subprocess.Popen:
+        environ = {**os.environ, "COWORKER_API_URL": self.url,
+                   "PYTHONPATH": f"{LIBRARY}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        return subprocess.Popen([*_command(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=environ)
+
+    def work(self) -> None:
+        """Let the coordinator and in-process workers run everything that is due."""
+        invoker = InProcessInvoker(self.settings)
+        try:
+            for _ in range(10):
+                report = dispatch.tick(self.settings, invoker)
+                invoker.wait()
+                if report.dispatched == 0:
+                    return
+        finally:
+            invoker.shutdown()
+
+
+@pytest.fixture
+def served(settings):
+    app = create_app(settings)
+    events: list[dict] = []
+
+    def handler(event, context):
+        events.append(event)
+        return app.resolve(event, context)
+
+    with LocalGateway(handler) as gateway:
+        yield Served(settings, gateway, events)
+
+
+def test_submit_one_task_then_status(served):
+    result = served.run("submit", "--type", "quick", "--key", "order/1", "--payload", '{"n": 1}',
+                        "--max-attempts", "2")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "order/1: created\n"
+    assert served.run("submit", "--type", "quick", "--key", "order/1").stdout == "order/1: exists\n"
+
+    result = served.run("status", "order/1")
+    assert result.returncode == 0
+    task = json.loads(result.stdout)
+    assert task["key"] == "order/1" and task["payload"] == {"n": 1} and task["max_attempts"] == 2
+
+
+def test_submit_many_from_a_file_in_chunks_and_watch_the_batch(served, tmp_path):
+    lines = [json.dumps({"key": f"t{i:02d}", "type": "quick"}) for i in range(23)]
+    lines.insert(5, "")  # blank lines are skipped
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    result = served.run("submit", "--file", str(path), "--batch-id", "nightly", "--chunk-size", "10")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "batch nightly: 23 submitted, 23 created, 0 existing"
+    assert "23/23" in result.stderr  # the progress bar
+    posts = [e for e in served.events if e["httpMethod"] == "POST"]
+    assert [len(json.loads(e["body"])["tasks"]) for e in posts] == [10, 10, 3]
+
+    # Re-running the same submission creates nothing and counts nothing twice.
+    again = served.run("submit", "--file", str(path), "--batch-id", "nightly", "--quiet")
+    assert again.stdout.splitlines()[0] == "batch nightly: 23 submitted, 0 created, 23 existing"
+
+    once = served.run("batch", "nightly", "--once")
+    assert once.stdout == "batch nightly: 23 tasks, finished 0, ignored 0, open 23\n"
+
+    watcher = served.popen("batch", "nightly", "--interval", "0.1")
+    served.work()
+    out, err = watcher.communicate(timeout=30)
+    assert watcher.returncode == 0, err
+    assert out.strip().splitlines()[-1].endswith("23/23 finished 23, ignored 0, open 0 - done")
+
+
+def test_submit_from_stdin_and_list(served):
+    stdin = "\n".join(json.dumps({"key": f"s{i}", "type": "slow" if i % 2 else "quick"}) for i in range(5))
+    result = served.run("submit", "--file", "-", "--json")
+    assert result.returncode == 2 and "holds no tasks" in result.stderr  # empty stdin
+    result = served.run("--json", "submit", "--file", "-", stdin=stdin)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["created"] == 5
+
+    result = served.run("list", "--status", "todo", "--type", "slow", "--limit", "1", "--all")
+    assert result.returncode == 0
+    rows = result.stdout.splitlines()
+    assert rows[0].split() == ["KEY", "STATUS", "TYPE", "ATTEMPTS", "DUE_AT", "BATCH"]
+    assert sorted(row.split()[0] for row in rows[1:]) == ["s1", "s3"]
+    partial = served.run("list", "--status", "todo", "--limit", "2")
+    assert partial.stdout.splitlines()[-1].startswith("more: coworker list --status todo --cursor ")
+
+
+def test_api_errors_are_printed_as_worded_with_a_nonzero_exit(served, tmp_path):
+    result = served.run("status", "nope")
+    assert result.returncode == 1
+    assert result.stderr == "error (404): no task with key 'nope'\n"
+
+    result = served.run("submit", "--type", "quick", "--max-attempts", "0")
+    assert result.returncode == 1
+    assert "error (422): Invalid request: body.max_attempts: Input should be greater than or equal to 1" in result.stderr
+    assert "  body.max_attempts: Input should be greater than or equal to 1" in result.stderr
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"type": "quick"}) + "\n" + json.dumps({"type": "quick", "key": ""}) + "\n")
+    result = served.run("submit", "--file", str(path), "--quiet")
+    assert result.returncode == 1
+    assert "refused as a whole (nothing was written): 1 bad entry" in result.stderr
+    assert "body.tasks[1].key" in result.stderr
+    assert served.run("list", "--status", "todo").stdout.count("\n") == 1  # header only: nothing written
+
+    result = served.run("list", "--status", "todo", "--cursor", "garbage")
+    assert result.returncode == 1 and "the cursor is not valid" in result.stderr
+
+
+def test_cancel_retry_and_batch_redrive(served, tmp_path):
+    assert served.run("submit", "--type", "quick", "--key", "c1").returncode == 0
+    result = served.run("cancel", "c1")
+    assert (result.returncode, result.stdout) == (0, "c1: ignored (cancelled)\n")
+    result = served.run("cancel", "c1")
+    assert result.returncode == 1 and "already ignored" in result.stderr
+    result = served.run("retry", "c1")
+    assert (result.returncode, result.stdout) == (0, "c1: todo (attempts reset, history kept)\n")
+
+    path = tmp_path / "fail.jsonl"
+    path.write_text("\n".join(json.dumps({"key": f"f{i}", "type": "always-fail", "max_attempts": 1})
+                              for i in range(3)))
+    served.run("submit", "--file", str(path), "--batch-id", "doomed", "--quiet")
+    served.work()
+    assert "ignored 3, open 0 - done" in served.run("batch", "doomed", "--once").stdout
+    result = served.run("retry", "--batch", "doomed")
+    assert (result.returncode, result.stdout) == (0, "batch doomed: 3 ignored tasks redriven\n")
+    assert "ignored 0, open 3" in served.run("batch", "doomed", "--once").stdout
+
+    stats = served.run("stats")
+    assert stats.returncode == 0
+    assert "todo        3" in stats.stdout  # c1 ran to finished meanwhile and "finished    not counted" in stats.stdout
+
+
+def test_api_key_is_sent_and_usage_and_connection_errors(served):
+    served.run("stats", env={"COWORKER_API_KEY": "s3cret"})
+    assert served.events[-1]["headers"]["X-Api-Key"] == "s3cret"
+    served.run("--api-key", "other", "stats")
+    assert served.events[-1]["headers"]["X-Api-Key"] == "other"
+
+    result = served.run("retry")
+    assert result.returncode == 2 and "give a task KEY or --batch ID" in result.stderr
+    result = served.run("submit", "--file", "x.jsonl", "--chunk-size", "5000")
+    assert result.returncode == 2 and "between 1 and 1000" in result.stderr
+
+    result = served.run("stats", url=f"http://127.0.0.1:{free_port()}")
+    assert result.returncode == 3 and "cannot reach the API" in result.stderr
