@@ -2,7 +2,6 @@
 
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
-
 from coworker.api import create_app
 from coworker.bootstrap import configure
 from coworker.observability import logger, metrics, tracer

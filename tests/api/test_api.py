@@ -12,7 +12,6 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-
 from coworker import dispatch, lifecycle
 from coworker.api import create_app
 from coworker.api_models import MAX_BATCH_TASKS, MAX_KEY_CHARS, MAX_PAYLOAD_BYTES
@@ -119,14 +118,17 @@ BAD_SUBMISSIONS = {
     "empty body": (None, "", "body", "required"),
     "type missing": ({"key": "k"}, None, "body.type", "required field is missing"),
     "wrong type of type": ({"type": 5}, None, "body.type", "valid string"),
-    "wrong type of max_attempts": ({"type": "q", "max_attempts": "many"}, None, "body.max_attempts", "integer"),
-    "max_attempts out of range": ({"type": "q", "max_attempts": 0}, None, "body.max_attempts", "greater than"),
+    "wrong type of max_attempts": ({"type": "q", "max_attempts": "many"}, None, "body.max_attempts",
+                                   "integer"),
+    "max_attempts out of range": ({"type": "q", "max_attempts": 0}, None, "body.max_attempts",
+                                  "greater than"),
     "unknown field": ({"type": "q", "colour": "red"}, None, "body.colour", "unknown field"),
     "empty key": ({"key": "", "type": "q"}, None, "body.key", "at least 1 character"),
     "over-long key": ({"key": "k" * (MAX_KEY_CHARS + 1), "type": "q"}, None, "body.key", "at most 512"),
     "control character in key": ({"key": "a\nb", "type": "q"}, None, "body.key", "control characters"),
     "reserved key": ({"key": "batch#x", "type": "q"}, None, "body.key", "reserved for batches"),
-    "payload too large": ({"type": "q", "payload": BIG}, None, "body.payload", f"limit is {MAX_PAYLOAD_BYTES}"),
+    "payload too large": ({"type": "q", "payload": BIG}, None, "body.payload",
+                          f"limit is {MAX_PAYLOAD_BYTES}"),
     "bad run_at": ({"type": "q", "run_at": "next tuesday"}, None, "body.run_at", "datetime"),
     "empty batch": ({"tasks": []}, None, "body.tasks", "at least 1 item"),
     "batch over the limit": ({"tasks": [{"type": "q"}] * (MAX_BATCH_TASKS + 1)}, None, "body.tasks",
@@ -215,8 +217,8 @@ def test_list_pages_through_the_index_in_both_orders(api):
 
 
 def test_list_filters_by_type_and_batch(api):
-    api.call("POST", "/tasks", {"batch_id": "b1", "tasks": [{"key": f"b{i}", "type": "slow" if i % 2 else "quick"}
-                                                            for i in range(6)]})
+    tasks = [{"key": f"b{i}", "type": "slow" if i % 2 else "quick"} for i in range(6)]
+    api.call("POST", "/tasks", {"batch_id": "b1", "tasks": tasks})
     for i in range(4):
         api.call("POST", "/tasks", {"key": f"x{i}", "type": "slow"})
     page = api.call("GET", "/tasks?status=todo&batch=b1&type=slow&limit=2")[1]
@@ -225,7 +227,8 @@ def test_list_filters_by_type_and_batch(api):
     rest = api.call("GET", f"/tasks?status=todo&batch=b1&type=slow&limit=10&cursor={page['cursor']}")[1]
     keys += [i["key"] for i in rest["items"]]
     assert sorted(keys) == ["b1", "b3", "b5"]
-    assert api.call("GET", "/tasks?status=failed")[1] == {"items": [], "count": 0, "cursor": None, "scanned": 0}
+    empty = api.call("GET", "/tasks?status=failed")[1]
+    assert empty == {"items": [], "count": 0, "cursor": None, "scanned": 0}
 
 
 @pytest.mark.parametrize("query,status,words", [
@@ -261,7 +264,8 @@ def test_cancel_then_retry_a_task(api):
     status, task, _ = api.call("POST", "/tasks/k/retry")
     assert status == 200 and task["status"] == "todo" and task["errors"]  # history kept
     status, answer, _ = api.call("POST", "/tasks/k/retry")
-    assert status == 409 and answer["message"] == "task 'k' is todo; only failed or ignored tasks can be retried"
+    assert status == 409
+    assert answer["message"] == "task 'k' is todo; only failed or ignored tasks can be retried"
     for action in ("cancel", "retry"):
         status, answer, _ = api.call("POST", f"/tasks/missing/{action}")
         assert status == 404 and answer["error"] == "task_not_found"

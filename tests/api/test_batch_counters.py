@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-
 from coworker import batches, lifecycle
 from coworker.lifecycle import PutOutcome, RecordOutcome, TaskSpec
 from coworker.model import BatchModel, ErrorKind, TaskModel, TaskStatus, utcnow

@@ -7,7 +7,6 @@ import json
 
 import pytest
 import requests
-
 from coworker.gateway import GatewayResponse, LocalGateway, build_proxy_event
 
 
@@ -20,10 +19,14 @@ def echo_gateway(tmp_path):
         if event["path"] == "/boom":
             raise RuntimeError("crash")
         return {"statusCode": 201, "headers": {"Content-Type": "application/json", "X-Seen": "yes"},
-                "body": json.dumps({"path": event["path"], "remaining": context.get_remaining_time_in_millis()})}
+                "body": json.dumps({"path": event["path"],
+                                    "remaining": context.get_remaining_time_in_millis()})}
 
     (tmp_path / "index.html").write_text("<h1>dash</h1>")
-    extra = {"/health": lambda request: GatewayResponse(200, {"Content-Type": "text/plain"}, "ok " + request.method)}
+    def health(request):
+        return GatewayResponse(200, {"Content-Type": "text/plain"}, "ok " + request.method)
+
+    extra = {"/health": health}
     with LocalGateway(handler, extra_routes=extra, static={"/ui": tmp_path}) as gateway:
         yield gateway, seen
 

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from coworker import dispatch
 from coworker.api import create_app
 from coworker.dispatch import InProcessInvoker
@@ -139,7 +138,8 @@ def test_api_errors_are_printed_as_worded_with_a_nonzero_exit(served, tmp_path):
 
     result = served.run("submit", "--type", "quick", "--max-attempts", "0")
     assert result.returncode == 1
-    assert "error (422): Invalid request: body.max_attempts: Input should be greater than or equal to 1" in result.stderr
+    assert ("error (422): Invalid request: body.max_attempts: Input should be greater than or equal to 1"
+            in result.stderr)
     assert "  body.max_attempts: Input should be greater than or equal to 1" in result.stderr
 
     path = tmp_path / "bad.jsonl"
@@ -175,7 +175,8 @@ def test_cancel_retry_and_batch_redrive(served, tmp_path):
 
     stats = served.run("stats")
     assert stats.returncode == 0
-    assert "todo        3" in stats.stdout  # c1 ran to finished meanwhile and "finished    not counted" in stats.stdout
+    # c1 ran to finished meanwhile: the three redriven tasks are the todo ones.
+    assert "todo        3" in stats.stdout and "finished    not counted" in stats.stdout
 
 
 def test_api_key_is_sent_and_usage_and_connection_errors(served):

@@ -50,8 +50,8 @@ from coworker.api_models import (
     RedriveStatus,
     StatsOut,
     StatusCount,
-    SubmitBatchOut,
     Submission,
+    SubmitBatchOut,
     SubmitTaskOut,
     TaskIn,
     TaskOut,
@@ -177,6 +177,7 @@ def validation_error_response(exc: RequestValidationError) -> Response:
 
 # -- cursors -----------------------------------------------------------------------------------
 
+_BAD_CURSOR = "the cursor is not valid: pass back the cursor of a previous answer unchanged"
 _CURSOR_KEYS = {schema.PARTITION_KEY, schema.STATUS_INDEX_PARTITION_KEY, schema.STATUS_INDEX_SORT_KEY}
 
 
@@ -196,13 +197,13 @@ def decode_cursor(cursor: str | None, status: str) -> dict[str, Any] | None:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         value = json.loads(raw)
     except (binascii.Error, ValueError, UnicodeDecodeError):
-        raise BadRequestError("the cursor is not valid: pass back the cursor of a previous answer unchanged") from None
+        raise BadRequestError(_BAD_CURSOR) from None
     well_formed = (
         isinstance(value, dict) and set(value) == _CURSOR_KEYS
         and all(isinstance(v, dict) and set(v) == {"S"} and isinstance(v["S"], str) for v in value.values())
     )
     if not well_formed:
-        raise BadRequestError("the cursor is not valid: pass back the cursor of a previous answer unchanged")
+        raise BadRequestError(_BAD_CURSOR)
     if value[schema.STATUS_INDEX_PARTITION_KEY]["S"] != status:
         raise BadRequestError(f"the cursor belongs to a listing of another status, not {status!r}")
     return value
@@ -366,7 +367,8 @@ def create_app(settings: Settings) -> APIGatewayRestResolver:
         assert isinstance(body, BatchIn)
         batch_id = body.batch_id or uuid.uuid4().hex
         specs = [_spec(task, batch_id) for task in body.tasks]
-        created = batches.put_tasks([lifecycle.new_task(spec, settings, now) for spec in specs], batch_id, now)
+        items = [lifecycle.new_task(spec, settings, now) for spec in specs]
+        created = batches.put_tasks(items, batch_id, now)
         results = [PutResult(key=spec.key, outcome="created" if made else "exists")
                    for spec, made in zip(specs, created, strict=True)]
         made_count = sum(created)
@@ -390,7 +392,8 @@ def create_app(settings: Settings) -> APIGatewayRestResolver:
         batch: Annotated[str | None, Query(description="Only tasks of this batch.", max_length=128)] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
         cursor: Annotated[str | None, Query(description="From the previous page.", max_length=4096)] = None,
-        order: Annotated[Order, Query(description="By due_at: oldest (default) or newest first.")] = Order.OLDEST,
+        order: Annotated[Order, Query(description="By due_at: oldest (default) or newest first.")]
+        = Order.OLDEST,
     ) -> TaskPage:
         if status is IndexedStatus.FINISHED:
             raise BadRequestError(FINISHED_NOT_LISTED)

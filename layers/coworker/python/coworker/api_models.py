@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import json
 import unicodedata
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -42,7 +42,7 @@ def _no_control_characters(value: str, what: str) -> str:
     return value
 
 
-class IndexedStatus(str, enum.Enum):
+class IndexedStatus(enum.StrEnum):
     """Statuses a listing can ask for; ``finished`` is accepted only to explain why it cannot be listed."""
 
     TODO = "todo"
@@ -52,12 +52,12 @@ class IndexedStatus(str, enum.Enum):
     FINISHED = "finished"
 
 
-class RedriveStatus(str, enum.Enum):
+class RedriveStatus(enum.StrEnum):
     FAILED = "failed"
     IGNORED = "ignored"
 
 
-class Order(str, enum.Enum):
+class Order(enum.StrEnum):
     OLDEST = "oldest"
     NEWEST = "newest"
 
@@ -112,8 +112,8 @@ class TaskIn(_Strict):
     @classmethod
     def _aware(cls, value: datetime | None) -> datetime | None:
         if value is not None and value.tzinfo is None:
-            return value.replace(tzinfo=timezone.utc)
-        return value.astimezone(timezone.utc) if value is not None else None
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC) if value is not None else None
 
 
 class BatchIn(_Strict):
@@ -252,7 +252,8 @@ class RedriveOut(BaseModel):
 
 class StatusCount(BaseModel):
     count: int | None
-    capped: bool = Field(description="True when counting stopped at the cap: the real number is at least count.")
+    capped: bool = Field(description="True when counting stopped at the cap: "
+                                     "the real number is at least count.")
 
 
 class StatsOut(BaseModel):

@@ -146,7 +146,8 @@ def _transact(build: Callable[[TransactWrite], None], what: str) -> list[str | N
         # One token per attempt: botocore's own retries of this attempt (network errors) reuse
         # it, so an attempt that did commit is not applied twice.
         try:
-            with TransactWrite(connection=_connection(), client_request_token=str(uuid.uuid4())) as transaction:
+            token = str(uuid.uuid4())
+            with TransactWrite(connection=_connection(), client_request_token=token) as transaction:
                 build(transaction)
         except TransactWriteError as exc:
             reasons = _reasons(exc)

@@ -62,7 +62,8 @@ class ApiClient:
         self.url = url.rstrip("/")
         self.api_key = api_key
         self.iam = iam
-        self.region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        self.region = (region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+                       or "us-east-1")
 
     def request(self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None) -> Any:
         query = {k: v for k, v in (query or {}).items() if v is not None}
@@ -76,7 +77,8 @@ class ApiClient:
         if self.iam:
             headers = self._signed(method, url, data, headers)
         try:
-            with urlopen(Request(url, data=data, headers=headers, method=method), timeout=TIMEOUT_SECONDS) as reply:
+            request = Request(url, data=data, headers=headers, method=method)
+            with urlopen(request, timeout=TIMEOUT_SECONDS) as reply:
                 return _parse(reply.read())
         except HTTPError as exc:
             answer = _parse(exc.read())

@@ -22,7 +22,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -97,9 +97,10 @@ def build_proxy_event(
 ) -> dict[str, Any]:
     """The API Gateway REST proxy event for one request.
 
-    ``raw_path`` is the request target as sent (percent-encoded, may carry a query string). Without ``resource`` the event looks like a
-    ``/{proxy+}`` resource (what a ``LambdaRestApi`` with ``proxy=True`` produces); pass
-    ``resource`` and ``path_parameters`` to mimic an explicit resource instead.
+    ``raw_path`` is the request target as sent (percent-encoded, may carry a query string).
+    Without ``resource`` the event looks like a ``/{proxy+}`` resource (what a ``LambdaRestApi``
+    with ``proxy=True`` produces); pass ``resource`` and ``path_parameters`` to mimic an explicit
+    resource instead.
     """
     parts = urlsplit(raw_path)
     # REST APIs hand the path on still percent-encoded (so "%2F" stays apart from "/"), while
@@ -125,7 +126,7 @@ def build_proxy_event(
     elif isinstance(body, str) and body:
         body_text = body
     request_id = str(uuid.uuid4())
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     # API Gateway sends null (not {}) for absent headers, query strings and path parameters.
     return {
         "resource": resource,
