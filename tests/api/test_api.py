@@ -354,3 +354,16 @@ def test_lambda_handler_module(settings, monkeypatch):
     response = module.handler(event, LocalLambdaContext())
     assert response["statusCode"] == 201
     assert lifecycle.get_task("via-handler").status == "todo"
+
+
+def test_batch_submission_logs_at_info_level(api):
+    """Log records with extra keys must not clash with LogRecord attributes (that was a 502)."""
+    from coworker.observability import logger
+
+    level = logger.log_level
+    logger.setLevel("INFO")
+    try:
+        status, body, _ = api.call("POST", "/tasks", {"batch_id": "logged", "tasks": [{"type": "quick"}]})
+    finally:
+        logger.setLevel(level)
+    assert status == 201 and body["created"] == 1
