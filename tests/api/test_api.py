@@ -342,6 +342,7 @@ def test_openapi_document_and_swagger_ui(api):
     assert status == 200 and "swagger" in response["body"].lower()
 
 
+@pytest.mark.filterwarnings("ignore:No application metrics to publish")
 def test_lambda_handler_module(settings, monkeypatch):
     """functions/api/handler.py as Lambda runs it: settings from the environment."""
     for name, value in settings.as_environment().items():
