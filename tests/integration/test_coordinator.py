@@ -185,3 +185,14 @@ def test_several_ticks_per_invocation_stop_before_the_time_runs_out(make_setting
     remaining = iter([55.0, 45.0, 12.0])  # seconds left after each tick
     reports = dispatch.run_ticks(settings, invoker, lambda: next(remaining), sleep=sleeps.append)
     assert len(reports) == 3 and sleeps == [10, 10]  # third tick: 12 s left < 10 s + 5 s slack
+
+
+def test_busy_count_is_one_bounded_read_however_many_tasks_run(make_settings):
+    from coworker import queries
+
+    settings = make_settings(max_concurrency=50)
+    _put_many(settings, 30)
+    for i in range(30):
+        lifecycle.claim(f"t{i:03d}", "w", settings)
+    assert queries.count_running(utcnow(), limit=100) == 30
+    assert queries.count_running(utcnow(), limit=7) == 7

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import datetime
 
+from pynamodb.constants import CAMEL_COUNT, COUNT
+
 from coworker.model import TaskModel, TaskStatus
 
 
@@ -26,9 +28,17 @@ def due(status: TaskStatus, now: datetime, limit: int) -> Iterator[TaskModel]:
 
 
 def count_running(now: datetime, limit: int) -> int:
-    """How many tasks hold a live lock, counting at most ``limit`` (a bounded read)."""
-    return TaskModel.status_index.count(
+    """How many tasks hold a live lock, counting at most ``limit``: one Query request.
+
+    ``Model.count(limit=...)`` is not bounded (with Select=COUNT no items come back, so
+    pynamodb keeps paging), hence the single low-level request: DynamoDB's ``Limit`` caps the
+    items it evaluates, so the read never exceeds ``limit`` index items.
+    """
+    response = TaskModel._get_connection().query(
         TaskStatus.PROCESSING.value,
         range_key_condition=TaskModel.due_at > now,
+        index_name=TaskModel.status_index.Meta.index_name,
         limit=limit,
+        select=COUNT,
     )
+    return int(response[CAMEL_COUNT])
