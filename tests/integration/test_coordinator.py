@@ -196,3 +196,12 @@ def test_busy_count_is_one_bounded_read_however_many_tasks_run(make_settings):
         lifecycle.claim(f"t{i:03d}", "w", settings)
     assert queries.count_running(utcnow(), limit=100) == 30
     assert queries.count_running(utcnow(), limit=7) == 7
+
+
+def test_priority_puts_a_task_ahead_of_older_backlog(settings):
+    _put_many(settings, 5)  # put 1-5 seconds ago
+    lifecycle.put_task(TaskSpec(key="urgent", type="quick", priority=3600), settings)
+    lifecycle.put_task(TaskSpec(key="meh", type="quick", priority=-3600), settings)
+    invoker = RecordingInvoker()
+    dispatch.tick(settings, invoker)
+    assert invoker.keys == ["urgent", "t000", "t001", "t002", "t003", "t004"]  # "meh" waits an hour

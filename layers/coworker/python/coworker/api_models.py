@@ -83,7 +83,8 @@ class TaskIn(_Strict):
     run_at: datetime | None = Field(None, description="ISO-8601 time before which the task is not run "
                                                       "(no zone means UTC).")
     priority: int | None = Field(None, ge=-MAX_PRIORITY, le=MAX_PRIORITY,
-                                 description="Stored with the task for your own use.")
+                                 description="Seconds of head start in the oldest-first queue "
+                                             "(negative: held back that long); ignored when run_at is set.")
 
     @field_validator("key")
     @classmethod
