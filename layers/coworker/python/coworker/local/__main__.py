@@ -1,0 +1,141 @@
+"""``python -m coworker.local``: run the whole system on this machine (see docs/local.md).
+
+Every setting has a flag named after its field (``--tick-seconds``) and the environment variable
+Lambda uses (``COWORKER_TICK_SECONDS``); a flag overrides the variable, which overrides the local
+default, which overrides the library's default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+import threading
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+# Before the library is imported: Powertools reads these when its objects are created. EMF metric
+# lines would drown the terminal; the logs go to the log file (see _route_logs).
+os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "coworker")
+
+from coworker.config import Settings  # noqa: E402
+from coworker.errors import ConfigurationError  # noqa: E402
+
+# Fields that make no sense to set on the command line of a local run.
+NOT_FLAGS = {"worker_function", "ticks_per_invocation"}
+
+
+def _field_type(annotation: Any) -> type:
+    """The scalar type of a field (``int | None`` -> ``int``)."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return next(arg for arg in typing.get_args(annotation) if arg is not type(None))
+    return annotation
+
+
+def settings_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per :class:`Settings` field, documented with its description and variable."""
+    from coworker.local.runtime import LOCAL_DEFAULTS
+
+    group = parser.add_argument_group("settings (flag > environment variable > local default)")
+    for name, field in Settings.model_fields.items():
+        if name in NOT_FLAGS:
+            continue
+        default = LOCAL_DEFAULTS.get(name, field.default)
+        group.add_argument(
+            "--" + name.replace("_", "-"), dest=name, type=_field_type(field.annotation), default=None,
+            metavar=field.alias, help=f"{field.description} [{field.alias}; default here: {default}]",
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m coworker.local",
+        description="Coworker on one machine: embedded DynamoDB, the HTTP API, the coordinator on a "
+                    "timer, worker processes, a web dashboard, and a demo workload.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
+    parser.add_argument("--api-port", type=int, default=8000,
+                        help="port of the API and the dashboard (default 8000; 0 picks a free one)")
+    parser.add_argument("--max-invocations", type=int, default=None,
+                        help="most worker processes running at once, like a Lambda's reserved "
+                             "concurrency (default 2 x ceil(max_concurrency / batch_size))")
+    parser.add_argument("--drain-seconds", type=float, default=5.0,
+                        help="on Ctrl-C, how long running invocations may finish before SIGTERM")
+    parser.add_argument("--log-file", type=Path, default=None,
+                        help="where the runtime and worker logs go (default: a file in the temp dir)")
+    demo = parser.add_argument_group("demo workload")
+    demo.add_argument("--no-demo", dest="demo", action="store_false", help="start empty")
+    demo.add_argument("--tasks", type=int, default=2000, help="demo tasks to submit (default 2000)")
+    demo.add_argument("--seed", type=int, default=None, help="random seed of the demo mix")
+    demo.add_argument("--exit-when-done", action="store_true",
+                      help="stop after the demo's summary instead of serving until Ctrl-C")
+    settings_flags(parser)
+    return parser
+
+
+def _route_logs(path: Path) -> Any:
+    """Send this process's Powertools logs to ``path``; return a binary handle for the workers."""
+    from coworker.observability import logger
+
+    text = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+    for handler in logger.handlers:
+        if hasattr(handler, "setStream"):
+            handler.setStream(text)
+    return open(path, "ab", buffering=0)  # noqa: SIM115
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from coworker.local import demo as demo_module
+    from coworker.local.runtime import LocalRuntime, local_settings
+
+    overrides = {name: getattr(args, name) for name in Settings.model_fields if name not in NOT_FLAGS}
+    try:
+        settings = local_settings(**overrides)
+    except ConfigurationError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    log_path = args.log_file or Path(tempfile.gettempdir()) / f"coworker-local-{os.getpid()}.log"
+    log = _route_logs(log_path)
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    runtime = LocalRuntime(settings, host=args.host, port=args.api_port,
+                           max_invocations=args.max_invocations, log=log, drain_seconds=args.drain_seconds)
+    try:
+        runtime.start()
+    except OSError as exc:
+        print(f"cannot start: {exc} (is port {args.api_port} taken? try --api-port 0)", file=sys.stderr)
+        runtime.stop()
+        return 1
+    print(demo_module.banner(runtime, log_path), flush=True)
+    code = 0
+    try:
+        if args.demo and args.tasks > 0:
+            summary = demo_module.run_demo(runtime, args.tasks, seed=args.seed, stop=stop)
+            code = 0 if summary.complete else 1
+        if not args.exit_when_done:
+            print("Serving until Ctrl-C.", flush=True)
+            while not stop.wait(0.5):
+                pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("\nStopping: coordinator, then workers (draining), API and database...", flush=True)
+        # A second Ctrl-C during the orderly stop is ignored rather than leaving locks behind.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        runtime.stop()
+        stats = runtime.pool.stats() if runtime.pool else {}
+        print(f"Stopped. Worker invocations: {stats.get('ok', 0)} ok, "
+              f"{stats.get('timeout-killed', 0)} killed at the timeout, "
+              f"{stats.get('interrupted', 0)} interrupted.", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The local web dashboard and the runtime's own endpoints, served next to the API.
+
+=====================  ==================================================================
+``/dashboard``         the page (static HTML + JavaScript, no external scripts): it reads
+                       the task API (``/stats``, ``/tasks``, ``/batches/{id}``) every second
+``/local/info``        runtime state: settings, worker pool counters, last coordinator tick
+``/local/invocations`` worker invocations in flight with their process ids (``?recent=1``
+                       adds finished ones): what the crash tests kill
+=====================  ==================================================================
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from coworker.gateway import ExtraRoute, GatewayRequest, GatewayResponse
+
+if TYPE_CHECKING:
+    from coworker.local.runtime import LocalRuntime
+
+NO_CACHE = {"Cache-Control": "no-store"}
+
+
+def static_folder() -> Path:
+    return Path(__file__).resolve().parent / "static"
+
+
+def _json(status: int, body: Any) -> GatewayResponse:
+    headers = {"Content-Type": "application/json", **NO_CACHE}
+    return GatewayResponse(status, headers, json.dumps(body, default=str))
+
+
+def dashboard_routes(runtime: LocalRuntime) -> dict[str, ExtraRoute]:
+    """Extra routes for :class:`~coworker.gateway.LocalGateway`."""
+    page = static_folder() / "dashboard.html"
+
+    def dashboard(request: GatewayRequest) -> GatewayResponse:
+        headers = {"Content-Type": "text/html; charset=utf-8", **NO_CACHE}
+        return GatewayResponse(200, headers, page.read_bytes())
+
+    def home(request: GatewayRequest) -> GatewayResponse:
+        return GatewayResponse(302, {"Location": "/dashboard"}, b"")
+
+    def info(request: GatewayRequest) -> GatewayResponse:
+        return _json(200, runtime.info())
+
+    def invocations(request: GatewayRequest) -> GatewayResponse:
+        assert runtime.pool is not None
+        body: dict[str, Any] = {"running": runtime.pool.running()}
+        if request.query.get("recent"):
+            body["recent"] = runtime.pool.recent()
+        return _json(200, body)
+
+    return {
+        "/": home,
+        "/dashboard": dashboard,
+        "/dashboard/": dashboard,
+        "/local/info": info,
+        "/local/invocations": invocations,
+    }

@@ -1,0 +1,223 @@
+"""The local runtime: every part of the deployed system, on one machine.
+
+==================  ==========================================================================
+on AWS              here
+==================  ==========================================================================
+DynamoDB table      :class:`~coworker.embedded.EmbeddedDynamoDB` (moto over HTTP), the table
+                    created from :mod:`coworker.schema` (or any endpoint you name)
+API Gateway + API   :class:`~coworker.gateway.LocalGateway` calling the API Lambda handler
+EventBridge rule    :class:`CoordinatorTimer`: ``dispatch.tick`` every ``tick_seconds``
+worker Lambda       :class:`~coworker.local.workers.ProcessWorkerPool`: one process per
+                    invocation, killed at the timeout, bounded concurrency
+CloudWatch          the web dashboard at ``/dashboard`` and the log file
+==================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import importlib
+import math
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from coworker import dispatch
+from coworker.bootstrap import configure
+from coworker.config import Settings
+from coworker.embedded import FAKE_CREDENTIALS, EmbeddedDynamoDB, create_table
+from coworker.gateway import LocalGateway
+from coworker.local.workers import PACKAGE_ROOT, ProcessWorkerPool
+from coworker.observability import logger, metrics
+
+REPO_ROOT = Path(PACKAGE_ROOT).parent.parent.parent
+
+# Local defaults differ from Lambda's where a laptop run wants quicker feedback: ticks every 2 s
+# instead of once a minute, a shorter worker timeout and backoff, more tasks in flight (moto, not
+# the worker count, is what limits throughput here). Environment variables and flags override them.
+LOCAL_DEFAULTS: dict[str, Any] = {
+    "tick_seconds": 2.0,
+    "max_concurrency": 60,
+    "batch_size": 10,
+    "worker_timeout_seconds": 30,
+    "backoff_base_seconds": 2.0,
+    "backoff_max_seconds": 30.0,
+}
+
+# Environment variables a worker process inherits besides the settings (credentials and region
+# for boto3, Powertools switches, and what Python itself needs).
+PASSED_THROUGH = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")
+
+
+def local_settings(environ: dict[str, str] | None = None, **overrides: Any) -> Settings:
+    """Settings for a local run: flags (``overrides``) > environment > local defaults > defaults."""
+    environ = dict(os.environ if environ is None else environ)
+    for name, value in LOCAL_DEFAULTS.items():
+        environ.setdefault(Settings.model_fields[name].alias or name, str(value))
+    return Settings.from_env(environ, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def default_max_invocations(settings: Settings) -> int:
+    """Worker concurrency: twice the invocations one tick can start when every slot is free."""
+    return 2 * math.ceil(settings.max_concurrency / settings.batch_size)
+
+
+@dataclasses.dataclass
+class TickRecord:
+    at: float
+    report: dispatch.TickReport | None
+    error: str | None = None
+
+
+class CoordinatorTimer:
+    """Stands in for the EventBridge rule: one coordinator tick every ``interval`` seconds."""
+
+    def __init__(self, settings: Settings, invoker: dispatch.Invoker, interval: float) -> None:
+        self._settings = settings
+        self._invoker = invoker
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.history: collections.deque[TickRecord] = collections.deque(maxlen=120)
+
+    def start(self) -> CoordinatorTimer:
+        self._thread = threading.Thread(target=self._loop, name="coordinator", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                report = dispatch.tick(self._settings, self._invoker)
+                self.history.append(TickRecord(time.time(), report))
+            except Exception as exc:  # noqa: BLE001 - a failed tick is logged; the next one runs
+                logger.exception("coordinator tick failed")
+                self.history.append(TickRecord(time.time(), None, f"{type(exc).__name__}: {exc}"))
+            finally:
+                # Lambda flushes metrics at the end of each invocation; locally they are dropped.
+                metrics.clear_metrics()
+            self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+
+    def stop(self) -> None:
+        """Stop after the tick in progress, if any."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+
+def load_api_handler() -> Any:
+    """The API Lambda's handler (``functions/api/handler.py``), imported as Lambda would.
+
+    It reads its settings from the environment at import, like on Lambda, so call this after
+    the settings are in ``os.environ``.
+    """
+    if str(REPO_ROOT) not in sys.path and (REPO_ROOT / "functions").is_dir():
+        sys.path.append(str(REPO_ROOT))
+    return importlib.import_module("functions.api.handler").handler
+
+
+class LocalRuntime:
+    """Embedded DynamoDB, API, coordinator timer, worker pool and dashboard, started together."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_invocations: int | None = None,
+        log: IO[bytes] | int | None = None,
+        drain_seconds: float = 5.0,
+    ) -> None:
+        self.requested_settings = settings
+        self.settings = settings
+        self.host = host
+        self.port = port
+        self.max_invocations = max_invocations or default_max_invocations(settings)
+        self.log = log
+        self.drain_seconds = drain_seconds
+        self.database: EmbeddedDynamoDB | None = None
+        self.pool: ProcessWorkerPool | None = None
+        self.gateway: LocalGateway | None = None
+        self.coordinator: CoordinatorTimer | None = None
+        self.started_at = time.time()
+        self.batches: list[str] = []  # batch ids submitted by the demo, shown on the dashboard
+
+    @property
+    def url(self) -> str:
+        assert self.gateway is not None
+        return self.gateway.url
+
+    def worker_environment(self) -> dict[str, str]:
+        """What a worker process gets: the settings as environment variables, credentials,
+        Powertools switches and the basics of a process environment."""
+        environ = {name: os.environ[name] for name in PASSED_THROUGH if name in os.environ}
+        environ.update(FAKE_CREDENTIALS)
+        environ.update({k: v for k, v in os.environ.items() if k.startswith(("AWS_", "POWERTOOLS_"))})
+        environ.update(self.settings.as_environment())
+        return environ
+
+    def start(self) -> LocalRuntime:
+        from coworker.local.dashboard import dashboard_routes, static_folder
+
+        for name, value in FAKE_CREDENTIALS.items():
+            os.environ.setdefault(name, value)
+        if self.settings.dynamodb_endpoint is None:
+            from coworker.local import moto_speedup
+
+            moto_speedup.apply()
+            self.database = EmbeddedDynamoDB(host=self.host).start()
+            self.settings = self.settings.model_copy(update={"dynamodb_endpoint": self.database.endpoint})
+        create_table(self.settings)
+        configure(self.settings)
+        # The API handler, like the worker processes, reads its settings from the environment.
+        os.environ.update(self.settings.as_environment())
+        self.pool = ProcessWorkerPool(
+            self.worker_environment(),
+            timeout_seconds=self.settings.worker_timeout_seconds,
+            max_invocations=self.max_invocations,
+            log=self.log if self.log is not None else sys.stderr,
+        )
+        self.gateway = LocalGateway(
+            load_api_handler(), host=self.host, port=self.port,
+            extra_routes=dashboard_routes(self), static={"/dashboard/static": static_folder()},
+        ).start()
+        self.coordinator = CoordinatorTimer(self.settings, self.pool, self.settings.tick_seconds).start()
+        return self
+
+    def stop(self) -> None:
+        """Stop in order: no more ticks, drain or interrupt the workers, then API and database."""
+        if self.coordinator is not None:
+            self.coordinator.stop()
+        if self.pool is not None:
+            self.pool.shutdown(self.drain_seconds)
+        if self.gateway is not None:
+            self.gateway.stop()
+        if self.database is not None:
+            self.database.stop()
+
+    def info(self) -> dict[str, Any]:
+        """Settings, worker pool counters and recent ticks, for the dashboard and the tests."""
+        ticks = list(self.coordinator.history) if self.coordinator else []
+        last = next((t for t in reversed(ticks) if t.report is not None), None)
+        return {
+            "uptime_seconds": round(time.time() - self.started_at, 1),
+            "settings": {k: v for k, v in self.settings.model_dump().items()},
+            "effective_lock_seconds": self.settings.effective_lock_seconds,
+            "workers": self.pool.stats() if self.pool else {},
+            "ticks": len(ticks),
+            "last_tick": dataclasses.asdict(last.report) | {"at": last.at} if last and last.report else None,
+            "tick_errors": [t.error for t in ticks if t.error][-5:],
+            "batches": self.batches[-20:],
+            "series": self.pool.series() if self.pool else [],
+        }
+
+    def __enter__(self) -> LocalRuntime:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,290 @@
+// Coworker local dashboard: plain JavaScript, no external scripts (the machine may be offline).
+// Reads the task API (/stats, /tasks, /batches/{id}, /tasks/{key}) and the runtime's /local/info
+// every REFRESH_MS and redraws.
+"use strict";
+
+const REFRESH_MS = 1500;
+const WINDOW_SECONDS = 300;
+const FAILURE_ROWS = 10;
+const STATUSES = ["todo", "processing", "failed", "finished", "ignored"];
+
+const state = {
+  selectedKey: null,
+  detailCache: new Map(),   // key -> {updated_at, task}
+  extraBatches: new Set(),  // batch ids seen in listings
+  lastOk: 0,
+};
+
+function $(id) { return document.getElementById(id); }
+
+function esc(value) {
+  return String(value ?? "").replace(/[&<>"']/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+}
+
+function fmt(n) { return n === null || n === undefined ? "–" : Number(n).toLocaleString("en-US"); }
+
+function ago(iso) {
+  if (!iso) return "";
+  const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
+  if (s < 60) return `${s.toFixed(0)} s ago`;
+  if (s < 3600) return `${(s / 60).toFixed(0)} min ago`;
+  return `${(s / 3600).toFixed(1)} h ago`;
+}
+
+async function getJSON(path) {
+  const response = await fetch(path, {cache: "no-store", headers: {"Accept": "application/json"}});
+  if (!response.ok) {
+    const text = await response.text();
+    const error = new Error(`${path}: HTTP ${response.status} ${text.slice(0, 200)}`);
+    error.status = response.status;
+    throw error;
+  }
+  return response.json();
+}
+
+// ---- counts -------------------------------------------------------------------------------
+
+function renderCounts(stats, info) {
+  const counts = (stats && stats.counts) || {};
+  const notes = [];
+  for (const status of STATUSES) {
+    const entry = counts[status];
+    let text = "–";
+    if (entry && entry.count !== null && entry.count !== undefined) {
+      text = fmt(entry.count) + (entry.capped ? "+" : "");
+    } else if (status === "finished" && info && info.workers) {
+      // Finished tasks leave the status index, so the API cannot count them cheaply; the local
+      // runtime knows what its workers recorded in this run.
+      text = fmt((info.workers.task_outcomes || {}).finished || 0);
+      notes.push("finished = outcomes recorded by this run's workers (finished tasks leave the status index)");
+    }
+    $("count-" + status).textContent = text;
+  }
+  if (stats && stats.note) notes.unshift(stats.note);
+  $("counts-note").textContent = notes.join(" · ");
+}
+
+// ---- throughput chart ---------------------------------------------------------------------
+
+function drawChart(series) {
+  const canvas = $("chart");
+  const ratio = window.devicePixelRatio || 1;
+  const width = canvas.clientWidth || 900, height = canvas.clientHeight || 220;
+  if (canvas.width !== width * ratio) { canvas.width = width * ratio; canvas.height = height * ratio; }
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+  ctx.clearRect(0, 0, width, height);
+
+  const now = Math.floor(Date.now() / 1000);
+  const start = now - WINDOW_SECONDS;
+  const bucket = 5;  // seconds per bar
+  const bars = WINDOW_SECONDS / bucket;
+  const data = Array.from({length: bars}, () => [0, 0, 0]);
+  for (const [second, finished, failed, ignored] of series || []) {
+    const index = Math.floor((second - start) / bucket);
+    if (index < 0 || index >= bars) continue;
+    data[index][0] += finished / bucket; data[index][1] += failed / bucket; data[index][2] += ignored / bucket;
+  }
+  const peak = Math.max(1, ...data.map(d => d[0] + d[1] + d[2]));
+  const nice = niceCeil(peak);
+  const left = 40, right = 8, top = 8, bottom = 22;
+  const plotW = width - left - right, plotH = height - top - bottom;
+
+  ctx.font = "11px system-ui, sans-serif";
+  ctx.fillStyle = "#667085"; ctx.strokeStyle = "#eceef2"; ctx.lineWidth = 1;
+  for (let i = 0; i <= 4; i++) {
+    const y = top + plotH - (plotH * i) / 4;
+    ctx.beginPath(); ctx.moveTo(left, y + 0.5); ctx.lineTo(width - right, y + 0.5); ctx.stroke();
+    ctx.textAlign = "right"; ctx.fillText(formatRate((nice * i) / 4), left - 6, y + 4);
+  }
+  ctx.textAlign = "center";
+  for (let m = 0; m <= WINDOW_SECONDS / 60; m++) {
+    const x = left + (plotW * (m * 60)) / WINDOW_SECONDS;
+    ctx.fillText(m === WINDOW_SECONDS / 60 ? "now" : `-${WINDOW_SECONDS / 60 - m}m`, x, height - 6);
+  }
+  const colors = [css("--finished"), css("--failed"), css("--ignored")];
+  const barW = plotW / bars;
+  data.forEach((values, i) => {
+    let y = top + plotH;
+    values.forEach((value, j) => {
+      if (value <= 0) return;
+      const h = (plotH * value) / nice;
+      ctx.fillStyle = colors[j];
+      ctx.fillRect(left + i * barW + 0.5, y - h, Math.max(1, barW - 1), h);
+      y -= h;
+    });
+  });
+  // Rate over the last 10 complete seconds.
+  const recent = (series || []).filter(([s]) => s >= now - 10 && s < now);
+  const rate = recent.reduce((sum, [, f, fa, ig]) => sum + f + fa + ig, 0) / 10;
+  $("rate-now").textContent = `now: ${formatRate(rate)} outcomes/s`;
+}
+
+function niceCeil(value) {
+  const exp = Math.pow(10, Math.floor(Math.log10(value)));
+  for (const step of [1, 2, 2.5, 5, 10]) if (value <= step * exp) return step * exp;
+  return 10 * exp;
+}
+
+function formatRate(v) { return v >= 10 ? v.toFixed(0) : v.toFixed(1); }
+
+function css(name) { return getComputedStyle(document.documentElement).getPropertyValue(name).trim(); }
+
+// ---- runtime panel ------------------------------------------------------------------------
+
+function renderRuntime(info) {
+  if (!info) { $("runtime").innerHTML = '<dt>runtime</dt><dd>not available</dd>'; return; }
+  const w = info.workers || {};
+  const s = info.settings || {};
+  const t = info.last_tick;
+  const rows = [
+    ["worker processes", `${fmt(w.running)} running · ${fmt(w.idle_environments)} warm · max ${fmt(w.max_invocations)}`],
+    ["invocations", `${fmt(w.ok || 0)} ok · ${fmt(w["timeout-killed"] || 0)} killed at timeout · ${fmt(w.crashed || 0)} crashed · ${fmt(w.queued || 0)} queued`],
+    ["cold starts", fmt(w.cold_starts || 0)],
+    ["coordinator", t ? `tick ${fmt(info.ticks)} · busy ${t.busy} · free ${t.free} · dispatched ${t.dispatched}` : "waiting for the first tick"],
+    ["settings", `concurrency ${s.max_concurrency} · batch ${s.batch_size} · tick ${s.tick_seconds} s · timeout ${s.worker_timeout_seconds} s · lock ${info.effective_lock_seconds} s · attempts ${s.max_attempts}`],
+    ["uptime", `${fmt(Math.round(info.uptime_seconds))} s`],
+  ];
+  if ((info.tick_errors || []).length) rows.push(["tick errors", info.tick_errors.slice(-1)[0]]);
+  $("runtime").innerHTML = rows.map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(v)}</dd>`).join("");
+}
+
+// ---- batches ------------------------------------------------------------------------------
+
+async function renderBatches(info) {
+  const ids = [...new Set([...(info ? info.batches : []), ...state.extraBatches])].slice(-8);
+  if (!ids.length) return;
+  const batches = await Promise.all(ids.map(id => getJSON(`/batches/${encodeURIComponent(id)}`).catch(() => null)));
+  const html = batches.filter(Boolean).map(b => {
+    const total = Math.max(1, b.total);
+    const pct = v => (100 * v / total).toFixed(2) + "%";
+    const done = b.finished + b.ignored;
+    return `<div class="batch" data-batch="${esc(b.batch_id)}">
+      <div class="top"><span class="id">${esc(b.batch_id)}</span>
+        <span>${fmt(done)} / ${fmt(b.total)} ${b.done ? "· done" : ""}</span></div>
+      <div class="bar" title="finished ${b.finished}, ignored ${b.ignored}, open ${b.open}">
+        <span style="width:${pct(b.finished)};background:var(--finished)"></span>
+        <span style="width:${pct(b.ignored)};background:var(--ignored)"></span>
+      </div></div>`;
+  }).join("");
+  $("batches").innerHTML = html || '<div class="empty">no batches yet</div>';
+}
+
+// ---- recent failures ----------------------------------------------------------------------
+
+async function taskDetail(key, updatedAt) {
+  const cached = state.detailCache.get(key);
+  if (cached && updatedAt && cached.updated_at === updatedAt) return cached.task;
+  const task = await getJSON(`/tasks/${encodeURIComponent(key)}`);
+  state.detailCache.set(key, {updated_at: task.updated_at, task});
+  if (state.detailCache.size > 200) state.detailCache.delete(state.detailCache.keys().next().value);
+  return task;
+}
+
+async function renderFailures() {
+  const pages = await Promise.all(["failed", "ignored"].map(status =>
+    getJSON(`/tasks?status=${status}&order=newest&limit=${FAILURE_ROWS}`).catch(() => ({items: []}))));
+  const items = pages.flatMap(p => p.items || [])
+    .sort((a, b) => String(b.updated_at).localeCompare(String(a.updated_at)))
+    .slice(0, FAILURE_ROWS);
+  for (const item of items) if (item.batch_id) state.extraBatches.add(item.batch_id);
+  if (!items.length) {
+    $("failures").innerHTML = '<tr><td colspan="6" class="empty">none yet</td></tr>';
+    return;
+  }
+  const details = await Promise.all(items.map(i => taskDetail(i.key, i.updated_at).catch(() => null)));
+  $("failures").innerHTML = items.map((item, n) => {
+    const task = details[n];
+    const last = task && task.errors && task.errors.length ? task.errors[task.errors.length - 1] : null;
+    return `<tr class="clickable" data-key="${esc(item.key)}">
+      <td class="kind">${esc(item.key)}</td><td>${esc(item.type)}</td>
+      <td><span class="pill ${esc(item.status)}">${esc(item.status)}</span></td>
+      <td class="num">${fmt(item.attempts)}/${fmt(item.max_attempts)}</td>
+      <td class="msg" title="${esc(last ? last.message : "")}">${last ? `<span class="kind">${esc(last.kind)}</span> ${esc(last.message)}` : ""}</td>
+      <td>${esc(ago(item.updated_at))}</td></tr>`;
+  }).join("");
+}
+
+// ---- task detail --------------------------------------------------------------------------
+
+async function renderDetail() {
+  const key = state.selectedKey;
+  if (!key) return;
+  let task;
+  try {
+    task = await getJSON(`/tasks/${encodeURIComponent(key)}`);
+  } catch (error) {
+    $("detail").innerHTML = `<div class="empty">${esc(error.status === 404 ? `no task with key ${key}` : error.message)}</div>`;
+    return;
+  }
+  const fields = [
+    ["key", task.key], ["type", task.type], ["status", task.status],
+    ["attempts", `${task.attempts} of ${task.max_attempts}`], ["batch", task.batch_id],
+    ["created", task.created_at], ["updated", task.updated_at], ["due", task.due_at],
+    ["finished", task.finished_at], ["lock owner", task.lock_owner], ["lock expires", task.lock_expires_at],
+  ];
+  const history = (task.errors || []).map(e => `<tr>
+      <td class="num">${fmt(e.attempt)}</td><td class="kind">${esc(e.kind)}</td><td>${esc(e.at)}</td>
+      <td>${esc(e.message)}${e.traceback ? `<details><summary>traceback</summary><pre>${esc(e.traceback)}</pre></details>` : ""}</td></tr>`).join("");
+  $("detail").innerHTML = `
+    <div style="display:grid;grid-template-columns:minmax(260px,1fr) 2fr;gap:20px">
+      <dl class="kv" id="detail-fields">${fields.map(([k, v]) => `<dt>${esc(k)}</dt><dd>${k === "status"
+        ? `<span class="pill ${esc(v)}">${esc(v)}</span>` : esc(v ?? "–")}</dd>`).join("")}</dl>
+      <div>
+        <h2 style="margin-top:0">Error history</h2>
+        ${history ? `<table id="detail-history"><thead><tr><th class="num">attempt</th><th>kind</th><th>at</th><th>message</th></tr></thead><tbody>${history}</tbody></table>`
+                  : '<div class="empty" id="detail-history">no errors</div>'}
+        <details open><summary>payload</summary><pre>${esc(JSON.stringify(task.payload, null, 2))}</pre></details>
+        <details ${task.result !== null && task.result !== undefined ? "open" : ""}><summary>result</summary><pre>${esc(JSON.stringify(task.result, null, 2))}</pre></details>
+      </div>
+    </div>`;
+}
+
+function select(key) {
+  state.selectedKey = key;
+  $("lookup-key").value = key;
+  renderDetail();
+}
+
+// ---- refresh loop -------------------------------------------------------------------------
+
+async function refresh() {
+  const problems = [];
+  const [stats, info] = await Promise.all([
+    getJSON("/stats").catch(e => { problems.push(e.message); return null; }),
+    getJSON("/local/info").catch(() => null),
+  ]);
+  renderCounts(stats, info);
+  renderRuntime(info);
+  drawChart(info ? info.series : []);
+  await Promise.all([
+    renderBatches(info).catch(e => problems.push(e.message)),
+    renderFailures().catch(e => problems.push(e.message)),
+    renderDetail().catch(e => problems.push(e.message)),
+  ]);
+  const banner = $("error-banner");
+  banner.style.display = problems.length ? "block" : "none";
+  banner.textContent = problems.join(" · ");
+  if (stats) state.lastOk = Date.now();
+  const live = $("live");
+  live.textContent = state.lastOk ? `updated ${new Date(state.lastOk).toLocaleTimeString()}` : "API not reachable";
+  live.classList.toggle("stale", !stats);
+}
+
+async function loop() {
+  try { await refresh(); } catch (error) { console.error(error); }
+  setTimeout(loop, REFRESH_MS);
+}
+
+$("failures").addEventListener("click", event => {
+  const row = event.target.closest("tr[data-key]");
+  if (row) select(row.dataset.key);
+});
+$("lookup").addEventListener("submit", event => {
+  event.preventDefault();
+  const key = $("lookup-key").value.trim();
+  if (key) select(key);
+});
+const initial = new URLSearchParams(location.search).get("task");
+if (initial) select(initial);
+loop();

@@ -1,0 +1,441 @@
+"""A worker pool standing in for Lambda: each invocation runs in its own operating-system process.
+
+Lambda, as far as Coworker's guarantees go, is modelled like this:
+
+======================  ===================================================================
+Lambda                  here
+======================  ===================================================================
+async ``Invoke``        :meth:`ProcessWorkerPool.invoke` queues the batch and returns at once
+reserved concurrency    at most ``max_invocations`` invocations run at once; the rest wait
+execution environment   a ``python -m coworker.local.workers`` process, reused by later
+                        invocations (warm start) and replaced after a kill (cold start)
+function timeout        the process is SIGKILLed ``worker_timeout_seconds`` after the
+                        invocation started; the worker's own deadline is the same, so its
+                        graceful timeout (``timeout_margin_seconds``) records first
+environment variables   the process gets ``Settings.as_environment()`` and nothing else of ours
+======================  ===================================================================
+
+One environment runs one invocation at a time, as on Lambda. An environment whose handler threads
+are still running after the invocation (a task that timed out cannot be stopped) is retired, as
+Lambda would freeze and eventually discard it.
+
+Protocol (JSON lines over the child's stdin and original stdout; the child points its own
+stdout at stderr so logs cannot corrupt it)::
+
+    child  -> parent  {"ready": <pid>}                    once, after start-up (the init phase)
+    parent -> child   {"owner": "...", "keys": [...], "timeout": 30}
+    child  -> parent  {"reports": [[key, outcome, attempt, seconds], ...], "retire": false}
+
+On SIGTERM (the runtime is shutting down) the child records every task it holds as failed,
+kind ``timeout`` ("interrupted"), releasing the lock, then exits: nothing is left half-written.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import IO, Any
+
+import coworker
+
+# The pool kills an environment this long after the worker's own deadline: the child measures
+# its deadline from when it reads the request, a moment after the parent sent it.
+KILL_GRACE_SECONDS = 0.5
+# How long a SIGTERMed environment gets to record its tasks as interrupted.
+TERM_GRACE_SECONDS = 5.0
+# Lambda's init phase has its own limit (10 s), not counted in the function timeout; a busy
+# laptop starting many Python processes at once needs more.
+INIT_TIMEOUT_SECONDS = 60.0
+SERIES_SECONDS = 600
+PACKAGE_ROOT = str(Path(coworker.__file__).resolve().parent.parent)
+
+
+@dataclasses.dataclass
+class Invocation:
+    """One worker invocation, as the pool tracks it (shown on the debug endpoint)."""
+
+    seq: int
+    owner: str
+    keys: list[str]
+    queued_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    pid: int | None = None
+    cold_start: bool = False
+    result: str = "queued"  # queued | running | ok | timeout-killed | crashed | interrupted | dropped
+    outcomes: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        now = time.time()
+        return {
+            "seq": self.seq,
+            "owner": self.owner,
+            "keys": self.keys,
+            "pid": self.pid,
+            "cold_start": self.cold_start,
+            "result": self.result,
+            "queued_seconds": round((self.started_at or now) - self.queued_at, 3),
+            "running_seconds": (round((self.finished_at or now) - self.started_at, 3)
+                                if self.started_at else None),
+            "outcomes": self.outcomes,
+        }
+
+
+class _Environment:
+    """One worker process: sends requests, reads replies with a time limit."""
+
+    def __init__(self, command: list[str], environ: Mapping[str, str], log: IO[bytes] | int) -> None:
+        # A new session: Ctrl-C in the terminal reaches the runtime only, which then stops the
+        # environments in order (drain, SIGTERM, SIGKILL) instead of all dying mid-write.
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+            env=dict(environ), start_new_session=True,
+        )
+        self._buffer = b""
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(message).encode() + b"\n")
+        self.process.stdin.flush()
+
+    def read_reply(self, deadline: float) -> dict[str, Any] | None:
+        """The child's reply, ``None`` if it exited first; :class:`TimeoutError` at ``deadline``."""
+        assert self.process.stdout is not None
+        fd = self.process.stdout.fileno()
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def signal(self, signum: int) -> None:
+        try:
+            self.process.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    def close(self, wait: float = 2.0) -> None:
+        """End an idle environment: EOF on stdin makes it exit; kill it if it does not."""
+        try:
+            if self.process.stdin:
+                self.process.stdin.close()
+            self.process.wait(timeout=wait)
+        except (subprocess.TimeoutExpired, BrokenPipeError, OSError):
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdout:
+            self.process.stdout.close()
+
+
+class ProcessWorkerPool:
+    """An :class:`coworker.dispatch.Invoker` whose invocations run in worker processes."""
+
+    def __init__(
+        self,
+        environ: Mapping[str, str],
+        timeout_seconds: float,
+        max_invocations: int,
+        log: IO[bytes] | int = subprocess.DEVNULL,
+        python: str = sys.executable,
+        history: int = 200,
+    ) -> None:
+        self._environ = dict(environ)
+        self._environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if p
+        )
+        self.timeout_seconds = timeout_seconds
+        self.max_invocations = max_invocations
+        self._log = log
+        self._command = [python, "-m", "coworker.local.workers"]
+        # The executor's queue plays Lambda's async event queue; its threads are the concurrency.
+        self._executor = ThreadPoolExecutor(max_workers=max_invocations, thread_name_prefix="invocation")
+        self._lock = threading.Lock()
+        self._idle: list[_Environment] = []
+        self._busy: dict[int, tuple[Invocation, _Environment]] = {}
+        self._seq = itertools.count(1)
+        self._run_id = uuid.uuid4().hex[:6]
+        self._recent: collections.deque[Invocation] = collections.deque(maxlen=history)
+        self._queued_keys: collections.Counter[str] = collections.Counter()
+        self._series: dict[int, collections.Counter[str]] = {}
+        self.outcomes: collections.Counter[str] = collections.Counter()  # per task, from the replies
+        self._stopping = False
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    # -- Invoker protocol ------------------------------------------------------------------
+
+    def invoke(self, keys: Sequence[str]) -> None:
+        """Queue one invocation for ``keys`` and return at once (Lambda's ``Event`` invoke)."""
+        with self._lock:
+            if self._stopping:
+                self.counts["dropped"] += 1
+                return
+            # The coordinator counts only claimed tasks as busy, so it hands out again keys whose
+            # invocation is still queued. Lambda would queue the duplicates too and they would
+            # claim nothing; here they are left out so a backlog of cold starts cannot snowball.
+            fresh = [key for key in dict.fromkeys(keys) if key not in self._queued_keys]
+            if not fresh:
+                self.counts["deduplicated"] += 1
+                return
+            for key in fresh:
+                self._queued_keys[key] += 1
+            seq = next(self._seq)
+            invocation = Invocation(seq=seq, owner=f"local-{self._run_id}-{seq}", keys=fresh,
+                                    queued_at=time.time())
+            self.counts["invoked"] += 1
+            self._recent.append(invocation)
+        self._executor.submit(self._run, invocation)
+
+    # -- running one invocation ------------------------------------------------------------
+
+    def _take_environment(self, invocation: Invocation) -> _Environment | None:
+        """A warm environment, or a new one once its init phase is over (``None`` if it failed)."""
+        with self._lock:
+            while self._idle:
+                environment = self._idle.pop()
+                if environment.alive():
+                    return environment
+        invocation.cold_start = True
+        self.counts["cold_starts"] += 1
+        environment = _Environment(self._command, self._environ, self._log)
+        try:
+            ready = environment.read_reply(time.monotonic() + INIT_TIMEOUT_SECONDS)
+        except TimeoutError:
+            ready = None
+        if not ready or "ready" not in ready:
+            environment.signal(signal.SIGKILL)
+            environment.close(wait=1.0)
+            return None
+        return environment
+
+    def _run(self, invocation: Invocation) -> None:
+        if self._stopping:
+            invocation.result = "dropped"
+            return
+        with self._lock:
+            for key in invocation.keys:
+                self._queued_keys[key] -= 1
+                if self._queued_keys[key] <= 0:
+                    del self._queued_keys[key]
+        environment = self._take_environment(invocation)
+        if environment is None:
+            invocation.result = "init-failed"
+            self.counts["init-failed"] += 1
+            return
+        invocation.pid = environment.pid
+        invocation.started_at = time.time()
+        invocation.result = "running"
+        with self._lock:
+            self._busy[invocation.seq] = (invocation, environment)
+        keep = False
+        try:
+            environment.send({"owner": invocation.owner, "keys": invocation.keys,
+                              "timeout": self.timeout_seconds})
+            reply = environment.read_reply(time.monotonic() + self.timeout_seconds + KILL_GRACE_SECONDS)
+        except TimeoutError:
+            # Lambda's hard timeout: the environment is killed whatever it was doing.
+            environment.signal(signal.SIGKILL)
+            invocation.result = "timeout-killed"
+        except (BrokenPipeError, OSError):
+            invocation.result = "crashed"
+        else:
+            if reply is None:
+                code = environment.process.wait()
+                invocation.result = "interrupted" if code == -signal.SIGTERM or code == 143 else "crashed"
+            else:
+                invocation.result = "ok"
+                invocation.outcomes = {key: outcome for key, outcome, _attempt, _sec in reply["reports"]}
+                self._count_outcomes(invocation.outcomes.values())
+                keep = not reply.get("retire")
+        finally:
+            invocation.finished_at = time.time()
+            self.counts[invocation.result] += 1
+            with self._lock:
+                self._busy.pop(invocation.seq, None)
+                if keep and not self._stopping:
+                    self._idle.append(environment)
+                    environment = None  # type: ignore[assignment]
+            if environment is not None:
+                environment.close(wait=0.5)
+
+    def _count_outcomes(self, outcomes: Any) -> None:
+        second = int(time.time())
+        with self._lock:
+            bucket = self._series.setdefault(second, collections.Counter())
+            for outcome in outcomes:
+                self.outcomes[outcome] += 1
+                bucket[outcome] += 1
+            for old in [s for s in self._series if s < second - SERIES_SECONDS]:
+                del self._series[old]
+
+    # -- observation and shutdown ----------------------------------------------------------
+
+    def series(self, outcomes: Sequence[str] = ("finished", "failed", "ignored")) -> list[list[int]]:
+        """Per-second counts of task outcomes over the last minutes: ``[[epoch, n1, n2...], ...]``."""
+        with self._lock:
+            return [[second, *(bucket.get(name, 0) for name in outcomes)]
+                    for second, bucket in sorted(self._series.items())]
+
+    def running(self) -> list[dict[str, Any]]:
+        """Invocations in flight, with the pid of the process running each."""
+        with self._lock:
+            return [invocation.to_dict() for invocation, _ in self._busy.values()]
+
+    def recent(self, limit: int = 50) -> list[dict[str, Any]]:
+        with self._lock:
+            return [invocation.to_dict() for invocation in list(self._recent)[-limit:]][::-1]
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            running = len(self._busy)
+            idle = len(self._idle)
+        counts = dict(self.counts)
+        ended = sum(counts.get(k, 0)
+                    for k in ("ok", "timeout-killed", "crashed", "interrupted", "init-failed"))
+        queued = counts.get("invoked", 0) - ended - running
+        return {"running": running, "idle_environments": idle, "queued": max(queued, 0),
+                "max_invocations": self.max_invocations, **counts,
+                "task_outcomes": dict(self.outcomes)}
+
+    def shutdown(self, drain_seconds: float = 5.0) -> None:
+        """Stop: drop queued invocations, let running ones finish for ``drain_seconds``, then
+        SIGTERM them (they record their tasks as interrupted), then SIGKILL what is left."""
+        with self._lock:
+            self._stopping = True
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        for phase, grace in ((None, drain_seconds), (signal.SIGTERM, TERM_GRACE_SECONDS),
+                             (signal.SIGKILL, 2.0)):
+            with self._lock:
+                busy = [environment for _, environment in self._busy.values()]
+            if not busy:
+                break
+            if phase is not None:
+                for environment in busy:
+                    environment.signal(phase)
+            end = time.monotonic() + grace
+            while time.monotonic() < end:
+                with self._lock:
+                    if not self._busy:
+                        break
+                time.sleep(0.05)
+        self._executor.shutdown(wait=True)
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for environment in idle:
+            environment.close()
+
+
+# -- the child process -------------------------------------------------------------------------
+
+
+def _interrupt(owner: str, keys: Sequence[str]) -> int:
+    """Record the tasks this invocation holds as failed (interrupted) and release their locks.
+
+    Each write is fenced by (owner, attempt), like any outcome, so a handler that finishes at the
+    same moment either records first (and this write is refused) or is refused itself.
+    """
+    from coworker import lifecycle
+    from coworker.errors import TaskNotFoundError
+    from coworker.model import ErrorKind, TaskStatus, utcnow
+
+    settings = _SETTINGS
+    recorded = 0
+    for key in keys:
+        try:
+            task = lifecycle.get_task(key)
+        except TaskNotFoundError:
+            continue
+        if task.status != TaskStatus.PROCESSING.value or task.lock_owner != owner:
+            continue
+        claim = lifecycle.Claim(task=task, owner=owner, attempt=int(task.attempts))
+        error = lifecycle.error_record(
+            claim.attempt, ErrorKind.TIMEOUT,
+            "interrupted: the local runtime stopped (SIGTERM) before the task finished", utcnow())
+        if lifecycle.fail(claim, settings, error) is not lifecycle.RecordOutcome.LOST:
+            recorded += 1
+    return recorded
+
+
+_SETTINGS: Any = None
+_CURRENT: tuple[str, list[str]] | None = None
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    current = _CURRENT
+    if current is not None:
+        from coworker.observability import logger
+
+        recorded = _interrupt(*current)
+        logger.warning("worker interrupted by SIGTERM", extra={"owner": current[0], "recorded": recorded})
+    sys.stderr.flush()
+    os._exit(143)
+
+
+def child_main() -> None:
+    """Entry point of a worker process: serve invocations read from stdin until EOF."""
+    global _SETTINGS, _CURRENT
+    # Keep the original stdout for replies; everything printed (logs, EMF) goes to stderr.
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    warnings.filterwarnings("ignore", message="No application metrics to publish")
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+    from coworker.bootstrap import configure
+    from coworker.observability import metrics
+    from coworker.worker import run_batch
+
+    _SETTINGS = configure()
+    replies.write(json.dumps({"ready": os.getpid()}) + "\n")
+    baseline = threading.active_count()
+    for line in sys.stdin:
+        request = json.loads(line)
+        _CURRENT = (request["owner"], list(request["keys"]))
+        deadline = time.monotonic() + float(request["timeout"])
+        try:
+            reports = run_batch(request["keys"], request["owner"], _SETTINGS, deadline)
+        finally:
+            _CURRENT = None
+            # Lambda flushes metrics at the end of each invocation (to the log, as EMF lines).
+            metrics.flush_metrics()
+            metrics.clear_metrics()
+        # A timed-out handler's thread is still running: retire this environment.
+        retire = threading.active_count() > baseline
+        replies.write(json.dumps({
+            "reports": [[r.key, r.outcome.value, r.attempt, round(r.seconds, 3)] for r in reports],
+            "retire": retire,
+        }) + "\n")
+        if retire:
+            break
+
+
+if __name__ == "__main__":
+    child_main()
