@@ -15,6 +15,7 @@ import tempfile
 import threading
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ from typing import Any
 # lines would drown the terminal; the logs go to the log file (see _route_logs).
 os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "coworker")
+# The API handler's log_metrics warns on every request that publishes no metric.
+warnings.filterwarnings("ignore", message="No application metrics to publish")
 
 from coworker.config import Settings  # noqa: E402
 from coworker.errors import ConfigurationError  # noqa: E402

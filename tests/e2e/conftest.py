@@ -1,0 +1,133 @@
+"""End-to-end fixtures: the local runtime (``python -m coworker.local``) as a real subprocess,
+reached only over HTTP, like a user would."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+READY_PATTERN = re.compile(r"API\s+(http://\S+)")
+START_TIMEOUT = 60
+
+# Short clocks so failures, retries, timeouts and lost workers all happen within seconds.
+FAST_SETTINGS = {
+    "COWORKER_TICK_SECONDS": "0.5",
+    "COWORKER_BACKOFF_BASE_SECONDS": "0.2",
+    "COWORKER_BACKOFF_MAX_SECONDS": "0.5",
+    "COWORKER_WORKER_TIMEOUT_SECONDS": "6",
+    "COWORKER_TIMEOUT_MARGIN_SECONDS": "1.5",
+    "COWORKER_LOCK_SECONDS": "8",
+    "COWORKER_MAX_CONCURRENCY": "20",
+    "COWORKER_BATCH_SIZE": "5",
+}
+
+
+class LocalRuntimeProcess:
+    """A running ``python -m coworker.local``; its output is collected in :attr:`output`."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log_file: Path) -> None:
+        self.log_file = log_file
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "coworker.local", "--api-port", "0", "--log-file", str(log_file), *args],
+            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        self.output: list[str] = []
+        self.url: str | None = None
+        self._ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self._ready.wait(START_TIMEOUT) or self.url is None:
+            self.process.kill()
+            raise RuntimeError("the local runtime did not start:\n" + "".join(self.output))
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line)
+            match = READY_PATTERN.search(line)
+            if match and self.url is None:
+                self.url = match.group(1)
+                self._ready.set()
+        self._ready.set()
+
+    def get(self, path: str, **kwargs) -> requests.Response:
+        return requests.get(self.url + path, timeout=30, **kwargs)
+
+    def post(self, path: str, **kwargs) -> requests.Response:
+        return requests.post(self.url + path, timeout=30, **kwargs)
+
+    def task(self, key: str) -> dict:
+        response = self.get(f"/tasks/{key}")
+        response.raise_for_status()
+        return response.json()
+
+    def wait_for(self, predicate, timeout: float, what: str, interval: float = 0.2):
+        """Poll ``predicate`` until it returns something truthy; fail with ``what`` after ``timeout``."""
+        end = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < end:
+            last = predicate()
+            if last:
+                return last
+            time.sleep(interval)
+        pytest.fail(f"timed out after {timeout} s waiting for {what}; last seen: {last!r}")
+
+    def wait_batch_done(self, batch_id: str, timeout: float = 60) -> dict:
+        return self.wait_for(lambda: (b := self.get(f"/batches/{batch_id}").json()).get("done") and b,
+                             timeout, f"batch {batch_id} to be done")
+
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 30) -> int:
+        """Stop like Ctrl-C does; return the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+                pytest.fail(f"the local runtime did not stop within {timeout} s:\n{self.text()}")
+        return self.process.returncode
+
+    def text(self) -> str:
+        return "".join(self.output)
+
+
+def runtime_env(**overrides: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COWORKER_")}
+    env.update(FAST_SETTINGS)
+    env.update(overrides)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT / "layers" / "coworker" / "python"), str(REPO_ROOT)])
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.fixture(scope="module")
+def start_runtime(tmp_path_factory) -> Iterator:
+    """Start local runtimes (``start_runtime("--no-demo", COWORKER_X="1")``); all stopped at the end."""
+    started: list[LocalRuntimeProcess] = []
+
+    def start(*args: str, **env: str) -> LocalRuntimeProcess:
+        log = tmp_path_factory.mktemp("local") / "coworker.log"
+        runtime = LocalRuntimeProcess(list(args), runtime_env(**env), log)
+        started.append(runtime)
+        return runtime
+
+    yield start
+    for runtime in started:
+        runtime.stop()
+
+
+@pytest.fixture(scope="module")
+def runtime(start_runtime) -> LocalRuntimeProcess:
+    """One runtime with no demo, shared by the tests of a module."""
+    return start_runtime("--no-demo")

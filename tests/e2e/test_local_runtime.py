@@ -1,0 +1,120 @@
+"""End to end: tasks submitted over HTTP to ``python -m coworker.local`` run in worker processes
+and end in the states, attempts and error histories the lifecycle promises."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import uuid
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _submit(runtime, tasks: list[dict]) -> str:
+    response = runtime.post("/tasks", json={"tasks": tasks})
+    assert response.status_code == 201, response.text
+    return response.json()["batch_id"]
+
+
+def test_tasks_reach_their_final_states_with_their_histories(runtime):
+    """Given quick, flaky, always-fail and too-slow tasks, when they run, then each ends as designed."""
+    run = uuid.uuid4().hex[:6]
+    quick = [f"{run}-quick-{i}" for i in range(12)]
+    tasks = [{"key": key, "type": "quick", "payload": {"n": i}} for i, key in enumerate(quick)]
+    tasks += [
+        {"key": f"{run}-flaky", "type": "flaky", "payload": {"fail_attempts": 1}},
+        {"key": f"{run}-fail", "type": "always-fail", "payload": {"reason": "unknown product"},
+         "max_attempts": 3},
+        # Longer than the handler's share of the worker timeout (6 s - 1.5 s margin).
+        {"key": f"{run}-too-slow", "type": "slow", "payload": {"seconds": 30}, "max_attempts": 1},
+        {"key": f"{run}-nobody", "type": "no-such-type", "max_attempts": 1},
+    ]
+    batch = runtime.wait_batch_done(_submit(runtime, tasks), timeout=60)
+    assert (batch["total"], batch["finished"], batch["ignored"]) == (16, 13, 3)
+
+    for key in quick:
+        task = runtime.task(key)
+        assert (task["status"], task["attempts"], task["errors"]) == ("finished", 1, [])
+        assert task["result"]["sha256"] and task["finished_at"] and task["lock_owner"] is None
+
+    flaky = runtime.task(f"{run}-flaky")
+    assert (flaky["status"], flaky["attempts"]) == ("finished", 2)
+    assert [(e["attempt"], e["kind"]) for e in flaky["errors"]] == [(1, "system")]
+    assert "ConnectionError" in flaky["errors"][0]["message"] and flaky["errors"][0]["traceback"]
+
+    failing = runtime.task(f"{run}-fail")
+    assert (failing["status"], failing["attempts"]) == ("ignored", 3)
+    assert [(e["attempt"], e["kind"], e["message"]) for e in failing["errors"]] == [
+        (n, "business", "unknown product") for n in (1, 2, 3)]
+
+    # The worker's graceful timeout recorded the attempt and released the lock before the
+    # process would have been killed at the Lambda-like timeout.
+    slow = runtime.task(f"{run}-too-slow")
+    assert (slow["status"], slow["attempts"], slow["lock_owner"]) == ("ignored", 1, None)
+    assert [e["kind"] for e in slow["errors"]] == ["timeout"]
+
+    nobody = runtime.task(f"{run}-nobody")
+    assert [e["kind"] for e in nobody["errors"]] == ["unknown_type"]
+
+    workers = runtime.get("/local/info").json()["workers"]
+    assert workers.get("timeout-killed", 0) == 0
+    assert workers["ok"] >= 1
+
+
+def test_a_killed_worker_process_loses_its_task_to_another_after_the_lock_expires(runtime):
+    """Given a slow task running in a worker process, when that process is SIGKILLed, then after
+    the lock expires another worker completes it, as attempt 2 with a worker_lost entry."""
+    key = f"{uuid.uuid4().hex[:6]}-victim"
+    _submit(runtime, [{"key": key, "type": "slow", "payload": {"seconds": 3}}])
+
+    def claimed_invocation():
+        task = runtime.task(key)
+        if task["status"] != "processing":
+            return None
+        running = runtime.get("/local/invocations").json()["running"]
+        return next((i for i in running if i["owner"] == task["lock_owner"] and key in i["keys"]), None)
+
+    invocation = runtime.wait_for(claimed_invocation, 30, "the task to be claimed by a worker process",
+                                  interval=0.05)
+    os.kill(invocation["pid"], signal.SIGKILL)
+
+    task = runtime.wait_for(lambda: (t := runtime.task(key))["status"] == "finished" and t,
+                            40, "the task to finish after its lock expired")
+    assert task["attempts"] == 2
+    assert task["lock_owner"] is None
+    assert [(e["attempt"], e["kind"]) for e in task["errors"]] == [(1, "worker_lost")]
+    recent = runtime.get("/local/invocations", params={"recent": 1}).json()["recent"]
+    killed = next(i for i in recent if i["seq"] == invocation["seq"])
+    assert killed["result"] == "crashed" and killed["pid"] == invocation["pid"]
+
+
+def test_dashboard_and_api_documents_are_served(runtime):
+    page = runtime.get("/dashboard")
+    assert page.status_code == 200 and "text/html" in page.headers["Content-Type"]
+    assert '<script src="/dashboard/static/dashboard.js">' in page.text
+    assert "http://" not in page.text and "https://" not in page.text  # no CDN: works offline
+    script = runtime.get("/dashboard/static/dashboard.js")
+    assert script.status_code == 200 and "fetch(" in script.text
+    assert runtime.get("/openapi.json").json()["paths"]["/tasks"]
+    assert runtime.get("/docs").status_code == 200
+    info = runtime.get("/local/info").json()
+    assert info["settings"]["tick_seconds"] == 0.5  # the environment variable reached the runtime
+    assert info["settings"]["dynamodb_endpoint"].startswith("http://127.0.0.1:")
+
+
+def test_ctrl_c_interrupts_running_workers_and_they_record_their_tasks(start_runtime):
+    """Given a task in progress, when the runtime gets Ctrl-C, then the worker records it as an
+    interrupted (timeout) attempt and releases the lock before the runtime exits."""
+    runtime = start_runtime("--no-demo", "--drain-seconds", "0.5")
+    key = "interrupted-1"
+    _submit(runtime, [{"key": key, "type": "slow", "payload": {"seconds": 4}}])
+    runtime.wait_for(lambda: runtime.task(key)["status"] == "processing", 30, "the task to be claimed",
+                     interval=0.05)
+    assert runtime.stop(signal.SIGINT) == 0
+    output = runtime.text()
+    assert re.search(r"Stopped\. .* [1-9]\d* interrupted", output), output
+    log = runtime.log_file.read_text()
+    assert '"message":"worker interrupted by SIGTERM"' in log and '"recorded":1' in log, log[-2000:]
