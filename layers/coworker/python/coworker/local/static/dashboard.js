@@ -56,12 +56,14 @@ function renderCounts(stats, info) {
       // Finished tasks leave the status index, so the API cannot count them cheaply; the local
       // runtime knows what its workers recorded in this run.
       text = fmt((info.workers.task_outcomes || {}).finished || 0);
-      notes.push("finished = outcomes recorded by this run's workers (finished tasks leave the status index)");
+      notes.push("finished: as recorded by this run's workers (finished tasks leave the status index, " +
+                 "so the API does not count them)");
     }
     $("count-" + status).textContent = text;
   }
-  if (stats && stats.note) notes.unshift(stats.note);
+  notes.unshift("todo, processing, failed, ignored: counted by GET /stats from the status index");
   $("counts-note").textContent = notes.join(" · ");
+  $("counts-note").title = (stats && stats.note) || "";
 }
 
 // ---- throughput chart ---------------------------------------------------------------------
@@ -100,7 +102,9 @@ function drawChart(series) {
   ctx.textAlign = "center";
   for (let m = 0; m <= WINDOW_SECONDS / 60; m++) {
     const x = left + (plotW * (m * 60)) / WINDOW_SECONDS;
-    ctx.fillText(m === WINDOW_SECONDS / 60 ? "now" : `-${WINDOW_SECONDS / 60 - m}m`, x, height - 6);
+    const last = m === WINDOW_SECONDS / 60;
+    ctx.textAlign = last ? "right" : m === 0 ? "left" : "center";
+    ctx.fillText(last ? "now" : `-${WINDOW_SECONDS / 60 - m} min`, last ? width - right : x, height - 6);
   }
   const colors = [css("--finished"), css("--failed"), css("--ignored")];
   const barW = plotW / bars;

@@ -1,0 +1,107 @@
+"""The web dashboard in a real browser: Debian's Chromium, headless, driven by Playwright.
+
+Needs ``apt-get install -y chromium`` and ``pip install playwright`` (never ``playwright install``:
+no browser download, the machine may be offline). Skipped with a reason when they are missing,
+except in CI (``CI`` set), where it fails instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = os.environ.get("COWORKER_CHROMIUM", "/usr/bin/chromium")
+SCREENSHOT = Path(tempfile.gettempdir()) / "coworker-dashboard.png"
+LAUNCH_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+
+def _missing() -> str | None:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (pip install playwright; do not run `playwright install`)"
+    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
+        return f"Chromium not found at {CHROMIUM} (apt-get install -y chromium)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    reason = _missing()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"browser test cannot run in CI: {reason}")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    profile = tempfile.mkdtemp(prefix="coworker-chromium-")
+    with sync_playwright() as playwright:
+        # A fresh profile directory (Playwright's way of passing --user-data-dir).
+        context = playwright.chromium.launch_persistent_context(
+            profile, executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS,
+            viewport={"width": 1400, "height": 1100},
+        )
+        yield context
+        context.close()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+def _number(text: str) -> int:
+    return int(text.replace(",", "").rstrip("+")) if text.strip() not in ("", "–") else -1
+
+
+def test_dashboard_follows_tasks_and_shows_a_tasks_history(browser, runtime):
+    """Given the dashboard open, when tasks are submitted and run, then its counts change as they
+    finish, the failures appear, and a click shows a task's detail with its error history."""
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(runtime.url + "/dashboard")
+    page.wait_for_function("document.getElementById('live').textContent.startsWith('updated')")
+    finished_before = _number(page.text_content("#count-finished"))
+    assert finished_before == 0
+
+    run = uuid.uuid4().hex[:6]
+    tasks = [{"key": f"{run}-q{i}", "type": "quick", "payload": {"i": i}} for i in range(40)]
+    tasks += [{"key": f"{run}-s{i}", "type": "slow", "payload": {"seconds": 0.5}} for i in range(10)]
+    tasks += [{"key": f"{run}-bad{i}", "type": "always-fail", "payload": {"reason": f"card {i} declined"},
+               "max_attempts": 2} for i in range(3)]
+    response = runtime.post("/tasks", json={"batch_id": f"browser-{run}", "tasks": tasks})
+    assert response.status_code == 201, response.text
+
+    # The counts move as tasks finish: first somewhere in between, then all 50 finished.
+    page.wait_for_function(
+        "Number(document.getElementById('count-finished').textContent.replace(/,/g, '')) > 0", timeout=60_000)
+    page.wait_for_function("document.getElementById('count-finished').textContent === '50'", timeout=60_000)
+    page.wait_for_function("document.getElementById('count-ignored').textContent === '3'", timeout=60_000)
+
+    # Failures are listed with their last error; the batch shows up with its progress.
+    row = page.locator(f"#failures tr[data-key='{run}-bad1']")
+    row.wait_for(timeout=30_000)
+    assert "card 1 declined" in row.text_content()
+    page.locator(f"#batches [data-batch='browser-{run}']").wait_for(timeout=30_000)
+    page.wait_for_function(
+        f"document.querySelector(\"[data-batch='browser-{run}'] .top\").textContent.includes('53 / 53')",
+        timeout=30_000)
+
+    row.click()
+    page.wait_for_selector("#detail-history")
+    detail = page.text_content("#detail")
+    assert f"{run}-bad1" in detail and "ignored" in detail and "2 of 2" in detail
+    history = page.locator("#detail-history tbody tr")
+    assert history.count() == 2
+    assert all("business" in history.nth(i).text_content() for i in range(2))
+
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    assert not errors, errors
+    page.close()
