@@ -146,6 +146,8 @@ class LocalRuntime:
         self.coordinator: CoordinatorTimer | None = None
         self.started_at = time.time()
         self.batches: list[str] = []  # batch ids submitted by the demo, shown on the dashboard
+        self._finished_lock = threading.Lock()
+        self._finished: tuple[float, int] = (0.0, 0)
 
     @property
     def url(self) -> str:
@@ -200,12 +202,33 @@ class LocalRuntime:
         if self.database is not None:
             self.database.stop()
 
+    def finished_count(self, max_age: float = 1.0) -> int:
+        """Finished tasks in the table, counted by a scan at most once per ``max_age`` seconds.
+
+        Finished tasks leave the status index, so the API does not count them (on AWS a scan per
+        dashboard refresh would be a cost to avoid; on a local table of a few thousand items it
+        is a few milliseconds).
+        """
+        from coworker.batches import BATCH_KEY_PREFIX
+        from coworker.model import TaskModel, TaskStatus
+
+        with self._finished_lock:
+            at, count = self._finished
+            if time.monotonic() - at >= max_age:
+                count = sum(1 for task in TaskModel.scan(
+                    filter_condition=(TaskModel.status == TaskStatus.FINISHED.value)
+                    & ~TaskModel.key.startswith(BATCH_KEY_PREFIX),
+                    attributes_to_get=["key"]))
+                self._finished = (time.monotonic(), count)
+            return count
+
     def info(self) -> dict[str, Any]:
         """Settings, worker pool counters and recent ticks, for the dashboard and the tests."""
         ticks = list(self.coordinator.history) if self.coordinator else []
         last = next((t for t in reversed(ticks) if t.report is not None), None)
         return {
             "uptime_seconds": round(time.time() - self.started_at, 1),
+            "finished_tasks": self.finished_count(),
             "settings": {k: v for k, v in self.settings.model_dump().items()},
             "effective_lock_seconds": self.settings.effective_lock_seconds,
             "workers": self.pool.stats() if self.pool else {},
