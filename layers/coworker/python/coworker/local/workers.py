@@ -143,11 +143,17 @@ class _Environment:
         except ProcessLookupError:
             pass
 
-    def close(self, wait: float = 2.0) -> None:
-        """End an idle environment: EOF on stdin makes it exit; kill it if it does not."""
+    def end_input(self) -> None:
         try:
             if self.process.stdin:
                 self.process.stdin.close()
+        except OSError:
+            pass
+
+    def close(self, wait: float = 2.0) -> None:
+        """End an idle environment: EOF on stdin makes it exit; kill it if it does not."""
+        self.end_input()
+        try:
             self.process.wait(timeout=wait)
         except (subprocess.TimeoutExpired, BrokenPipeError, OSError):
             self.process.kill()
@@ -349,6 +355,9 @@ class ProcessWorkerPool:
         self._executor.shutdown(wait=True)
         with self._lock:
             idle, self._idle = self._idle, []
+        # EOF to all first, so the idle processes exit together rather than one after another.
+        for environment in idle:
+            environment.end_input()
         for environment in idle:
             environment.close()
 

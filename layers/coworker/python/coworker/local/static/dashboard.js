@@ -87,7 +87,7 @@ function drawChart(series) {
     data[index][0] += finished / bucket; data[index][1] += failed / bucket; data[index][2] += ignored / bucket;
   }
   const peak = Math.max(1, ...data.map(d => d[0] + d[1] + d[2]));
-  const nice = niceCeil(peak);
+  const nice = 4 * niceCeil(peak / 4);  // four gridlines at round numbers
   const left = 40, right = 8, top = 8, bottom = 22;
   const plotW = width - left - right, plotH = height - top - bottom;
 
@@ -200,11 +200,11 @@ async function renderFailures() {
     const task = details[n];
     const last = task && task.errors && task.errors.length ? task.errors[task.errors.length - 1] : null;
     return `<tr class="clickable" data-key="${esc(item.key)}">
-      <td class="kind">${esc(item.key)}</td><td>${esc(item.type)}</td>
+      <td class="kind nowrap">${esc(item.key)}</td><td class="nowrap">${esc(item.type)}</td>
       <td><span class="pill ${esc(item.status)}">${esc(item.status)}</span></td>
       <td class="num">${fmt(item.attempts)}/${fmt(item.max_attempts)}</td>
       <td class="msg" title="${esc(last ? last.message : "")}">${last ? `<span class="kind">${esc(last.kind)}</span> ${esc(last.message)}` : ""}</td>
-      <td>${esc(ago(item.updated_at))}</td></tr>`;
+      <td class="nowrap">${esc(ago(item.updated_at))}</td></tr>`;
   }).join("");
 }
 
