@@ -4,7 +4,6 @@ import dataclasses
 
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
-
 from coworker.bootstrap import configure
 from coworker.dispatch import LambdaInvoker, run_ticks
 from coworker.errors import ConfigurationError

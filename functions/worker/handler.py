@@ -3,7 +3,6 @@
 import time
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
-
 from coworker.bootstrap import configure
 from coworker.observability import logger, metrics, tracer
 from coworker.worker import run_batch

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 import pytest
-
 from coworker import dispatch, lifecycle
 from coworker.dispatch import InProcessInvoker
 from coworker.lifecycle import TaskSpec

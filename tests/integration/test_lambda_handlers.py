@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from coworker import lifecycle
 from coworker.dispatch import InProcessInvoker
 from coworker.lifecycle import TaskSpec

@@ -11,7 +11,6 @@ import time
 from datetime import timedelta
 
 import pytest
-
 from coworker import lifecycle
 from coworker.handlers import task_handler
 from coworker.lifecycle import PutOutcome, RecordOutcome, TaskSpec
@@ -98,13 +97,13 @@ def test_of_many_concurrent_thread_claimers_exactly_one_wins(settings):
         barrier = threading.Barrier(12)
         winners: list = []
 
-        def contend(index: int) -> None:
+        def contend(index: int, key: str, barrier: threading.Barrier, winners: list) -> None:
             barrier.wait()
             result = lifecycle.claim(key, f"thread-{index}", settings)
             if result is not None:
                 winners.append(result.owner)
 
-        threads = [threading.Thread(target=contend, args=(i,)) for i in range(12)]
+        threads = [threading.Thread(target=contend, args=(i, key, barrier, winners)) for i in range(12)]
         for t in threads:
             t.start()
         for t in threads:

@@ -3,7 +3,6 @@
 import random
 
 import pytest
-
 from coworker.config import Settings
 from coworker.errors import ConfigurationError
 from coworker.lifecycle import backoff_delay

@@ -35,7 +35,7 @@ from pynamodb.expressions.condition import Condition
 from pynamodb.transactions import TransactWrite
 
 from coworker.errors import CoworkerError, StorageError
-from coworker.model import BatchModel, TaskModel, utcnow
+from coworker.model import BatchModel, TaskModel, iso_utc, utcnow
 
 BATCH_KEY_PREFIX = "batch#"
 # DynamoDB limits of one TransactWriteItems call: 100 actions and 4 MB in all.
@@ -86,9 +86,7 @@ class BatchProgress:
         return self.open <= 0
 
     def to_dict(self) -> dict[str, Any]:
-        def iso(value: datetime | None) -> str | None:
-            return value.isoformat().replace("+00:00", "Z") if value else None
-
+        iso = iso_utc
         return {
             "batch_id": self.batch_id,
             "total": self.total,

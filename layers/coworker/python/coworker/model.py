@@ -7,7 +7,7 @@ talks to DynamoDB. Call :func:`bind` once per process to point the model at a ta
 from __future__ import annotations
 
 import enum
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from pynamodb.attributes import (
@@ -53,7 +53,12 @@ class ErrorKind(str, enum.Enum):
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
+
+
+def iso_utc(value: datetime | None) -> str | None:
+    """ISO-8601 UTC with a ``Z``, as the API and dashboard show times."""
+    return value.isoformat().replace("+00:00", "Z") if value else None
 
 
 class ErrorRecord(MapAttribute):
@@ -108,10 +113,7 @@ class TaskModel(Model):
 
     def to_dict(self) -> dict[str, Any]:
         """The task as plain JSON-ready values (times as ISO-8601 UTC strings)."""
-
-        def iso(value: datetime | None) -> str | None:
-            return value.isoformat().replace("+00:00", "Z") if value else None
-
+        iso = iso_utc
         return {
             "key": self.key,
             "type": self.task_type,
