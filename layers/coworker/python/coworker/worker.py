@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import threading
 import time
 from collections.abc import Sequence
@@ -52,8 +53,6 @@ class _Timeout(Exception):
 
 def _summarise(result: Any) -> Any:
     """Keep a handler's return value only if it is small JSON; else a note saying so."""
-    import json
-
     if result is None:
         return None
     try:
