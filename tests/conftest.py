@@ -1,5 +1,12 @@
-"""Shared fixtures: one embedded DynamoDB server (moto, over HTTP) per test session,
-and a fresh table per test."""
+"""Shared fixtures: embedded DynamoDB servers (one of each backend per test process, started on
+first use) and a fresh table per test.
+
+The database of the integration, API and CLI tiers is DynamoDB Local (``COWORKER_LOCAL_DB``
+chooses another: ``moto``; ``auto`` falls back to moto when Java is missing). Tests marked
+``both_backends`` (the lifecycle contract) run once on each backend, so any difference between
+them shows up as a failing test. Where DynamoDB Local cannot run, its tests are skipped with the
+reason, except in CI (``CI`` set), where that is a failure.
+"""
 
 from __future__ import annotations
 
@@ -14,19 +21,79 @@ os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
 
 from coworker.bootstrap import configure  # noqa: E402
 from coworker.config import Settings  # noqa: E402
-from coworker.embedded import EmbeddedDynamoDB, create_table  # noqa: E402
+from coworker_local.database import (  # noqa: E402
+    AUTO,
+    BACKEND_VARIABLE,
+    BACKENDS,
+    DYNAMODB_LOCAL,
+    MOTO,
+    EmbeddedDatabase,
+    create_table,
+    embedded_database,
+)
+from coworker_local.dynamodb_local import unavailable_reason  # noqa: E402
 
 _table_numbers = itertools.count()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "both_backends: run once on DynamoDB Local and once on moto")
+    config.addinivalue_line("markers", "dynamodb_local: needs DynamoDB Local (real capacity figures)")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.definition.get_closest_marker("both_backends") and "db_backend" in metafunc.fixturenames:
+        metafunc.parametrize("db_backend", BACKENDS, indirect=True)
+
+
+def _default_backend() -> str:
+    requested = os.environ.get(BACKEND_VARIABLE, AUTO).strip().lower()
+    if requested == AUTO:
+        return MOTO if unavailable_reason() and not os.environ.get("CI") else DYNAMODB_LOCAL
+    return requested
+
+
+def _require_dynamodb_local() -> None:
+    reason = unavailable_reason()
+    if reason is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"DynamoDB Local must run in CI: {reason}")
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="session")
-def dynamodb_server() -> Iterator[EmbeddedDynamoDB]:
-    with EmbeddedDynamoDB() as server:
-        yield server
+def dynamodb_local_server() -> Iterator[EmbeddedDatabase]:
+    _require_dynamodb_local()
+    server = embedded_database(DYNAMODB_LOCAL).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[EmbeddedDatabase]:
+    server = embedded_database(MOTO).start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture
-def make_settings(dynamodb_server: EmbeddedDynamoDB):
+def db_backend(request: pytest.FixtureRequest) -> str:
+    """The backend of this test: its parameter (``both_backends``), a marker, or the default."""
+    if hasattr(request, "param"):
+        return request.param
+    if request.node.get_closest_marker("dynamodb_local"):
+        return DYNAMODB_LOCAL
+    return _default_backend()
+
+
+@pytest.fixture
+def dynamodb_server(db_backend: str, request: pytest.FixtureRequest) -> EmbeddedDatabase:
+    return request.getfixturevalue("dynamodb_local_server" if db_backend == DYNAMODB_LOCAL else "moto_server")
+
+
+@pytest.fixture
+def make_settings(dynamodb_server: EmbeddedDatabase):
     """Build settings bound to a new, empty table on the embedded server."""
 
     def make(**overrides) -> Settings:

@@ -1,6 +1,6 @@
 """The task API, driven with API Gateway REST proxy events against the embedded DynamoDB.
 
-Events are built as API Gateway builds them (``coworker.gateway.build_proxy_event``: path still
+Events are built as API Gateway builds them (``coworker_local.gateway.build_proxy_event``: path still
 percent-encoded, ``/{proxy+}`` resource, headers and query strings single and multi-valued).
 """
 
@@ -16,9 +16,9 @@ from coworker import dispatch, lifecycle
 from coworker.api import create_app
 from coworker.api_models import MAX_BATCH_TASKS, MAX_KEY_CHARS, MAX_PAYLOAD_BYTES
 from coworker.dispatch import InProcessInvoker
-from coworker.embedded import dynamodb_client
-from coworker.gateway import LocalLambdaContext, build_proxy_event
 from coworker.lifecycle import TaskSpec
+from coworker_local.database import dynamodb_client
+from coworker_local.gateway import LocalLambdaContext, build_proxy_event
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,6 +9,9 @@ from coworker import batches, lifecycle
 from coworker.lifecycle import PutOutcome, RecordOutcome, TaskSpec
 from coworker.model import BatchModel, ErrorKind, TaskModel, TaskStatus, utcnow
 
+# The lifecycle contract: every test runs on DynamoDB Local and on moto.
+pytestmark = pytest.mark.both_backends
+
 
 def _progress(batch_id="b1"):
     p = batches.get_batch(batch_id)

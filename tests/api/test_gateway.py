@@ -7,7 +7,7 @@ import json
 
 import pytest
 import requests
-from coworker.gateway import GatewayResponse, LocalGateway, build_proxy_event
+from coworker_local.gateway import GatewayResponse, LocalGateway, build_proxy_event
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import pytest
 from coworker import dispatch
 from coworker.api import create_app
 from coworker.dispatch import InProcessInvoker
-from coworker.embedded import free_port
-from coworker.gateway import LocalGateway
+from coworker_local.database import free_port
+from coworker_local.gateway import LocalGateway
 
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "layers" / "coworker" / "python"

@@ -1,4 +1,4 @@
-"""End-to-end fixtures: the local runtime (``python -m coworker.local``) as a real subprocess,
+"""End-to-end fixtures: the local runtime (``python -m coworker_local``) as a real subprocess,
 reached only over HTTP, like a user would."""
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ FAST_SETTINGS = {
 
 
 class LocalRuntimeProcess:
-    """A running ``python -m coworker.local``; its output is collected in :attr:`output`."""
+    """A running ``python -m coworker_local``; its output is collected in :attr:`output`."""
 
     def __init__(self, args: list[str], env: dict[str, str], log_file: Path) -> None:
         self.log_file = log_file
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "coworker.local", "--api-port", "0", "--log-file", str(log_file), *args],
+            [sys.executable, "-m", "coworker_local", "--api-port", "0", "--log-file", str(log_file), *args],
             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         self.output: list[str] = []
@@ -106,7 +106,8 @@ def runtime_env(**overrides: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COWORKER_")}
     env.update(FAST_SETTINGS)
     env.update(overrides)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT / "layers" / "coworker" / "python"), str(REPO_ROOT)])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT / "layers" / "coworker" / "python"), str(REPO_ROOT / "local"), str(REPO_ROOT)])
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

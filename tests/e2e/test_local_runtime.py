@@ -1,4 +1,4 @@
-"""End to end: tasks submitted over HTTP to ``python -m coworker.local`` run in worker processes
+"""End to end: tasks submitted over HTTP to ``python -m coworker_local`` run in worker processes
 and end in the states, attempts and error histories the lifecycle promises."""
 
 from __future__ import annotations

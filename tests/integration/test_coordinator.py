@@ -17,6 +17,9 @@ from coworker.lifecycle import TaskSpec
 from coworker.model import TaskStatus, utcnow
 from coworker.worker import TaskOutcome, run_batch
 
+# Part of the lifecycle contract (expired locks, killed workers): runs on DynamoDB Local and on moto.
+pytestmark = pytest.mark.both_backends
+
 
 class RecordingInvoker:
     """Invoker that only records what it was asked to start (implements dispatch.Invoker)."""
@@ -144,6 +147,7 @@ import sys, time
 from coworker.bootstrap import configure
 from coworker.config import Settings
 from coworker.worker import run_batch
+
 settings = configure(Settings.from_env())
 print("started", flush=True)
 run_batch([sys.argv[1]], "doomed-worker", settings, time.monotonic() + settings.worker_timeout_seconds)

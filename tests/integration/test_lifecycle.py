@@ -1,4 +1,4 @@
-"""The lifecycle contract, against the embedded DynamoDB server over HTTP.
+"""The lifecycle contract, against each embedded DynamoDB backend over HTTP.
 
 Times are moved by passing ``now`` to the lifecycle functions: a lock taken "in the past"
 is already expired, without the test sleeping through a lock lifetime.
@@ -12,10 +12,14 @@ from datetime import timedelta
 
 import pytest
 from coworker import lifecycle
+from coworker.errors import TaskFailed
 from coworker.handlers import task_handler
 from coworker.lifecycle import PutOutcome, RecordOutcome, TaskSpec
 from coworker.model import ErrorKind, TaskModel, TaskStatus, utcnow
 from coworker.worker import TaskOutcome, process_task, run_batch
+
+# The lifecycle contract: every test runs on DynamoDB Local and on moto.
+pytestmark = pytest.mark.both_backends
 
 # Handlers private to these tests: a gate the test opens to let a running task return.
 RELEASE = threading.Event()
@@ -31,6 +35,11 @@ def _wait_for_release(payload, context):
 def _sleep(payload, context):
     time.sleep(payload["seconds"])
     return {"slept": payload["seconds"]}
+
+
+@task_handler("test-refuse")
+def _refuse(payload, context):
+    raise TaskFailed("card declined", retryable=False)
 
 
 def _past(settings, extra: float = 1.0):
@@ -234,12 +243,6 @@ def test_flaky_task_finishes_on_a_later_attempt_with_its_errors_kept(settings):
 
 
 def test_non_retryable_business_failure_is_ignored_at_once(settings):
-    from coworker.errors import TaskFailed
-
-    @task_handler("test-refuse")
-    def refuse(payload, context):
-        raise TaskFailed("card declined", retryable=False)
-
     _put(settings, key="r", type_="test-refuse", max_attempts=5)
     assert process_task("r", "w", settings, _deadline()).outcome is TaskOutcome.IGNORED
     assert lifecycle.get_task("r").attempts == 1

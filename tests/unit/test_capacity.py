@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from coworker import capacity, schema
-from coworker.capacity import (
+from coworker import schema
+from coworker_local import capacity
+from coworker_local.capacity import (
     get_item_read_units,
     index_write_units,
     item_size,

@@ -1,4 +1,4 @@
-"""``python -m coworker.local``: run the whole system on this machine (see docs/local.md).
+"""``python -m coworker_local``: run the whole system on this machine (see docs/local.md).
 
 Every setting has a flag named after its field (``--tick-seconds``) and the environment variable
 Lambda uses (``COWORKER_TICK_SECONDS``); a flag overrides the variable, which overrides the local
@@ -29,6 +29,8 @@ warnings.filterwarnings("ignore", message="No application metrics to publish")
 from coworker.config import Settings  # noqa: E402
 from coworker.errors import ConfigurationError  # noqa: E402
 
+from coworker_local.dynamodb_local import DatabaseStartError  # noqa: E402
+
 # Fields that make no sense to set on the command line of a local run.
 NOT_FLAGS = {"worker_function", "ticks_per_invocation"}
 
@@ -42,7 +44,7 @@ def _field_type(annotation: Any) -> type:
 
 def settings_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per :class:`Settings` field, documented with its description and variable."""
-    from coworker.local.runtime import LOCAL_DEFAULTS
+    from coworker_local.runtime import LOCAL_DEFAULTS
 
     group = parser.add_argument_group("settings (flag > environment variable > local default)")
     for name, field in Settings.model_fields.items():
@@ -57,7 +59,7 @@ def settings_flags(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m coworker.local",
+        prog="python -m coworker_local",
         description="Coworker on one machine: embedded DynamoDB, the HTTP API, the coordinator on a "
                     "timer, worker processes, a web dashboard, and a demo workload.",
     )
@@ -69,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
                              "concurrency (default 2 x ceil(max_concurrency / batch_size))")
     parser.add_argument("--drain-seconds", type=float, default=5.0,
                         help="on Ctrl-C, how long running invocations may finish before SIGTERM")
+    parser.add_argument("--db", choices=("auto", "dynamodb-local", "moto"), default=None,
+                        help="embedded database: DynamoDB Local, or moto (fast, in memory, one request at "
+                             "a time); auto (the default) falls back to moto when Java is missing "
+                             "[COWORKER_LOCAL_DB]")
+    parser.add_argument("--data-dir", type=Path, default=os.environ.get("COWORKER_LOCAL_DATA_DIR") or None,
+                        help="keep DynamoDB Local's data in this folder, so a restart finds its tasks "
+                             "(default: in memory) [COWORKER_LOCAL_DATA_DIR]")
     parser.add_argument("--log-file", type=Path, default=None,
                         help="where the runtime and worker logs go (default: a file in the temp dir)")
     demo = parser.add_argument_group("demo workload")
@@ -94,8 +103,8 @@ def _route_logs(path: Path) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from coworker.local import demo as demo_module
-    from coworker.local.runtime import LocalRuntime, local_settings
+    from coworker_local import demo as demo_module
+    from coworker_local.runtime import LocalRuntime, local_settings
 
     overrides = {name: getattr(args, name) for name in Settings.model_fields if name not in NOT_FLAGS}
     try:
@@ -109,9 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     runtime = LocalRuntime(settings, host=args.host, port=args.api_port,
-                           max_invocations=args.max_invocations, log=log, drain_seconds=args.drain_seconds)
+                           max_invocations=args.max_invocations, log=log, drain_seconds=args.drain_seconds,
+                           database=args.db, data_dir=args.data_dir)
     try:
         runtime.start()
+    except DatabaseStartError as exc:
+        print(f"cannot start the database: {exc}", file=sys.stderr)
+        runtime.stop()
+        return 1
     except OSError as exc:
         print(f"cannot start: {exc} (is port {args.api_port} taken? try --api-port 0)", file=sys.stderr)
         runtime.stop()

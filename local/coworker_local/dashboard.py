@@ -15,10 +15,10 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coworker.gateway import ExtraRoute, GatewayRequest, GatewayResponse
+from coworker_local.gateway import ExtraRoute, GatewayRequest, GatewayResponse
 
 if TYPE_CHECKING:
-    from coworker.local.runtime import LocalRuntime
+    from coworker_local.runtime import LocalRuntime
 
 NO_CACHE = {"Cache-Control": "no-store"}
 
@@ -33,7 +33,7 @@ def _json(status: int, body: Any) -> GatewayResponse:
 
 
 def dashboard_routes(runtime: LocalRuntime) -> dict[str, ExtraRoute]:
-    """Extra routes for :class:`~coworker.gateway.LocalGateway`."""
+    """Extra routes for :class:`~coworker_local.gateway.LocalGateway`."""
     page = static_folder() / "dashboard.html"
 
     def dashboard(request: GatewayRequest) -> GatewayResponse:

@@ -3,11 +3,11 @@
 ==================  ==========================================================================
 on AWS              here
 ==================  ==========================================================================
-DynamoDB table      :class:`~coworker.embedded.EmbeddedDynamoDB` (moto over HTTP), the table
-                    created from :mod:`coworker.schema` (or any endpoint you name)
-API Gateway + API   :class:`~coworker.gateway.LocalGateway` calling the API Lambda handler
+DynamoDB table      DynamoDB Local (or moto, ``--db moto``), see :mod:`coworker_local.database`;
+                    the table created from :mod:`coworker.schema` (or any endpoint you name)
+API Gateway + API   :class:`~coworker_local.gateway.LocalGateway` calling the API Lambda handler
 EventBridge rule    :class:`CoordinatorTimer`: ``dispatch.tick`` every ``tick_seconds``
-worker Lambda       :class:`~coworker.local.workers.ProcessWorkerPool`: one process per
+worker Lambda       :class:`~coworker_local.workers.ProcessWorkerPool`: one process per
                     invocation, killed at the timeout, bounded concurrency
 CloudWatch          the web dashboard at ``/dashboard`` and the log file
 ==================  ==========================================================================
@@ -29,12 +29,13 @@ from typing import IO, Any
 from coworker import dispatch
 from coworker.bootstrap import configure
 from coworker.config import Settings
-from coworker.embedded import FAKE_CREDENTIALS, EmbeddedDynamoDB, create_table
-from coworker.gateway import LocalGateway
-from coworker.local.workers import PACKAGE_ROOT, ProcessWorkerPool
 from coworker.observability import logger, metrics
 
-REPO_ROOT = Path(PACKAGE_ROOT).parent.parent.parent
+from coworker_local.database import FAKE_CREDENTIALS, EmbeddedDatabase, create_table, start_database
+from coworker_local.gateway import LocalGateway
+from coworker_local.workers import ProcessWorkerPool
+
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 # Local defaults differ from Lambda's where a laptop run wants quicker feedback: ticks every 2 s
 # instead of once a minute, a shorter worker timeout and backoff, more tasks in flight (moto, not
@@ -132,6 +133,8 @@ class LocalRuntime:
         max_invocations: int | None = None,
         log: IO[bytes] | int | None = None,
         drain_seconds: float = 5.0,
+        database: str | None = None,
+        data_dir: Path | None = None,
     ) -> None:
         self.requested_settings = settings
         self.settings = settings
@@ -140,7 +143,10 @@ class LocalRuntime:
         self.max_invocations = max_invocations or default_max_invocations(settings)
         self.log = log
         self.drain_seconds = drain_seconds
-        self.database: EmbeddedDynamoDB | None = None
+        self.database_backend = database  # auto | dynamodb-local | moto (see coworker_local.database)
+        self.data_dir = data_dir
+        self.database: EmbeddedDatabase | None = None
+        self.table_created = False
         self.pool: ProcessWorkerPool | None = None
         self.gateway: LocalGateway | None = None
         self.coordinator: CoordinatorTimer | None = None
@@ -164,17 +170,15 @@ class LocalRuntime:
         return environ
 
     def start(self) -> LocalRuntime:
-        from coworker.local.dashboard import dashboard_routes, static_folder
+        from coworker_local.dashboard import dashboard_routes, static_folder
 
         for name, value in FAKE_CREDENTIALS.items():
             os.environ.setdefault(name, value)
         if self.settings.dynamodb_endpoint is None:
-            from coworker.local import moto_speedup
-
-            moto_speedup.apply()
-            self.database = EmbeddedDynamoDB(host=self.host).start()
+            self.database = start_database(self.database_backend, host=self.host, data_dir=self.data_dir,
+                                           log=self.log if not isinstance(self.log, int) else None)
             self.settings = self.settings.model_copy(update={"dynamodb_endpoint": self.database.endpoint})
-        create_table(self.settings)
+        self.table_created = create_table(self.settings)
         configure(self.settings)
         # The API handler, like the worker processes, reads its settings from the environment.
         os.environ.update(self.settings.as_environment())

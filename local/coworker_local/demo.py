@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import requests
 
 if TYPE_CHECKING:
-    from coworker.local.runtime import LocalRuntime
+    from coworker_local.runtime import LocalRuntime
 
 MIX = (("quick", 0.55), ("slow", 0.15), ("flaky", 0.22), ("always-fail", 0.08))
 CHUNK = 250  # tasks per POST /tasks request (the API takes up to 1000)
@@ -190,8 +190,8 @@ def banner(runtime: LocalRuntime, log_path: Path) -> str:
         "Coworker local runtime is up",
         f"  API         {runtime.url}   (OpenAPI: {runtime.url}/docs)",
         f"  Dashboard   {runtime.url}/dashboard",
-        f"  DynamoDB    {s.dynamodb_endpoint}  table {s.table_name}"
-        + ("  (embedded, in memory)" if runtime.database else ""),
+        f"  DynamoDB    {runtime.database.describe() if runtime.database else s.dynamodb_endpoint}, "
+        f"table {s.table_name}" + ("" if runtime.table_created else " (existing: tasks kept)"),
         f"  Workers     up to {runtime.max_invocations} processes, batch {s.batch_size}, "
         f"timeout {s.worker_timeout_seconds} s, lock {s.effective_lock_seconds} s",
         f"  Coordinator every {s.tick_seconds} s, at most {s.max_concurrency} tasks in flight, "

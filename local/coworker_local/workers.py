@@ -7,7 +7,7 @@ Lambda                  here
 ======================  ===================================================================
 async ``Invoke``        :meth:`ProcessWorkerPool.invoke` queues the batch and returns at once
 reserved concurrency    at most ``max_invocations`` invocations run at once; the rest wait
-execution environment   a ``python -m coworker.local.workers`` process, reused by later
+execution environment   a ``python -m coworker_local.workers`` process, reused by later
                         invocations (warm start) and replaced after a kill (cold start)
 function timeout        the process is SIGKILLed ``worker_timeout_seconds`` after the
                         invocation started; the worker's own deadline is the same, so its
@@ -52,6 +52,8 @@ from typing import IO, Any
 
 import coworker
 
+import coworker_local
+
 # The pool kills an environment this long after the worker's own deadline: the child measures
 # its deadline from when it reads the request, a moment after the parent sent it.
 KILL_GRACE_SECONDS = 0.5
@@ -61,7 +63,9 @@ TERM_GRACE_SECONDS = 5.0
 # laptop starting many Python processes at once needs more.
 INIT_TIMEOUT_SECONDS = 60.0
 SERIES_SECONDS = 600
-PACKAGE_ROOT = str(Path(coworker.__file__).resolve().parent.parent)
+# Where the two packages live: the library (the Lambda layer) and this local tooling.
+PACKAGE_ROOTS = tuple(dict.fromkeys(str(Path(package.__file__).resolve().parent.parent)
+                                   for package in (coworker, coworker_local)))
 
 
 @dataclasses.dataclass
@@ -176,12 +180,12 @@ class ProcessWorkerPool:
     ) -> None:
         self._environ = dict(environ)
         self._environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in (PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if p
+            p for p in (*PACKAGE_ROOTS, os.environ.get("PYTHONPATH", "")) if p
         )
         self.timeout_seconds = timeout_seconds
         self.max_invocations = max_invocations
         self._log = log
-        self._command = [python, "-m", "coworker.local.workers"]
+        self._command = [python, "-m", "coworker_local.workers"]
         # The executor's queue plays Lambda's async event queue; its threads are the concurrency.
         self._executor = ThreadPoolExecutor(max_workers=max_invocations, thread_name_prefix="invocation")
         self._lock = threading.Lock()

