@@ -8,9 +8,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 want_browser=0
+want_bench=0
 for arg in "$@"; do
   case "$arg" in
     --browser) want_browser=1 ;;
+    --bench) want_bench=1 ;;  # the benchmarks' peer (requirements-bench.txt)
   esac
 done
 
@@ -28,6 +30,11 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --no-deps -e .
   rm -f .venv/.installed-*
   touch "$stamp"
+fi
+
+if [ "$want_bench" = 1 ] && ! .venv/bin/python -c "import pynamodb_mate" 2>/dev/null; then
+  echo "==> installing the benchmarks' peer (requirements-bench.txt)"
+  .venv/bin/python -m pip install --quiet -r requirements-bench.txt
 fi
 
 if [ -f package-lock.json ] && command -v npm >/dev/null 2>&1; then

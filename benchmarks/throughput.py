@@ -1,0 +1,254 @@
+"""Throughput benchmark: Coworker against its peer, on DynamoDB Local and on moto, in one run.
+
+    .venv/bin/python benchmarks/throughput.py [--tasks 400] [--rounds 3] [--concurrency 8]
+                                              [--demo-tasks 500] [--backends dynamodb-local,moto]
+
+Both embedded databases are started side by side. Each round runs, on each backend, with the
+order alternating between rounds so neither side always goes first on a warm machine:
+
+* **coworker**: the engine alone with a no-op handler: ``--tasks`` tasks put, then coordinator
+  ticks with in-process workers (``max_concurrency = --concurrency``) until every task finished;
+* **peer**: pynamodb_mate's status tracker (the seed's own library) on the same database: its
+  ``query_for_unfinished`` then ``with Task.start(id)`` (two conditional UpdateItems) on
+  ``--concurrency`` threads, until nothing is unfinished.
+
+Throughput counts the processing phase (first tick or query to last finish), not the puts.
+Requests are counted on every botocore client of the process, by operation. Then, unless
+``--demo-tasks 0``, the whole local system (``python -m coworker_local --exit-when-done``: API,
+coordinator timer, worker processes, demo mix with its sleeps and retries) runs once per backend.
+
+A short warm-up run of each system on each database comes first and is not counted (DynamoDB
+Local is a JVM: its first requests run before the JIT has compiled them). Figures are medians
+over the rounds; ratios are taken within a round, then the median is shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "ERROR")
+os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
+
+import botocore.client  # noqa: E402
+from coworker import dispatch, lifecycle  # noqa: E402
+from coworker.bootstrap import configure  # noqa: E402
+from coworker.config import Settings  # noqa: E402
+from coworker.handlers import task_handler  # noqa: E402
+from coworker.observability import metrics  # noqa: E402
+from coworker_local.database import BACKENDS, EmbeddedDatabase, create_table, embedded_database  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@task_handler("bench-noop")
+def _noop(payload: dict | None, context: object) -> None:
+    """The trivial handler: the benchmark measures the engine, not the work."""
+    return None
+
+
+class RequestCounter:
+    """Counts DynamoDB API calls made by any botocore client in this process."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+        self._original = botocore.client.BaseClient._make_api_call
+
+    def install(self) -> RequestCounter:
+        counter, original = self, self._original
+
+        def counted(client: object, operation_name: str, api_params: dict) -> dict:
+            with counter._lock:
+                counter.counts[operation_name] += 1
+            return original(client, operation_name, api_params)
+
+        botocore.client.BaseClient._make_api_call = counted  # type: ignore[method-assign]
+        return self
+
+    def snapshot(self) -> collections.Counter[str]:
+        with self._lock:
+            return collections.Counter(self.counts)
+
+
+def run_coworker(endpoint: str, tasks: int, concurrency: int, counter: RequestCounter) -> dict:
+    """The engine alone: put, then tick and wait for the in-process workers until all finished."""
+    settings = Settings(table_name=f"cw-{uuid.uuid4().hex[:8]}", dynamodb_endpoint=endpoint,
+                        max_concurrency=concurrency, batch_size=max(1, concurrency // 2))
+    create_table(settings)
+    configure(settings)
+    for i in range(tasks):
+        lifecycle.put_task(lifecycle.TaskSpec(key=f"t-{i:06d}", type="bench-noop"), settings)
+    invoker = dispatch.InProcessInvoker(settings)
+    before = counter.snapshot()
+    started = time.perf_counter()
+    finished = ticks = 0
+    while finished < tasks:
+        report = dispatch.tick(settings, invoker)
+        finished += sum(r.outcome.value == "finished" for r in invoker.wait())
+        metrics.clear_metrics()
+        ticks += 1
+        if report.dispatched == 0 and ticks > 10 * tasks:
+            raise RuntimeError("coworker stopped dispatching before every task finished")
+    seconds = time.perf_counter() - started
+    invoker.shutdown()
+    return {"seconds": seconds, "tasks": tasks, "requests": counter.snapshot() - before}
+
+
+def _peer_model(endpoint: str) -> type:
+    """A pynamodb_mate status-tracker model on a new table of ``endpoint``."""
+    from pynamodb.attributes import UnicodeAttribute
+    from pynamodb_mate.patterns.status_tracker.impl import BaseTask, StatusAndUpdateTimeIndex, TrackerConfig
+
+    table = f"peer-{uuid.uuid4().hex[:8]}"
+
+    class PeerIndex(StatusAndUpdateTimeIndex):
+        class Meta:
+            index_name = "status_and_update_time-index"
+            projection = StatusAndUpdateTimeIndex.Meta.projection
+
+        value = UnicodeAttribute(hash_key=True)
+        update_time = StatusAndUpdateTimeIndex.update_time
+
+    class PeerTask(BaseTask):
+        class Meta:
+            table_name = table
+            region = "us-east-1"
+            host = endpoint
+            billing_mode = "PAY_PER_REQUEST"
+
+        status_and_update_time_index = PeerIndex()
+        config = TrackerConfig.make(
+            use_case_id="bench", pending_status=10, in_progress_status=20, failed_status=30,
+            succeeded_status=40, ignored_status=50, n_pending_shard=1, n_in_progress_shard=1,
+            n_failed_shard=1, n_succeeded_shard=1, n_ignored_shard=1, max_retry=3, lock_expire_seconds=300,
+        )
+
+    PeerTask.create_table(wait=True)
+    return PeerTask
+
+
+def run_peer(endpoint: str, tasks: int, concurrency: int, counter: RequestCounter) -> dict:
+    """pynamodb_mate's tracker at its best: large queries, ``concurrency`` threads running tasks."""
+    model = _peer_model(endpoint)
+    for i in range(tasks):
+        model.make_and_save(task_id=f"t-{i:06d}")
+
+    def run(task_id: str) -> None:
+        with model.start(task_id):
+            pass  # the trivial handler
+
+    before = counter.snapshot()
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        while True:
+            ids = [task.task_id for task in model.query_for_unfinished(limit=100)]
+            if not ids:
+                break
+            list(pool.map(run, ids))
+    seconds = time.perf_counter() - started
+    return {"seconds": seconds, "tasks": tasks, "requests": counter.snapshot() - before}
+
+
+def run_demo(backend: str, tasks: int) -> dict:
+    """``python -m coworker_local --exit-when-done`` on ``backend``: the whole system, demo mix."""
+    command = [sys.executable, "-m", "coworker_local", "--exit-when-done", "--tasks", str(tasks),
+               "--db", backend, "--api-port", "0", "--seed", "7"]
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=3600,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    wall = time.perf_counter() - started
+    match = re.search(r"throughput:\s+([\d.]+) tasks/s", done.stdout)
+    return {"tasks_per_second": float(match.group(1)) if match else float("nan"), "wall": wall,
+            "code": done.returncode, "tail": done.stdout[-600:] + done.stderr[-600:]}
+
+
+def _rate(result: dict) -> float:
+    return result["tasks"] / result["seconds"]
+
+
+def _per_task(result: dict) -> float:
+    return sum(result["requests"].values()) / result["tasks"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=400, help="tasks per run")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    parser.add_argument("--concurrency", type=int, default=8,
+                        help="coworker max_concurrency and the peer's threads (equal concurrency)")
+    parser.add_argument("--demo-tasks", type=int, default=500, help="demo size of the whole-system run (0 skips)")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated: dynamodb-local,moto")
+    args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    print(f"$ .venv/bin/python benchmarks/throughput.py {shlex.join(given)}".rstrip())
+    print(f"({os.cpu_count()} CPUs; {args.tasks} tasks per run, {args.rounds} rounds, concurrency "
+          f"{args.concurrency}, no-op handler)")
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    counter = RequestCounter().install()
+    databases: dict[str, EmbeddedDatabase] = {b: embedded_database(b).start() for b in backends}
+    results: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
+    runners: dict[str, Callable[..., dict]] = {"coworker": run_coworker, "peer": run_peer}
+    try:
+        # A JVM runs its first requests interpreted: warm both databases and both systems first.
+        for backend in backends:
+            for runner in runners.values():
+                runner(databases[backend].endpoint, min(args.tasks, 100), args.concurrency, counter)
+        for round_no in range(args.rounds):
+            order = [(b, s) for b in backends for s in runners]
+            if round_no % 2:
+                order.reverse()
+            for backend, system in order:
+                result = runners[system](databases[backend].endpoint, args.tasks, args.concurrency, counter)
+                results[backend, system].append(result)
+                print(f"  round {round_no + 1}: {system:<9} on {backend:<15} {_rate(result):7.1f} tasks/s  "
+                      f"{_per_task(result):.2f} requests/task", flush=True)
+    finally:
+        for database in databases.values():
+            database.stop()
+
+    print()
+    print(f"{'':<17}{'coworker tasks/s':>18}{'peer tasks/s':>14}{'ratio':>8}"
+          f"{'req/task coworker':>19}{'peer':>7}")
+    for backend in backends:
+        ours, peer = results[backend, "coworker"], results[backend, "peer"]
+        ratios = [_rate(a) / _rate(b) for a, b in zip(ours, peer, strict=True)]
+        print(f"{backend:<17}{statistics.median(map(_rate, ours)):>18.1f}{statistics.median(map(_rate, peer)):>14.1f}"
+              f"{statistics.median(ratios):>7.2f}x{statistics.median(map(_per_task, ours)):>19.2f}"
+              f"{statistics.median(map(_per_task, peer)):>7.2f}")
+    if len(backends) == 2:
+        for system in runners:
+            first, second = results[backends[0], system], results[backends[1], system]
+            ratios = [_rate(a) / _rate(b) for a, b in zip(first, second, strict=True)]
+            print(f"{system}: {backends[0]} / {backends[1]} = {statistics.median(ratios):.2f}x "
+                  f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})")
+    sample = results[backends[0], "coworker"][-1]["requests"]
+    print(f"coworker requests by operation ({backends[0]}, last round, per task): "
+          + ", ".join(f"{op} {n / args.tasks:.2f}" for op, n in sorted(sample.items())))
+
+    if args.demo_tasks:
+        print()
+        print(f"Whole system: python -m coworker_local --exit-when-done --tasks {args.demo_tasks} --seed 7")
+        for backend in backends:
+            demo = run_demo(backend, args.demo_tasks)
+            status = "" if demo["code"] == 0 else f"  (exit {demo['code']}):\n{demo['tail']}"
+            print(f"  {backend:<15} {demo['tasks_per_second']:6.1f} tasks/s (created to last finished), "
+                  f"{demo['wall']:.0f} s wall clock with start and stop{status}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
