@@ -111,11 +111,13 @@ class DynamoDBLocal:
         for key, value in FAKE_CREDENTIALS.items():
             os.environ.setdefault(key, value)
         self.host = host
+        self._port_given = port is not None
         self.port = port or free_port(host)
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self._log = log
         self._process: subprocess.Popen[bytes] | None = None
         self._output: IO[bytes] | None = None
+        self._exited_early = False
 
     @property
     def endpoint(self) -> str:
@@ -142,8 +144,23 @@ class DynamoDBLocal:
             "-port", str(self.port), *storage, "-sharedDb", "-disableTelemetry",
         ]
 
-    def start(self, timeout: float = START_TIMEOUT_SECONDS) -> DynamoDBLocal:
-        """Start the server and return once it answers a request."""
+    def start(self, timeout: float = START_TIMEOUT_SECONDS, attempts: int = 3) -> DynamoDBLocal:
+        """Start the server and return once it answers a request.
+
+        A port picked here may be taken by another process before Java binds it; then the server
+        exits at once and is started again on another free port (``attempts`` times in all).
+        """
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once(timeout)
+            except DatabaseStartError:
+                if self._port_given or attempt == attempts or not self._exited_early:
+                    raise
+                self.port = free_port(self.host)
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> DynamoDBLocal:
+        self._exited_early = False
         command = self.command()
         if self.data_dir is not None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -174,6 +191,7 @@ class DynamoDBLocal:
         assert self._process is not None
         while True:
             if self._process.poll() is not None:
+                self._exited_early = True
                 raise DatabaseStartError(
                     f"DynamoDB Local exited with code {self._process.returncode}:\n{self._tail()}")
             try:

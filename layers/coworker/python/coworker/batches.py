@@ -122,6 +122,11 @@ def _connection() -> Connection:
     return _connections[cache_key]
 
 
+def build_client() -> None:
+    """Create the transactions' connection and its botocore client now (see ``model.build_clients``)."""
+    _ = _connection().client
+
+
 def _counter_actions(delta: BatchDelta, now: datetime) -> list:
     actions: list = [BatchModel.updated_at.set(now)]
     if delta.finished:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coworker import handlers, model
+from coworker import batches, handlers, model
 from coworker.config import Settings
 
 
@@ -10,5 +10,7 @@ def configure(settings: Settings | None = None) -> Settings:
     """Read settings (from the environment unless given), bind the model, load handler modules."""
     settings = settings or Settings.from_env()
     model.bind(settings)
+    model.build_clients()  # once per process, before any worker thread needs one
+    batches.build_client()
     handlers.load_handler_modules(settings.handler_module_list)
     return settings
