@@ -33,10 +33,12 @@ boto3's client returns them. :class:`CapacityMeter` hooks the botocore client py
 is a measuring instrument for benchmarks and tests against the embedded server, not something
 to run on AWS: it doubles the traffic with snapshot reads.
 
-One known difference: DynamoDB Local doubles the *index* writes of a transaction as well as the
-table writes; the rules here double only the table writes (the documentation speaks of "two
-underlying writes of every item"; index entries are propagated, not written in the
-transaction). The benchmark shows both.
+Known differences, each asserted by tests/integration/test_coordinator_cost.py and shown by the
+benchmark: DynamoDB Local reports nothing for a failed conditional write (the rules bill the
+existing item's size); it reports 0 for a Query that reads nothing (the rules bill the 0.5
+minimum); and it doubles the *index* writes of a transaction as well as the table writes (the
+rules double only the table writes: the documentation speaks of "two underlying writes of every
+item", and index entries are propagated, not written in the transaction).
 """
 
 from __future__ import annotations

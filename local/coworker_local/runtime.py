@@ -38,8 +38,9 @@ from coworker_local.workers import ProcessWorkerPool
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 # Local defaults differ from Lambda's where a laptop run wants quicker feedback: ticks every 2 s
-# instead of once a minute, a shorter worker timeout and backoff, more tasks in flight (moto, not
-# the worker count, is what limits throughput here). Environment variables and flags override them.
+# instead of once a minute, a shorter worker timeout and backoff, more tasks in flight (dispatch
+# happens only at ticks, so more slots keep the workers busy). Environment variables and flags
+# override them.
 LOCAL_DEFAULTS: dict[str, Any] = {
     "tick_seconds": 2.0,
     "max_concurrency": 60,
