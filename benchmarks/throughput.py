@@ -44,7 +44,7 @@ os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "ERROR")
 os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
 
 import botocore.client  # noqa: E402
-from coworker import dispatch, lifecycle  # noqa: E402
+from coworker import dispatch, leases, lifecycle  # noqa: E402
 from coworker.bootstrap import configure  # noqa: E402
 from coworker.config import Settings  # noqa: E402
 from coworker.handlers import task_handler  # noqa: E402
@@ -85,11 +85,13 @@ class RequestCounter:
 
 
 def run_coworker(endpoint: str, tasks: int, concurrency: int, counter: RequestCounter) -> dict:
-    """The engine alone: put, then tick and wait for the in-process workers until all finished."""
+    """The engine alone, in this process: put, then one coordinator tick starts a worker (one
+    slot of ``concurrency`` threads) that feeds itself until every task is finished."""
     settings = Settings(table_name=f"cw-{uuid.uuid4().hex[:8]}", dynamodb_endpoint=endpoint,
-                        max_concurrency=concurrency, batch_size=max(1, concurrency // 2))
+                        max_concurrency=concurrency, batch_size=concurrency, dispatch_on_submit=False)
     create_table(settings)
     configure(settings)
+    leases.ensure_slots(settings.worker_slots)
     for i in range(tasks):
         lifecycle.put_task(lifecycle.TaskSpec(key=f"t-{i:06d}", type="bench-noop"), settings)
     invoker = dispatch.InProcessInvoker(settings)

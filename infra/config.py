@@ -23,13 +23,21 @@ _SETTINGS_CONTEXT: dict[str, str] = {
     c.CTX_BATCH_SIZE: "batch_size",
     c.CTX_MAX_ATTEMPTS: "max_attempts",
     c.CTX_LOCK_SECONDS: "lock_seconds",
-    c.CTX_TICKS_PER_INVOCATION: "ticks_per_invocation",
+    c.CTX_HEARTBEAT_SECONDS: "heartbeat_seconds",
+    c.CTX_RESERVATION_SECONDS: "reservation_seconds",
     c.CTX_TICK_SECONDS: "tick_seconds",
+    c.CTX_SUPERVISE_SECONDS: "supervise_seconds",
+    c.CTX_DISPATCH_ON_SUBMIT: "dispatch_on_submit",  # a bool: pydantic reads "true" / "false"
     c.CTX_RETENTION_DAYS: "retention_days",
     c.CTX_HANDLER_MODULES: "handler_modules",
 }
+# Context keys that no longer exist -> what replaced them (a stale cdk.json fails loudly).
+_RETIRED_CONTEXT: dict[str, str] = {
+    "ticksPerInvocation": f"{c.CTX_SUPERVISE_SECONDS} (a coordinator run ticks every "
+    f"{c.CTX_TICK_SECONDS} for that long)",
+}
 # Environment variables that Lambda reserves or that make no sense in AWS.
-_NOT_IN_LAMBDA_ENV = {"AWS_REGION", "COWORKER_DYNAMODB_ENDPOINT"}
+_NOT_IN_LAMBDA_ENV = {"AWS_REGION", "COWORKER_DYNAMODB_ENDPOINT", "COWORKER_LAMBDA_ENDPOINT"}
 
 
 @dataclass(frozen=True)
@@ -52,19 +60,24 @@ class StackConfig:
 
     @property
     def worker_reserved_concurrency(self) -> int:
-        """Workers needed for ``max_concurrency`` tasks at ``batch_size`` tasks per worker."""
-        return math.ceil(self.settings.max_concurrency / self.settings.batch_size)
+        """Exactly the library's worker slots, ``ceil(max_concurrency / batch_size)``.
+
+        The coordinator and the API start a worker only into a reserved slot, so they never
+        start more; a stale invocation whose slot was given away exits at once.
+        """
+        return self.settings.worker_slots
 
     @property
     def coordinator_timeout_seconds(self) -> int:
-        busy = math.ceil(self.settings.ticks_per_invocation * self.settings.tick_seconds)
+        """One run supervises for ``supervise_seconds``, plus slack to start and wind down."""
+        busy = math.ceil(self.settings.supervise_seconds)
         return min(c.LAMBDA_MAX_TIMEOUT_SECONDS, busy + c.COORDINATOR_TIMEOUT_SLACK_SECONDS)
 
     @property
     def worker_max_event_age_seconds(self) -> int:
-        # A worker event that waited longer than the lock lives finds its claim taken over
-        # by the coordinator anyway; dropping it (to the DLQ) is cheaper than running it.
-        age = self.settings.effective_lock_seconds
+        # A worker event older than its slot reservation finds the slot given away and exits
+        # at once; dropping it (to the DLQ) is cheaper than starting it.
+        age = self.settings.reservation_seconds
         return max(c.MIN_EVENT_AGE_SECONDS, min(c.MAX_EVENT_AGE_SECONDS, age))
 
     def function_environment(self, **overrides: Any) -> dict[str, str]:
@@ -89,6 +102,9 @@ class StackConfig:
             value = node.try_get_context(key)
             return default if value is None or value == "" else value
 
+        for key, replacement in _RETIRED_CONTEXT.items():
+            if get(key) is not None:
+                raise ConfigurationError(f"context {key} was removed; use {replacement}")
         values = {field: get(key) for key, field in _SETTINGS_CONTEXT.items()}
         settings = Settings.from_env({}, **{k: v for k, v in values.items() if v is not None})
 

@@ -53,8 +53,11 @@ CTX_MAX_CONCURRENCY: Final = "maxConcurrency"
 CTX_BATCH_SIZE: Final = "batchSize"
 CTX_MAX_ATTEMPTS: Final = "maxAttempts"
 CTX_LOCK_SECONDS: Final = "lockSeconds"
-CTX_TICKS_PER_INVOCATION: Final = "ticksPerInvocation"
+CTX_HEARTBEAT_SECONDS: Final = "heartbeatSeconds"
+CTX_RESERVATION_SECONDS: Final = "reservationSeconds"
 CTX_TICK_SECONDS: Final = "tickSeconds"
+CTX_SUPERVISE_SECONDS: Final = "superviseSeconds"
+CTX_DISPATCH_ON_SUBMIT: Final = "dispatchOnSubmit"  # "true" | "false"
 CTX_RETENTION_DAYS: Final = "retentionDays"
 CTX_HANDLER_MODULES: Final = "handlerModules"
 CTX_SCHEDULE_MINUTES: Final = "scheduleMinutes"
@@ -79,10 +82,12 @@ DEFAULT_API_RATE_LIMIT: Final = 50  # requests per second, steady
 DEFAULT_API_BURST_LIMIT: Final = 100
 
 API_TIMEOUT_SECONDS: Final = 29  # API Gateway's integration limit
-# Slack added to a coordinator invocation beyond its ticks.
+# Slack added to a coordinator invocation beyond its supervision time (supervise_seconds); the
+# coordinator itself stops supervising 10 s before its timeout, so a run always ends cleanly.
 COORDINATOR_TIMEOUT_SLACK_SECONDS: Final = 30
 LAMBDA_MAX_TIMEOUT_SECONDS: Final = 900
-# One coordinator at a time: overlapping ticks would both count free worker slots.
+# One coordinator at a time (its lease item enforces single flight as well; this keeps an
+# overlapping scheduled run from even starting while the previous one supervises).
 COORDINATOR_RESERVED_CONCURRENCY: Final = 1
 # Async events older than this are dropped (to the DLQ). Lambda allows 60 s .. 6 h.
 MIN_EVENT_AGE_SECONDS: Final = 60

@@ -61,11 +61,12 @@ def acknowledge_findings(stack: CoworkerStack) -> None:
         )
 
     worker_arn = _arn_of(stack, stack.processing.worker.function)
-    acknowledge(
-        stack.processing.coordinator,
-        f"AwsSolutions-IAM5[Resource::{worker_arn}:*]",
-        "lambda:InvokeFunction on the worker function and its versions/aliases only.",
-    )
+    for invoker in (stack.processing.coordinator, stack.api.handler):  # both start workers
+        acknowledge(
+            invoker,
+            f"AwsSolutions-IAM5[Resource::{worker_arn}:*]",
+            "lambda:InvokeFunction on the worker function and its versions/aliases only.",
+        )
     acknowledge(
         stack.processing.dead_letter_queue,
         "AwsSolutions-SQS3",

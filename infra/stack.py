@@ -50,7 +50,7 @@ class CoworkerStack(Stack):
             removal_policy=removal,
         )
         self.processing = Processing(self, "Processing", **shared)
-        self.api = TaskApi(self, "Api", **shared)
+        self.api = TaskApi(self, "Api", worker=self.processing.worker.function, **shared)
         self.monitoring = Monitoring(
             self,
             "Monitoring",

@@ -19,6 +19,7 @@ import pytest
 os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
 
+from coworker import leases  # noqa: E402
 from coworker.bootstrap import configure  # noqa: E402
 from coworker.config import Settings  # noqa: E402
 from coworker_local.database import (  # noqa: E402
@@ -103,7 +104,9 @@ def make_settings(dynamodb_server: EmbeddedDatabase):
         overrides.setdefault("backoff_max_seconds", 0)
         settings = Settings(**overrides)
         create_table(settings)
-        return configure(settings)
+        configure(settings)
+        leases.ensure_slots(settings.worker_slots)  # as the coordinator does when it starts
+        return settings
 
     return make
 

@@ -1,23 +1,24 @@
-"""Coordinator Lambda: run by an EventBridge schedule; dispatches due tasks to the worker."""
+"""Coordinator Lambda: started every minute by EventBridge; supervises dispatch for that minute."""
 
 import dataclasses
 
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from coworker.bootstrap import configure
-from coworker.dispatch import LambdaInvoker, run_ticks
+from coworker.dispatch import invoker_from_settings, supervise
 from coworker.errors import ConfigurationError
 from coworker.observability import logger, metrics, tracer
 
 SETTINGS = configure()
-if not SETTINGS.worker_function:
+INVOKER = invoker_from_settings(SETTINGS)
+if INVOKER is None:
     raise ConfigurationError("COWORKER_WORKER_FUNCTION must name the worker Lambda")
-INVOKER = LambdaInvoker(SETTINGS.worker_function, SETTINGS.region)
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.EVENT_BRIDGE, clear_state=True)
 @metrics.log_metrics
 @tracer.capture_lambda_handler
 def handler(event: dict, context: LambdaContext) -> dict:
-    reports = run_ticks(SETTINGS, INVOKER, lambda: context.get_remaining_time_in_millis() / 1000)
-    return {"ticks": [dataclasses.asdict(report) for report in reports]}
+    reports = supervise(SETTINGS, INVOKER, lambda: context.get_remaining_time_in_millis() / 1000)
+    return {"ticks": len(reports), "started": sum(r.invocations for r in reports),
+            "last": dataclasses.asdict(reports[-1]) if reports else None}

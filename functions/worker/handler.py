@@ -1,11 +1,11 @@
-"""Worker Lambda: invoked asynchronously by the coordinator with {"keys": [...]}."""
+"""Worker Lambda: invoked asynchronously with {"keys": [...], "slot": ..., "token": ...}."""
 
 import time
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from coworker.bootstrap import configure
 from coworker.observability import logger, metrics, tracer
-from coworker.worker import run_batch
+from coworker.worker import WorkerRequest, run_invocation
 
 SETTINGS = configure()
 
@@ -15,5 +15,9 @@ SETTINGS = configure()
 @tracer.capture_lambda_handler
 def handler(event: dict, context: LambdaContext) -> dict:
     deadline = time.monotonic() + context.get_remaining_time_in_millis() / 1000
-    reports = run_batch(event.get("keys", []), context.aws_request_id, SETTINGS, deadline)
-    return {"outcomes": {report.key: report.outcome.value for report in reports}}
+    request = WorkerRequest.from_event(event)
+    reports = run_invocation(request, context.aws_request_id, SETTINGS, deadline)
+    outcomes: dict[str, int] = {}
+    for report in reports:
+        outcomes[report.outcome.value] = outcomes.get(report.outcome.value, 0) + 1
+    return {"tasks": len(reports), "outcomes": outcomes}

@@ -35,11 +35,12 @@ class TaskApi(Construct):
         layer: lambda_.ILayerVersion,
         functions_dir: Path,
         removal_policy: RemovalPolicy,
+        worker: lambda_.IFunction,
     ) -> None:
         super().__init__(scope, construct_id)
         self._config = config
         self._removal_policy = removal_policy
-        self.handler = self._build_handler(table, layer, functions_dir / c.API_DIR_NAME)
+        self.handler = self._build_handler(table, layer, functions_dir / c.API_DIR_NAME, worker)
         self.access_logs = logs.LogGroup(
             self, "AccessLogs", retention=LOG_RETENTION, removal_policy=removal_policy
         )
@@ -47,20 +48,29 @@ class TaskApi(Construct):
         self.api_key, self.usage_plan = self._build_usage_plan()
 
     def _build_handler(
-        self, table: dynamodb.ITableV2, layer: lambda_.ILayerVersion, code_dir: Path
+        self,
+        table: dynamodb.ITableV2,
+        layer: lambda_.ILayerVersion,
+        code_dir: Path,
+        worker: lambda_.IFunction,
     ) -> CoworkerFunction:
         handler = CoworkerFunction(
             self,
             "Handler",
             code_dir=code_dir,
             layer=layer,
-            environment=self._config.function_environment(table_name=table.table_name),
+            # The worker's name: put tasks start a worker at once when a slot is free
+            # (dispatch on submit, COWORKER_DISPATCH_ON_SUBMIT).
+            environment=self._config.function_environment(
+                table_name=table.table_name, worker_function=worker.function_name
+            ),
             timeout_seconds=c.API_TIMEOUT_SECONDS,
             memory_mb=self._config.api_memory_mb,
             removal_policy=self._removal_policy,
             description="Coworker API: submit, list and inspect tasks",
         )
         table.grant_read_write_data(handler.function)
+        worker.grant_invoke(handler.function)
         return handler
 
     def _build_rest_api(self, function: lambda_.IFunction) -> apigw.RestApi:

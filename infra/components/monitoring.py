@@ -124,7 +124,8 @@ class Monitoring(Construct):
             alarm(
                 "CoordinatorErrorsAlarm",
                 coordinator.metric_errors(period=_ALARM_PERIOD),
-                "The coordinator failed; no task is dispatched while it keeps failing.",
+                "The coordinator failed; while it keeps failing, retries and tasks of lost workers "
+                "wait (new tasks still start on submit and running workers keep feeding).",
             ),
             alarm(
                 "DeadLetterQueueAlarm",
@@ -159,6 +160,7 @@ class Monitoring(Construct):
             )
 
         m = self.task_metric
+        maximum = cloudwatch.Stats.MAXIMUM
         dashboard = cloudwatch.Dashboard(self, "Dashboard", default_interval=Duration.hours(3))
         dashboard.add_widgets(
             graph(
@@ -170,23 +172,34 @@ class Monitoring(Construct):
                     m(MetricName.IGNORED),
                     m(MetricName.LOST_CLAIM),
                 ],
-                [m(MetricName.NOT_CLAIMED)],
+                [m(MetricName.NOT_CLAIMED), m(MetricName.LOST_CLAIM_SIGNALLED)],
             ),
             graph("Task duration (ms)", [m(MetricName.DURATION, p) for p in c.DURATION_PERCENTILES]),
         )
         dashboard.add_widgets(
             graph(
                 "Dispatch per minute",
-                [m(MetricName.DISPATCHED), m(MetricName.WORKER_INVOCATIONS), m(MetricName.REAPED)],
-                [m(MetricName.BUSY, cloudwatch.Stats.MAXIMUM)],
+                [
+                    m(MetricName.DISPATCHED),
+                    m(MetricName.WORKER_INVOCATIONS),
+                    m(MetricName.DISPATCHED_ON_SUBMIT),
+                    m(MetricName.REAPED),
+                    m(MetricName.SLOT_TAKEN_OVER),
+                ],
+                [m(MetricName.FEED_PAGES)],
             ),
             graph(
-                "Coordinator",
-                [coordinator.metric_invocations(period=_MINUTE), coordinator.metric_errors(period=_MINUTE)],
-                [coordinator.metric_duration(period=_MINUTE, statistic=cloudwatch.Stats.MAXIMUM)],
+                "Capacity and backlog",
+                [m(MetricName.BUSY_SLOTS, maximum)],
+                [m(MetricName.BACKLOG, maximum), m(MetricName.OLDEST_DUE_AGE, maximum)],
             ),
         )
         dashboard.add_widgets(
+            graph(
+                "Coordinator",
+                [coordinator.metric_invocations(period=_MINUTE), coordinator.metric_errors(period=_MINUTE)],
+                [coordinator.metric_duration(period=_MINUTE, statistic=maximum)],
+            ),
             graph(
                 "Worker",
                 [
@@ -196,6 +209,8 @@ class Monitoring(Construct):
                 ],
                 [worker.metric_duration(period=_MINUTE, statistic=cloudwatch.Stats.p(90))],
             ),
+        )
+        dashboard.add_widgets(
             graph(
                 "API function",
                 [
@@ -204,14 +219,14 @@ class Monitoring(Construct):
                     api_handler.metric_throttles(period=_MINUTE),
                 ],
             ),
+            graph("DynamoDB throttles", [self._table_throttles(_MINUTE)]),
         )
         dashboard.add_widgets(
-            graph("DynamoDB throttles", [self._table_throttles(_MINUTE)]),
             graph(
                 "Worker dead-letter queue",
                 [
                     dead_letter_queue.metric_approximate_number_of_messages_visible(
-                        period=_MINUTE, statistic=cloudwatch.Stats.MAXIMUM
+                        period=_MINUTE, statistic=maximum
                     )
                 ],
             ),

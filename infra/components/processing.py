@@ -18,13 +18,27 @@ from infra.components.function import CoworkerFunction
 from infra.config import StackConfig
 
 # Least privilege on the table (no wildcards): what each role's library code calls.
+# Workers claim, heartbeat and record tasks and their slot lease by UpdateItem, read a task by
+# GetItem and feed themselves more due work from the index (Query).
 WORKER_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query")
-# The coordinator finds due and lost tasks on the index and claims or reaps them by UpdateItem.
-COORDINATOR_TABLE_ACTIONS = ("dynamodb:Query", "dynamodb:UpdateItem")
+# The coordinator finds free slots and due or lost tasks on the index (Query), takes its lease,
+# reserves slots and reaps lost tasks (UpdateItem), and creates missing worker-slot items at
+# the start of each run (BatchGetItem, then a conditional PutItem per missing slot).
+COORDINATOR_TABLE_ACTIONS = (
+    "dynamodb:Query",
+    "dynamodb:UpdateItem",
+    "dynamodb:BatchGetItem",
+    "dynamodb:PutItem",
+)
 
 
 class Processing(Construct):
-    """A scheduled coordinator that dispatches claimed tasks to asynchronously invoked workers."""
+    """A scheduled coordinator that supervises dispatch to asynchronously invoked workers.
+
+    Each scheduled run ticks every ``tick_seconds`` for ``supervise_seconds``; the API (dispatch
+    on submit) and the workers themselves (self-feeding) start work in between. The API gets
+    invoke rights on the worker from :class:`infra.components.api.TaskApi`.
+    """
 
     def __init__(
         self,
@@ -69,11 +83,13 @@ class Processing(Construct):
             memory_mb=config.worker_memory_mb,
             removal_policy=self._removal_policy,
             description="Coworker worker: runs a batch of claimed tasks",
-            # ceil(max_concurrency / batch_size) workers at most: the hard ceiling of tasks in flight.
+            # Exactly the library's worker slots, ceil(max_concurrency / batch_size): each
+            # invocation holds one slot, so this is the hard ceiling of tasks in flight.
             reserved_concurrency=config.worker_reserved_concurrency,
         )
         # The claim in DynamoDB owns retries: a failed or throttled-out invocation must not be
-        # re-run by Lambda behind the coordinator's back (it re-dispatches after the lock expires).
+        # re-run by Lambda behind the dispatchers' backs (due work is dispatched again after the
+        # lock expires). An event older than its slot reservation would only exit at once.
         worker.function.configure_async_invoke(
             retry_attempts=0,
             max_event_age=Duration.seconds(config.worker_max_event_age_seconds),
@@ -97,10 +113,10 @@ class Processing(Construct):
             timeout_seconds=config.coordinator_timeout_seconds,
             memory_mb=config.coordinator_memory_mb,
             removal_policy=self._removal_policy,
-            description="Coworker coordinator: claims due tasks and dispatches them to workers",
+            description="Coworker coordinator: supervises dispatch of due tasks to workers",
             reserved_concurrency=c.COORDINATOR_RESERVED_CONCURRENCY,
         )
-        # A missed tick is made up by the next one; a retried tick would only overlap it.
+        # A missed run is made up by the next one; a retried run would only wait for the lease.
         coordinator.function.configure_async_invoke(
             retry_attempts=0, max_event_age=Duration.seconds(c.MIN_EVENT_AGE_SECONDS)
         )

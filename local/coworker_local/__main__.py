@@ -31,8 +31,18 @@ from coworker.errors import ConfigurationError  # noqa: E402
 
 from coworker_local.dynamodb_local import DatabaseStartError  # noqa: E402
 
-# Fields that make no sense to set on the command line of a local run.
-NOT_FLAGS = {"worker_function", "ticks_per_invocation"}
+# Fields that make no sense to set on the command line of a local run (the runtime serves its
+# own Lambda API and runs the coordinator for as long as it runs).
+NOT_FLAGS = {"worker_function", "lambda_endpoint", "supervise_seconds"}
+
+
+def _yes_no(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, not {text!r}")
 
 
 def _field_type(annotation: Any) -> type:
@@ -52,7 +62,8 @@ def settings_flags(parser: argparse.ArgumentParser) -> None:
             continue
         default = LOCAL_DEFAULTS.get(name, field.default)
         group.add_argument(
-            "--" + name.replace("_", "-"), dest=name, type=_field_type(field.annotation), default=None,
+            "--" + name.replace("_", "-"), dest=name, default=None,
+            type=_yes_no if _field_type(field.annotation) is bool else _field_type(field.annotation),
             metavar=field.alias, help=f"{field.description} [{field.alias}; default here: {default}]",
         )
 

@@ -6,9 +6,12 @@ on AWS              here
 DynamoDB table      DynamoDB Local (or moto, ``--db moto``), see :mod:`coworker_local.database`;
                     the table created from :mod:`coworker.schema` (or any endpoint you name)
 API Gateway + API   :class:`~coworker_local.gateway.LocalGateway` calling the API Lambda handler
-EventBridge rule    :class:`CoordinatorTimer`: ``dispatch.tick`` every ``tick_seconds``
+EventBridge rule +  :class:`CoordinatorTimer`: the coordinator's ``dispatch.Supervisor``, ticking
+coordinator         every ``tick_seconds`` on a fixed cadence, run again whenever a run ends
+Lambda Invoke API   :class:`~coworker_local.lambda_service.LocalLambdaService`: what the API
+                    (dispatch on submit) and the coordinator call, through boto3, to start workers
 worker Lambda       :class:`~coworker_local.workers.ProcessWorkerPool`: one process per
-                    invocation, killed at the timeout, bounded concurrency
+                    invocation, killed at the timeout, at most one per worker slot
 CloudWatch          the web dashboard at ``/dashboard`` and the log file
 ==================  ==========================================================================
 """
@@ -33,19 +36,21 @@ from coworker.observability import logger, metrics
 
 from coworker_local.database import FAKE_CREDENTIALS, EmbeddedDatabase, create_table, start_database
 from coworker_local.gateway import LocalGateway
+from coworker_local.lambda_service import LocalLambdaService
 from coworker_local.workers import ProcessWorkerPool
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
-# Local defaults differ from Lambda's where a laptop run wants quicker feedback: ticks every 2 s
-# instead of once a minute, a shorter worker timeout and backoff, more tasks in flight (dispatch
-# happens only at ticks, so more slots keep the workers busy). Environment variables and flags
-# override them.
+# Local defaults differ from Lambda's where a laptop run wants quicker feedback: a tick every
+# second, a shorter worker timeout, lock and backoff (a killed worker's task runs again within
+# about 10 s), and fewer tasks in flight (two cores). Environment variables and flags override them.
 LOCAL_DEFAULTS: dict[str, Any] = {
-    "tick_seconds": 2.0,
+    "tick_seconds": 1.0,
     "max_concurrency": 60,
     "batch_size": 10,
     "worker_timeout_seconds": 30,
+    "lock_seconds": 10,
+    "reservation_seconds": 10,
     "backoff_base_seconds": 2.0,
     "backoff_max_seconds": 30.0,
 }
@@ -64,8 +69,8 @@ def local_settings(environ: dict[str, str] | None = None, **overrides: Any) -> S
 
 
 def default_max_invocations(settings: Settings) -> int:
-    """Worker concurrency: twice the invocations one tick can start when every slot is free."""
-    return 2 * math.ceil(settings.max_concurrency / settings.batch_size)
+    """Worker concurrency: one invocation per worker slot, as the deployed reserved concurrency."""
+    return settings.worker_slots
 
 
 @dataclasses.dataclass
@@ -76,12 +81,13 @@ class TickRecord:
 
 
 class CoordinatorTimer:
-    """Stands in for the EventBridge rule: one coordinator tick every ``interval`` seconds."""
+    """Stands in for the EventBridge rule and the coordinator Lambda: a supervisor run that ticks
+    every ``tick_seconds`` on a fixed cadence, started again if it ends (it lost its lease)."""
 
-    def __init__(self, settings: Settings, invoker: dispatch.Invoker, interval: float) -> None:
+    def __init__(self, settings: Settings, invoker: dispatch.Invoker) -> None:
         self._settings = settings
         self._invoker = invoker
-        self.interval = interval
+        self.interval = settings.tick_seconds
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.history: collections.deque[TickRecord] = collections.deque(maxlen=120)
@@ -91,19 +97,21 @@ class CoordinatorTimer:
         self._thread.start()
         return self
 
+    def _record(self, report: dispatch.TickReport | None, error: str | None) -> None:
+        self.history.append(TickRecord(time.time(), report, error))
+        # Lambda flushes metrics at the end of each invocation; locally they are dropped.
+        metrics.clear_metrics()
+
     def _loop(self) -> None:
         while not self._stop.is_set():
-            started = time.monotonic()
+            supervisor = dispatch.Supervisor(self._settings, self._invoker)
+            supervisor.on_tick = self._record
             try:
-                report = dispatch.tick(self._settings, self._invoker)
-                self.history.append(TickRecord(time.time(), report))
-            except Exception as exc:  # noqa: BLE001 - a failed tick is logged; the next one runs
-                logger.exception("coordinator tick failed")
-                self.history.append(TickRecord(time.time(), None, f"{type(exc).__name__}: {exc}"))
-            finally:
-                # Lambda flushes metrics at the end of each invocation; locally they are dropped.
-                metrics.clear_metrics()
-            self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+                supervisor.run(lambda: math.inf, self._stop)
+            except Exception as exc:  # noqa: BLE001 - logged; the schedule starts another run
+                logger.exception("coordinator run failed")
+                self._record(None, f"{type(exc).__name__}: {exc}")
+            self._stop.wait(self.interval)
 
     def stop(self) -> None:
         """Stop after the tick in progress, if any."""
@@ -149,6 +157,7 @@ class LocalRuntime:
         self.database: EmbeddedDatabase | None = None
         self.table_created = False
         self.pool: ProcessWorkerPool | None = None
+        self.lambda_service: LocalLambdaService | None = None
         self.gateway: LocalGateway | None = None
         self.coordinator: CoordinatorTimer | None = None
         self.started_at = time.time()
@@ -180,30 +189,40 @@ class LocalRuntime:
                                            log=self.log if not isinstance(self.log, int) else None)
             self.settings = self.settings.model_copy(update={"dynamodb_endpoint": self.database.endpoint})
         self.table_created = create_table(self.settings)
-        configure(self.settings)
-        # The API handler, like the worker processes, reads its settings from the environment.
-        os.environ.update(self.settings.as_environment())
         self.pool = ProcessWorkerPool(
             self.worker_environment(),
             timeout_seconds=self.settings.worker_timeout_seconds,
             max_invocations=self.max_invocations,
             log=self.log if self.log is not None else sys.stderr,
         )
+        # Workers are started through Lambda's Invoke API, served here in front of the pool.
+        self.lambda_service = LocalLambdaService(self.pool, host=self.host).start()
+        self.settings = self.settings.model_copy(update={
+            "worker_function": self.lambda_service.function_name,
+            "lambda_endpoint": self.lambda_service.endpoint,
+        })
+        configure(self.settings)
+        # The API handler, like the worker processes, reads its settings from the environment.
+        os.environ.update(self.settings.as_environment())
         self.gateway = LocalGateway(
             load_api_handler(), host=self.host, port=self.port,
             extra_routes=dashboard_routes(self), static={"/dashboard/static": static_folder()},
         ).start()
-        self.coordinator = CoordinatorTimer(self.settings, self.pool, self.settings.tick_seconds).start()
+        invoker = dispatch.invoker_from_settings(self.settings)
+        assert invoker is not None
+        self.coordinator = CoordinatorTimer(self.settings, invoker).start()
         return self
 
     def stop(self) -> None:
         """Stop in order: no more ticks, drain or interrupt the workers, then API and database."""
         if self.coordinator is not None:
             self.coordinator.stop()
+        if self.gateway is not None:
+            self.gateway.stop()  # no more submits
         if self.pool is not None:
             self.pool.shutdown(self.drain_seconds)
-        if self.gateway is not None:
-            self.gateway.stop()
+        if self.lambda_service is not None:
+            self.lambda_service.stop()
         if self.database is not None:
             self.database.stop()
 

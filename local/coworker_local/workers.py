@@ -5,8 +5,10 @@ Lambda, as far as Coworker's guarantees go, is modelled like this:
 ======================  ===================================================================
 Lambda                  here
 ======================  ===================================================================
-async ``Invoke``        :meth:`ProcessWorkerPool.invoke` queues the batch and returns at once
-reserved concurrency    at most ``max_invocations`` invocations run at once; the rest wait
+async ``Invoke``        :meth:`ProcessWorkerPool.invoke` queues the event and returns at once
+                        (:mod:`coworker_local.lambda_service` serves it over Lambda's HTTP API)
+reserved concurrency    at most ``max_invocations`` invocations run at once (the worker slots);
+                        the rest wait, as throttled async events wait in Lambda's queue
 execution environment   a ``python -m coworker_local.workers`` process, reused by later
                         invocations (warm start) and replaced after a kill (cold start)
 function timeout        the process is SIGKILLed ``worker_timeout_seconds`` after the
@@ -23,11 +25,12 @@ Protocol (JSON lines over the child's stdin and original stdout; the child point
 stdout at stderr so logs cannot corrupt it)::
 
     child  -> parent  {"ready": <pid>}                    once, after start-up (the init phase)
-    parent -> child   {"owner": "...", "keys": [...], "timeout": 30}
-    child  -> parent  {"reports": [[key, outcome, attempt, seconds], ...], "retire": false}
+    parent -> child   {"owner": "...", "event": {"keys": [...], "slot": ..., "token": ...}, "timeout": 30}
+    child  -> parent  {"reports": [[key, outcome, attempt, seconds, source], ...], "retire": false}
 
 On SIGTERM (the runtime is shutting down) the child records every task it holds as failed,
-kind ``timeout`` ("interrupted"), releasing the lock, then exits: nothing is left half-written.
+kind ``timeout`` ("interrupted"), releasing the locks and its slot, then exits: nothing is left
+half-written.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import coworker
+from coworker.worker import WorkerRequest
 
 import coworker_local
 
@@ -74,7 +78,7 @@ class Invocation:
 
     seq: int
     owner: str
-    keys: list[str]
+    event: dict[str, Any]
     queued_at: float
     started_at: float | None = None
     finished_at: float | None = None
@@ -88,7 +92,8 @@ class Invocation:
         return {
             "seq": self.seq,
             "owner": self.owner,
-            "keys": self.keys,
+            "keys": self.event.get("keys", []),
+            "slot": self.event.get("slot"),
             "pid": self.pid,
             "cold_start": self.cold_start,
             "result": self.result,
@@ -194,31 +199,26 @@ class ProcessWorkerPool:
         self._seq = itertools.count(1)
         self._run_id = uuid.uuid4().hex[:6]
         self._recent: collections.deque[Invocation] = collections.deque(maxlen=history)
-        self._queued_keys: collections.Counter[str] = collections.Counter()
         self._series: dict[int, collections.Counter[str]] = {}
         self.outcomes: collections.Counter[str] = collections.Counter()  # per task, from the replies
+        # hint: keys handed to the invocation; feed: keys the worker found itself
+        self.outcomes_by_source: collections.defaultdict[str, collections.Counter[str]] = (
+            collections.defaultdict(collections.Counter))
         self._stopping = False
         self.counts: collections.Counter[str] = collections.Counter()
 
     # -- Invoker protocol ------------------------------------------------------------------
 
-    def invoke(self, keys: Sequence[str]) -> None:
-        """Queue one invocation for ``keys`` and return at once (Lambda's ``Event`` invoke)."""
+    def invoke(self, event: Mapping[str, Any] | WorkerRequest) -> None:
+        """Queue one invocation of ``event`` and return at once (Lambda's ``Event`` invoke)."""
+        if isinstance(event, WorkerRequest):
+            event = event.to_event()
         with self._lock:
             if self._stopping:
                 self.counts["dropped"] += 1
                 return
-            # The coordinator counts only claimed tasks as busy, so it hands out again keys whose
-            # invocation is still queued. Lambda would queue the duplicates too and they would
-            # claim nothing; here they are left out so a backlog of cold starts cannot snowball.
-            fresh = [key for key in dict.fromkeys(keys) if key not in self._queued_keys]
-            if not fresh:
-                self.counts["deduplicated"] += 1
-                return
-            for key in fresh:
-                self._queued_keys[key] += 1
             seq = next(self._seq)
-            invocation = Invocation(seq=seq, owner=f"local-{self._run_id}-{seq}", keys=fresh,
+            invocation = Invocation(seq=seq, owner=f"local-{self._run_id}-{seq}", event=dict(event),
                                     queued_at=time.time())
             self.counts["invoked"] += 1
             self._recent.append(invocation)
@@ -250,11 +250,6 @@ class ProcessWorkerPool:
         if self._stopping:
             invocation.result = "dropped"
             return
-        with self._lock:
-            for key in invocation.keys:
-                self._queued_keys[key] -= 1
-                if self._queued_keys[key] <= 0:
-                    del self._queued_keys[key]
         environment = self._take_environment(invocation)
         if environment is None:
             invocation.result = "init-failed"
@@ -267,7 +262,7 @@ class ProcessWorkerPool:
             self._busy[invocation.seq] = (invocation, environment)
         keep = False
         try:
-            environment.send({"owner": invocation.owner, "keys": invocation.keys,
+            environment.send({"owner": invocation.owner, "event": invocation.event,
                               "timeout": self.timeout_seconds})
             reply = environment.read_reply(time.monotonic() + self.timeout_seconds + KILL_GRACE_SECONDS)
         except TimeoutError:
@@ -282,8 +277,10 @@ class ProcessWorkerPool:
                 invocation.result = "interrupted" if code == -signal.SIGTERM or code == 143 else "crashed"
             else:
                 invocation.result = "ok"
-                invocation.outcomes = {key: outcome for key, outcome, _attempt, _sec in reply["reports"]}
-                self._count_outcomes(invocation.outcomes.values())
+                reports = reply["reports"]
+                invocation.outcomes = {key: outcome for key, outcome, *_ in reports}
+                self._count_outcomes([outcome for _key, outcome, *_ in reports],
+                                     [source for *_, source in reports])
                 keep = not reply.get("retire")
         finally:
             invocation.finished_at = time.time()
@@ -296,12 +293,13 @@ class ProcessWorkerPool:
             if environment is not None:
                 environment.close(wait=0.5)
 
-    def _count_outcomes(self, outcomes: Any) -> None:
+    def _count_outcomes(self, outcomes: Sequence[str], sources: Sequence[str]) -> None:
         second = int(time.time())
         with self._lock:
             bucket = self._series.setdefault(second, collections.Counter())
-            for outcome in outcomes:
+            for outcome, source in zip(outcomes, sources, strict=True):
                 self.outcomes[outcome] += 1
+                self.outcomes_by_source[source][outcome] += 1
                 bucket[outcome] += 1
             for old in [s for s in self._series if s < second - SERIES_SECONDS]:
                 del self._series[old]
@@ -333,7 +331,8 @@ class ProcessWorkerPool:
         queued = counts.get("invoked", 0) - ended - running
         return {"running": running, "idle_environments": idle, "queued": max(queued, 0),
                 "max_invocations": self.max_invocations, **counts,
-                "task_outcomes": dict(self.outcomes)}
+                "task_outcomes": dict(self.outcomes),
+                "task_outcomes_by_source": {k: dict(v) for k, v in self.outcomes_by_source.items()}}
 
     def shutdown(self, drain_seconds: float = 5.0) -> None:
         """Stop: drop queued invocations, let running ones finish for ``drain_seconds``, then
@@ -369,36 +368,30 @@ class ProcessWorkerPool:
 # -- the child process -------------------------------------------------------------------------
 
 
-def _interrupt(owner: str, keys: Sequence[str]) -> int:
-    """Record the tasks this invocation holds as failed (interrupted) and release their locks.
+def _interrupt(invocation: Any) -> int:
+    """Record the tasks ``invocation`` holds as failed (interrupted), release their locks and
+    its slot.
 
     Each write is fenced by (owner, attempt), like any outcome, so a handler that finishes at the
     same moment either records first (and this write is refused) or is refused itself.
     """
-    from coworker import lifecycle
-    from coworker.errors import TaskNotFoundError
-    from coworker.model import ErrorKind, TaskStatus, utcnow
+    from coworker import leases, lifecycle
+    from coworker.model import ErrorKind, utcnow
 
-    settings = _SETTINGS
     recorded = 0
-    for key in keys:
-        try:
-            task = lifecycle.get_task(key)
-        except TaskNotFoundError:
-            continue
-        if task.status != TaskStatus.PROCESSING.value or task.lock_owner != owner:
-            continue
-        claim = lifecycle.Claim(task=task, owner=owner, attempt=int(task.attempts))
+    for claim in invocation.held():
         error = lifecycle.error_record(
             claim.attempt, ErrorKind.TIMEOUT,
             "interrupted: the local runtime stopped (SIGTERM) before the task finished", utcnow())
-        if lifecycle.fail(claim, settings, error) is not lifecycle.RecordOutcome.LOST:
+        if lifecycle.fail(claim, invocation.settings, error) is not lifecycle.RecordOutcome.LOST:
             recorded += 1
+    request = invocation.request
+    if request.slot:
+        leases.release(request.slot, request.token or "")
     return recorded
 
 
-_SETTINGS: Any = None
-_CURRENT: tuple[str, list[str]] | None = None
+_CURRENT: Any = None
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -406,15 +399,15 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     if current is not None:
         from coworker.observability import logger
 
-        recorded = _interrupt(*current)
-        logger.warning("worker interrupted by SIGTERM", extra={"owner": current[0], "recorded": recorded})
+        recorded = _interrupt(current)
+        logger.warning("worker interrupted by SIGTERM", extra={"owner": current.owner, "recorded": recorded})
     sys.stderr.flush()
     os._exit(143)
 
 
 def child_main() -> None:
     """Entry point of a worker process: serve invocations read from stdin until EOF."""
-    global _SETTINGS, _CURRENT
+    global _CURRENT
     # Keep the original stdout for replies; everything printed (logs, EMF) goes to stderr.
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
@@ -423,18 +416,22 @@ def child_main() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
 
     from coworker.bootstrap import configure
-    from coworker.observability import metrics
-    from coworker.worker import run_batch
+    from coworker.observability import logger, metrics
+    from coworker.worker import Invocation as WorkerInvocation
 
-    _SETTINGS = configure()
+    settings = configure()
     replies.write(json.dumps({"ready": os.getpid()}) + "\n")
     baseline = threading.active_count()
     for line in sys.stdin:
-        request = json.loads(line)
-        _CURRENT = (request["owner"], list(request["keys"]))
-        deadline = time.monotonic() + float(request["timeout"])
+        message = json.loads(line)
+        deadline = time.monotonic() + float(message["timeout"])
+        reports = []
         try:
-            reports = run_batch(request["keys"], request["owner"], _SETTINGS, deadline)
+            request = WorkerRequest.from_event(message["event"])
+            _CURRENT = WorkerInvocation(request, message["owner"], settings, deadline)
+            reports = _CURRENT.run()
+        except Exception:  # noqa: BLE001 - as on Lambda: the invocation fails, the process lives
+            logger.exception("worker invocation failed")
         finally:
             _CURRENT = None
             # Lambda flushes metrics at the end of each invocation (to the log, as EMF lines).
@@ -443,7 +440,8 @@ def child_main() -> None:
         # A timed-out handler's thread is still running: retire this environment.
         retire = threading.active_count() > baseline
         replies.write(json.dumps({
-            "reports": [[r.key, r.outcome.value, r.attempt, round(r.seconds, 3)] for r in reports],
+            "reports": [[r.key, r.outcome.value, r.attempt, round(r.seconds, 3), r.source.value]
+                        for r in reports],
             "retire": retire,
         }) + "\n")
         if retire:

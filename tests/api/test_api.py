@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from coworker import dispatch, lifecycle
+from coworker import dispatch, leases, lifecycle
 from coworker.api import create_app
 from coworker.api_models import MAX_BATCH_TASKS, MAX_KEY_CHARS, MAX_PAYLOAD_BYTES
 from coworker.dispatch import InProcessInvoker
@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 class Api:
     """Calls the resolver the way API Gateway's Lambda proxy integration does."""
 
-    def __init__(self, settings) -> None:
+    def __init__(self, settings, invoker=None) -> None:
         self.settings = settings
-        self.app = create_app(settings)
+        self.app = create_app(settings, invoker)
 
     def call(self, method: str, path: str, body=None, headers=None, raw: str | None = None):
         headers = {"Content-Type": "application/json", **(headers or {})}
@@ -38,10 +38,21 @@ class Api:
         return response["statusCode"], parsed, response
 
     def items(self) -> list[dict]:
-        """Every item of the table (tasks and batch items), to prove a request changed nothing."""
+        """Every task and batch item of the table, to prove a request changed nothing (worker
+        slots, which the fixture creates, are left out)."""
         client = dynamodb_client(self.settings)
         pages = client.get_paginator("scan").paginate(TableName=self.settings.table_name, ConsistentRead=True)
-        return sorted((item for page in pages for item in page["Items"]), key=lambda i: i["key"]["S"])
+        items = (item for page in pages for item in page["Items"]
+                 if not item["key"]["S"].startswith(leases.SLOT_KEY_PREFIX))
+        return sorted(items, key=lambda i: i["key"]["S"])
+
+
+class RecordingInvoker:
+    def __init__(self) -> None:
+        self.requests = []
+
+    def invoke(self, request) -> None:
+        self.requests.append(request)
 
 
 @pytest.fixture
@@ -54,7 +65,8 @@ def _run_all(settings) -> None:
     invoker = InProcessInvoker(settings)
     try:
         for _ in range(10):
-            report = dispatch.tick(settings, invoker)
+            # Tasks put a moment ago are due at once (no wait for dispatch on submit here).
+            report = dispatch.tick(settings.model_copy(update={"dispatch_on_submit": False}), invoker)
             invoker.wait()
             if report.dispatched == 0:
                 return
@@ -63,6 +75,31 @@ def _run_all(settings) -> None:
 
 
 # Submit -------------------------------------------------------------------------------------
+
+def test_a_submitted_task_starts_at_once_on_a_free_slot_without_a_tick(settings):
+    invoker = InProcessInvoker(settings)
+    api = Api(settings, invoker)
+    later = "2999-01-01T00:00:00Z"
+    assert api.call("POST", "/tasks", {"key": "now", "type": "quick"})[0] == 201
+    assert api.call("POST", "/tasks", {"key": "later", "type": "quick", "run_at": later})[0] == 201
+    assert api.call("POST", "/tasks", {"tasks": [{"key": "b1", "type": "quick"},
+                                                 {"key": "b2", "type": "quick"}]})[0] == 201
+    assert api.call("POST", "/tasks", {"key": "now", "type": "quick"})[0] == 200  # exists: no start
+    invoker.wait()
+    invoker.shutdown()
+    assert sorted(key for request in invoker.requests for key in request.keys) == ["b1", "b2", "now"]
+    assert {key: lifecycle.get_task(key).status for key in ("now", "b1", "b2", "later")} == {
+        "now": "finished", "b1": "finished", "b2": "finished", "later": "todo"}
+
+
+def test_submit_with_every_slot_busy_starts_nothing_and_the_task_waits(make_settings):
+    settings = make_settings(max_concurrency=2, batch_size=1)
+    dispatch.start_workers(settings, RecordingInvoker(), ["x", "y"])  # both slots reserved
+    invoker = RecordingInvoker()
+    status, body, _ = Api(settings, invoker).call("POST", "/tasks", {"key": "k", "type": "quick"})
+    assert (status, invoker.requests) == (201, [])
+    assert lifecycle.get_task("k").status == "todo"
+
 
 def test_submit_one_task_is_idempotent_by_key(api):
     status, body, _ = api.call("POST", "/tasks", {"key": "k1", "type": "quick", "payload": {"n": 1},

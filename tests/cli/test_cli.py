@@ -52,8 +52,10 @@ class Served:
         """Let the coordinator and in-process workers run everything that is due."""
         invoker = InProcessInvoker(self.settings)
         try:
+            # Tasks submitted a moment ago are due at once (no wait for dispatch on submit here).
+            settings = self.settings.model_copy(update={"dispatch_on_submit": False})
             for _ in range(10):
-                report = dispatch.tick(self.settings, invoker)
+                report = dispatch.tick(settings, invoker)
                 invoker.wait()
                 if report.dispatched == 0:
                     return

@@ -5,6 +5,7 @@ Needs node_modules (``npm ci``); CI runs it, a machine without it skips with the
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -45,7 +46,12 @@ def test_cdk_synth_offline_and_cfn_lint(tmp_path: Path) -> None:
         pytest.skip(f"functions/{','.join(missing)}/handler.py not written yet; app.py cannot package it")
     out = tmp_path / "cdk.out"
     result = subprocess.run(
-        [str(CDK_BIN), "synth", "--quiet", "--output", str(out), "-c", "layerDependencies=skip"],
+        [
+            str(CDK_BIN), "synth", "--quiet", "--output", str(out),
+            "-c", "layerDependencies=skip",
+            # A boolean setting as the command line passes it: the string "false".
+            "-c", "dispatchOnSubmit=false",
+        ],
         cwd=c.REPO_ROOT,
         env=offline_environment(),
         capture_output=True,
@@ -55,6 +61,17 @@ def test_cdk_synth_offline_and_cfn_lint(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     template = out / f"{c.STACK_ID}.template.json"
     assert template.is_file()
+    functions = {
+        props["Description"].split()[1].rstrip(":").lower(): props
+        for resource in json.loads(template.read_text())["Resources"].values()
+        if resource["Type"] == "AWS::Lambda::Function"
+        for props in [resource["Properties"]]
+    }
+    assert set(functions) == {"coordinator", "worker", "api"}
+    for role, props in functions.items():
+        assert props["Environment"]["Variables"]["COWORKER_DISPATCH_ON_SUBMIT"] == "False", role
+    assert functions["worker"]["ReservedConcurrentExecutions"] == 12  # the defaults: ceil(120 / 10)
+    assert functions["coordinator"]["Timeout"] == 90
 
     cfn_lint = shutil.which("cfn-lint", path=str(Path(sys.executable).parent)) or shutil.which("cfn-lint")
     assert cfn_lint, "cfn-lint is in requirements-dev.txt"

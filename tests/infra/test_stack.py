@@ -26,6 +26,11 @@ CONTEXT = {
     "scheduleMinutes": 2,
     "maxAttempts": 4,
     "retentionDays": 7,
+    "superviseSeconds": 120,
+    "tickSeconds": 2,
+    "heartbeatSeconds": 10,
+    "reservationSeconds": 90,
+    "dispatchOnSubmit": "false",  # a string, as `cdk -c dispatchOnSubmit=false` passes it
     "alarmEmail": "ops@example.com",
 }
 
@@ -42,14 +47,30 @@ def template(synthesized) -> Template:
     return synthesized[2]
 
 
-@pytest.fixture(scope="module")
-def functions(template: Template) -> dict[str, dict]:
+def functions_by_role(template: Template) -> dict[str, dict]:
     """Lambda functions by role, recognised by the first word after 'Coworker ' in their description."""
     found = {}
     for logical_id, resource in template.find_resources("AWS::Lambda::Function").items():
         role = resource["Properties"]["Description"].split()[1].rstrip(":").lower()
         found[role] = {"id": logical_id, **resource["Properties"]}
     return found
+
+
+@pytest.fixture(scope="module")
+def functions(template: Template) -> dict[str, dict]:
+    return functions_by_role(template)
+
+
+@pytest.fixture(scope="module")
+def default_template(synthesize) -> Template:
+    """The stack with no context at all: the deployment `npx cdk deploy` makes."""
+    stack, assembly = synthesize({})
+    return Template.from_json(assembly.get_stack_by_name(stack.stack_name).template)
+
+
+@pytest.fixture(scope="module")
+def default_functions(default_template: Template) -> dict[str, dict]:
+    return functions_by_role(default_template)
 
 
 def resources(template: Template, kind: str) -> dict[str, dict]:
@@ -159,14 +180,22 @@ def test_environment_carries_the_settings_from_context(template: Template, funct
         assert env["COWORKER_WORKER_TIMEOUT_SECONDS"] == "120"
         assert env["COWORKER_MAX_ATTEMPTS"] == "4"
         assert env["COWORKER_RETENTION_DAYS"] == "7.0"
-        assert env["COWORKER_TICKS_PER_INVOCATION"] == "1"
+        assert env["COWORKER_SUPERVISE_SECONDS"] == "120.0"
+        assert env["COWORKER_TICK_SECONDS"] == "2.0"
+        assert env["COWORKER_HEARTBEAT_SECONDS"] == "10.0"
+        assert env["COWORKER_RESERVATION_SECONDS"] == "90"
+        assert env["COWORKER_DISPATCH_ON_SUBMIT"] == "False"  # "false" on the command line
+        assert "COWORKER_TICKS_PER_INVOCATION" not in env
+        assert "COWORKER_LAMBDA_ENDPOINT" not in env
         assert env["COWORKER_HANDLER_MODULES"]
         assert env["POWERTOOLS_SERVICE_NAME"] == c.SERVICE_NAME
         assert env["POWERTOOLS_METRICS_NAMESPACE"] == "Coworker"
         assert env["POWERTOOLS_LOG_LEVEL"] == "INFO"
         assert "AWS_REGION" not in env and "COWORKER_DYNAMODB_ENDPOINT" not in env
-    coordinator_env = functions["coordinator"]["Environment"]["Variables"]
-    assert coordinator_env["COWORKER_WORKER_FUNCTION"] == {"Ref": functions["worker"]["id"]}
+    # The coordinator and the API (dispatch on submit) both start workers.
+    for role in ("coordinator", "api"):
+        env = functions[role]["Environment"]["Variables"]
+        assert env["COWORKER_WORKER_FUNCTION"] == {"Ref": functions["worker"]["id"]}, role
     assert "COWORKER_WORKER_FUNCTION" not in functions["worker"]["Environment"]["Variables"]
 
 
@@ -176,8 +205,33 @@ def test_worker_limits_come_from_context(functions) -> None:
     assert worker["MemorySize"] == 1024
     assert worker["ReservedConcurrentExecutions"] == math.ceil(12 / 5) == 3
     assert functions["coordinator"]["ReservedConcurrentExecutions"] == 1
+    assert functions["coordinator"]["Timeout"] == 120 + c.COORDINATOR_TIMEOUT_SLACK_SECONDS == 150
     assert "ReservedConcurrentExecutions" not in functions["api"]
     assert functions["api"]["Timeout"] <= 29
+
+
+def test_default_deployment(default_template: Template, default_functions) -> None:
+    worker, coordinator, api = (default_functions[r] for r in ("worker", "coordinator", "api"))
+    assert worker["Timeout"] == 300
+    assert worker["ReservedConcurrentExecutions"] == 12  # ceil(120 / 10) worker slots
+    assert coordinator["ReservedConcurrentExecutions"] == 1
+    assert coordinator["Timeout"] == 90  # supervises 60 s, plus 30 s slack
+    for role, fn in default_functions.items():
+        env = fn["Environment"]["Variables"]
+        assert env["COWORKER_MAX_CONCURRENCY"] == "120", role
+        assert env["COWORKER_BATCH_SIZE"] == "10"
+        assert env["COWORKER_SUPERVISE_SECONDS"] == "60.0"
+        assert env["COWORKER_TICK_SECONDS"] == "5.0"
+        assert env["COWORKER_LOCK_SECONDS"] == "60"
+        assert env["COWORKER_RESERVATION_SECONDS"] == "30"
+        assert env["COWORKER_DISPATCH_ON_SUBMIT"] == "True"
+        assert "COWORKER_HEARTBEAT_SECONDS" not in env  # default: a third of the lock
+    assert api["Environment"]["Variables"]["COWORKER_WORKER_FUNCTION"] == {"Ref": worker["id"]}
+    # A reservation lasts 30 s, below Lambda's minimum event age of 60 s.
+    default_template.has_resource_properties(
+        "AWS::Lambda::EventInvokeConfig",
+        {"FunctionName": {"Ref": worker["id"]}, "MaximumRetryAttempts": 0, "MaximumEventAgeInSeconds": 60},
+    )
 
 
 def test_worker_async_invocations_are_never_retried_and_fail_to_the_dlq(
@@ -189,7 +243,7 @@ def test_worker_async_invocations_are_never_retried_and_fail_to_the_dlq(
         {
             "FunctionName": {"Ref": functions["worker"]["id"]},
             "MaximumRetryAttempts": 0,
-            "MaximumEventAgeInSeconds": 120 + 30,  # the default lock: worker timeout + 30 s
+            "MaximumEventAgeInSeconds": 90,  # reservationSeconds: older events find their slot gone
             "DestinationConfig": {"OnFailure": {"Destination": {"Fn::GetAtt": [queue_id, "Arn"]}}},
         },
     )
@@ -277,6 +331,8 @@ def test_least_privilege_on_the_table(template: Template, functions) -> None:
     assert table_actions(template, role_of(functions["coordinator"])) == {
         "dynamodb:Query",
         "dynamodb:UpdateItem",
+        "dynamodb:BatchGetItem",  # worker-slot items are created at the start of a run
+        "dynamodb:PutItem",
     }
     assert table_actions(template, role_of(functions["worker"])) == {
         "dynamodb:GetItem",
@@ -288,14 +344,22 @@ def test_least_privilege_on_the_table(template: Template, functions) -> None:
     assert all(a.startswith("dynamodb:") and a != "dynamodb:*" for a in api_actions)
 
 
-def test_only_the_coordinator_may_invoke_the_worker(template: Template, functions) -> None:
+def test_only_the_coordinator_and_the_api_may_invoke_the_worker(template: Template, functions) -> None:
     worker = functions["worker"]["id"]
+    invokers = {role_of(functions["coordinator"]), role_of(functions["api"])}
+    seen = set()
     for role, statements in policy_statements(template).items():
         invokes = [s for s in statements if "lambda:InvokeFunction" in actions_of(s)]
-        if role == role_of(functions["coordinator"]):
-            assert invokes and all(worker in json.dumps(s["Resource"]) for s in invokes)
+        if role in invokers:
+            seen.add(role)
+            assert invokes, role
+            for statement in invokes:
+                assert statement["Effect"] == "Allow"
+                assert actions_of(statement) == ["lambda:InvokeFunction"]
+                assert all(worker in json.dumps(resource) for resource in statement["Resource"]), statement
         else:
             assert not invokes, role
+    assert seen == invokers
 
 
 # --- API -----------------------------------------------------------------------------------
@@ -458,12 +522,56 @@ def test_context_defaults() -> None:
     cfg = config()
     assert not cfg.destroy_on_removal and cfg.install_layer_dependencies
     assert cfg.schedule_minutes == 1
-    assert cfg.worker_reserved_concurrency == 2  # ceil(10 / 5)
+    assert cfg.worker_reserved_concurrency == cfg.settings.worker_slots == 12  # ceil(120 / 10)
+    assert cfg.coordinator_timeout_seconds == 90  # 60 s supervising + 30 s
+    assert cfg.worker_max_event_age_seconds == 60  # the 30 s reservation, raised to Lambda's minimum
+    assert cfg.settings.dispatch_on_submit is True
 
 
 def test_context_strings_from_the_command_line_are_accepted() -> None:
-    cfg = config(maxConcurrency="7", batchSize="3", removalPolicy="destroy", apiCloudWatchRole="false")
+    cfg = config(
+        maxConcurrency="7",
+        batchSize="3",
+        removalPolicy="destroy",
+        apiCloudWatchRole="false",
+        dispatchOnSubmit="false",
+        superviseSeconds="300",
+        reservationSeconds="120",
+        heartbeatSeconds="5",
+    )
     assert cfg.worker_reserved_concurrency == 3 and cfg.destroy_on_removal and not cfg.api_cloudwatch_role
+    assert cfg.settings.dispatch_on_submit is False
+    assert cfg.coordinator_timeout_seconds == 330
+    assert cfg.worker_max_event_age_seconds == 120
+    assert cfg.settings.effective_heartbeat_seconds == 5
+    assert cfg.function_environment()["COWORKER_DISPATCH_ON_SUBMIT"] == "False"
+    assert config(dispatchOnSubmit="true").settings.dispatch_on_submit is True
+
+
+@pytest.mark.parametrize(
+    ("max_concurrency", "batch_size", "slots"),
+    [(120, 10, 12), (125, 10, 13), (1, 10, 1), (100, 1, 100), (12, 5, 3)],
+)
+def test_worker_reserved_concurrency_is_the_number_of_worker_slots(max_concurrency, batch_size, slots) -> None:
+    cfg = config(maxConcurrency=max_concurrency, batchSize=batch_size)
+    assert cfg.worker_reserved_concurrency == slots == math.ceil(max_concurrency / batch_size)
+
+
+@pytest.mark.parametrize(
+    ("supervise", "timeout"),
+    [(60, 90), (59.5, 90), (1, 31), (840, 870)],
+)
+def test_coordinator_timeout_covers_its_supervision_plus_slack(supervise, timeout) -> None:
+    cfg = config(superviseSeconds=supervise)
+    assert cfg.coordinator_timeout_seconds == timeout <= c.LAMBDA_MAX_TIMEOUT_SECONDS
+
+
+@pytest.mark.parametrize(
+    ("reservation", "age"),
+    [(30, 60), (60, 60), (61, 61), (3600, 3600), (7 * 3600, 6 * 3600)],
+)
+def test_worker_event_age_is_the_reservation_within_lambda_limits(reservation, age) -> None:
+    assert config(reservationSeconds=reservation).worker_max_event_age_seconds == age
 
 
 @pytest.mark.parametrize(
@@ -471,7 +579,11 @@ def test_context_strings_from_the_command_line_are_accepted() -> None:
     [
         {"removalPolicy": "delete"},
         {"layerDependencies": "maybe"},
-        {"workerTimeoutSeconds": 300, "lockSeconds": 200},  # a lock shorter than a worker run
+        {"lockSeconds": 30, "heartbeatSeconds": 20},  # a heartbeat too rare to keep the lock
+        {"superviseSeconds": 900},  # more than a Lambda invocation can hold
+        {"reservationSeconds": 1},
+        {"dispatchOnSubmit": "maybe"},
+        {"ticksPerInvocation": 3},  # retired: superviseSeconds replaced it
         {"batchSize": 0},
         {"scheduleMinutes": 0},
     ],

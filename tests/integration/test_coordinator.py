@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from datetime import timedelta
 
 import pytest
@@ -15,7 +14,7 @@ from coworker import dispatch, lifecycle
 from coworker.dispatch import InProcessInvoker
 from coworker.lifecycle import TaskSpec
 from coworker.model import TaskStatus, utcnow
-from coworker.worker import TaskOutcome, run_batch
+from coworker.worker import TaskOutcome, WorkerRequest, run_batch, run_invocation
 
 # Part of the lifecycle contract (expired locks, killed workers): runs on DynamoDB Local and on moto.
 pytestmark = pytest.mark.both_backends
@@ -25,10 +24,14 @@ class RecordingInvoker:
     """Invoker that only records what it was asked to start (implements dispatch.Invoker)."""
 
     def __init__(self) -> None:
-        self.batches: list[list[str]] = []
+        self.requests: list[WorkerRequest] = []
 
-    def invoke(self, keys: Sequence[str]) -> None:
-        self.batches.append(list(keys))
+    def invoke(self, request: WorkerRequest) -> None:
+        self.requests.append(request)
+
+    @property
+    def batches(self) -> list[list[str]]:
+        return [list(request.keys) for request in self.requests]
 
     @property
     def keys(self) -> list[str]:
@@ -36,47 +39,86 @@ class RecordingInvoker:
 
 
 def _put_many(settings, count, prefix="t", type_="quick", now=None, **kw):
-    base = now or utcnow()
+    # Put in the past (beyond the submit grace), spread so "oldest first" has a defined order.
+    base = now or utcnow() - timedelta(seconds=10)
     for i in range(count):
-        # Spread put times so "oldest first" has a defined order.
         lifecycle.put_task(TaskSpec(key=f"{prefix}{i:03d}", type=type_, **kw), settings,
                            now=base - timedelta(seconds=count - i))
 
 
-def test_tick_fills_free_slots_oldest_first_in_batches(make_settings):
-    settings = make_settings(max_concurrency=7, batch_size=3)
+def test_tick_fills_free_slots_oldest_first_never_past_max_concurrency(make_settings):
+    settings = make_settings(max_concurrency=7, batch_size=3)  # slots of 3, 3 and 1 threads
     _put_many(settings, 20)
     invoker = RecordingInvoker()
     report = dispatch.tick(settings, invoker)
     assert report.dispatched == 7 and report.invocations == 3
-    assert [len(b) for b in invoker.batches] == [3, 3, 1]
-    assert invoker.keys == [f"t{i:03d}" for i in range(7)]
+    assert sorted(len(b) for b in invoker.batches) == [1, 3, 3]
+    assert sorted(invoker.keys) == [f"t{i:03d}" for i in range(7)]
+    assert len({request.slot for request in invoker.requests}) == 3
 
 
-def test_busy_tasks_reduce_what_is_dispatched(make_settings):
-    settings = make_settings(max_concurrency=5, batch_size=10)
+def test_dispatched_but_unclaimed_work_counts_against_capacity(make_settings):
+    """The defect: with 2 slots, ticks kept handing out keys whose workers had not claimed yet."""
+    settings = make_settings(max_concurrency=2, batch_size=1)
+    _put_many(settings, 10, type_="slow")
+    invoker = RecordingInvoker()  # the workers never start: nothing is claimed
+    reports = [dispatch.tick(settings, invoker) for _ in range(5)]
+    assert len(invoker.keys) == 2 and [r.invocations for r in reports] == [2, 0, 0, 0, 0]
+    assert (reports[-1].busy_slots, reports[-1].free_slots) == (2, 0)
+
+
+def test_busy_workers_reduce_what_is_started(make_settings):
+    settings = make_settings(max_concurrency=5, batch_size=1)
     _put_many(settings, 10)
-    for key in ("t000", "t001", "t002"):
-        assert lifecycle.claim(key, "busy-worker", settings) is not None
+    assert len(dispatch.start_workers(settings, RecordingInvoker(), ["t000", "t001", "t002"])) == 3
     invoker = RecordingInvoker()
     report = dispatch.tick(settings, invoker)
-    assert (report.busy, report.free, report.dispatched) == (3, 2, 2)
-    assert invoker.keys == ["t003", "t004"]
-    for key in ("t003", "t004"):
-        lifecycle.claim(key, "w", settings)
-    assert dispatch.tick(settings, invoker).dispatched == 0  # full
+    assert (report.busy_slots, report.free_slots, report.invocations) == (3, 2, 2)
+    assert dispatch.tick(settings, invoker).invocations == 0  # full
+
+
+def test_a_lapsed_reservation_frees_the_slot_and_its_late_worker_does_not_start(make_settings):
+    settings = make_settings(max_concurrency=1, batch_size=1, reservation_seconds=2)
+    _put_many(settings, 1)
+    invoker = RecordingInvoker()
+    dispatch.tick(settings, invoker)
+    time.sleep(2.2)  # the worker never started; its reservation lapses
+    dispatch.tick(settings, invoker)
+    late, fresh = invoker.requests
+    assert late.slot == fresh.slot and late.token != fresh.token
+    assert run_invocation(late, "late", settings, time.monotonic() + 30) == []
+    assert lifecycle.get_task("t000").status == "todo"  # untouched by the late worker
+    reports = run_invocation(fresh, "fresh", settings, time.monotonic() + 30)
+    assert [r.outcome for r in reports] == [TaskOutcome.FINISHED]
 
 
 def test_not_yet_due_tasks_are_not_dispatched(settings):
     lifecycle.put_task(TaskSpec(key="later", type="quick", run_at=utcnow() + timedelta(hours=1)), settings)
-    lifecycle.put_task(TaskSpec(key="now", type="quick"), settings)
+    lifecycle.put_task(TaskSpec(key="now", type="quick"), settings, now=utcnow() - timedelta(seconds=10))
     invoker = RecordingInvoker()
     dispatch.tick(settings, invoker)
     assert invoker.keys == ["now"]
 
 
+def test_new_tasks_are_left_to_dispatch_on_submit_for_a_moment(make_settings):
+    settings = make_settings()
+    lifecycle.put_task(TaskSpec(key="fresh", type="quick"), settings)
+    assert dispatch.tick(settings, RecordingInvoker()).dispatched == 0
+    assert dispatch.tick(settings.model_copy(update={"dispatch_on_submit": False}),
+                         RecordingInvoker()).dispatched == 1
+
+
+def test_a_supervisor_does_not_hand_out_a_key_twice_while_its_worker_starts(make_settings):
+    settings = make_settings(max_concurrency=4, batch_size=1)
+    _put_many(settings, 2)
+    invoker, memory = RecordingInvoker(), dispatch.HintMemory(settings.reservation_seconds)
+    dispatch.tick(settings, invoker, memory=memory)
+    dispatch.tick(settings, invoker, memory=memory)
+    assert sorted(invoker.keys) == ["t000", "t001"]
+
+
 def test_lost_work_and_due_retries_go_before_new_tasks(make_settings):
-    settings = make_settings(max_concurrency=3)
+    settings = make_settings(max_concurrency=3, batch_size=3)
     past = utcnow() - timedelta(seconds=settings.effective_lock_seconds + 5)
     _put_many(settings, 5, prefix="new", now=past)
     lifecycle.put_task(TaskSpec(key="lost", type="quick"), settings, now=past)
@@ -125,15 +167,16 @@ def test_lost_on_the_last_attempt_becomes_ignored_with_worker_lost(settings):
 
 def test_every_task_reaches_a_terminal_state(make_settings):
     settings = make_settings(max_concurrency=8, batch_size=3)
+    past = utcnow() - timedelta(seconds=10)
     for i in range(12):
-        lifecycle.put_task(TaskSpec(key=f"q{i}", type="quick"), settings)
-        lifecycle.put_task(TaskSpec(key=f"f{i}", type="flaky", payload={"fail_attempts": 1}), settings)
-        lifecycle.put_task(TaskSpec(key=f"x{i}", type="always-fail"), settings)
+        lifecycle.put_task(TaskSpec(key=f"q{i}", type="quick"), settings, now=past)
+        lifecycle.put_task(TaskSpec(key=f"f{i}", type="flaky", payload={"fail_attempts": 1}), settings, now=past)
+        lifecycle.put_task(TaskSpec(key=f"x{i}", type="always-fail"), settings, now=past)
     invoker = InProcessInvoker(settings)
     for _ in range(40):
         report = dispatch.tick(settings, invoker)
         invoker.wait()
-        if report.dispatched == 0 and report.busy == 0:
+        if report.due == 0:
             break
     statuses = {key: lifecycle.get_task(key) for p in "qfx" for key in (f"{p}{i}" for i in range(12))}
     assert all(statuses[f"q{i}"].status == "finished" for i in range(12))
@@ -182,27 +225,24 @@ def test_killed_worker_process_task_is_completed_by_another_after_lock_expiry(ma
     assert task.errors[0].kind == "worker_lost"
 
 
-def test_several_ticks_per_invocation_stop_before_the_time_runs_out(make_settings):
-    settings = make_settings(ticks_per_invocation=4, tick_seconds=10)
-    invoker, sleeps = RecordingInvoker(), []
-    remaining = iter([55.0, 45.0, 12.0])  # seconds left after each tick
-    reports = dispatch.run_ticks(settings, invoker, lambda: next(remaining), sleep=sleeps.append)
-    assert len(reports) == 3 and sleeps == [10, 10]  # third tick: 12 s left < 10 s + 5 s slack
-
-
-def test_busy_count_is_one_bounded_read_however_many_tasks_run(make_settings):
+def test_busy_count_is_exact_beyond_one_page_of_index_data(make_settings):
+    """A single COUNT query stops at 1 MB of index data; the count must page on."""
     from coworker import queries
+    from coworker.model import TaskModel
 
-    settings = make_settings(max_concurrency=50)
-    _put_many(settings, 30)
-    for i in range(30):
-        lifecycle.claim(f"t{i:03d}", "w", settings)
-    assert queries.count_running(utcnow(), limit=100) == 30
-    assert queries.count_running(utcnow(), limit=7) == 7
+    settings = make_settings()
+    now = utcnow()
+    bulky = "x" * 400  # projected into the index: about 0.5 KB per entry, 2,500 entries > 1 MB
+    with TaskModel.batch_write() as batch:
+        for i in range(2_500):
+            task = lifecycle.new_task(TaskSpec(key=f"r{i:05d}", type=bulky), settings, now)
+            task.status, task.due_at, task.attempts = "processing", now + timedelta(minutes=5), 1
+            batch.save(task)
+    assert queries.count_running(utcnow()) == 2_500
 
 
 def test_priority_puts_a_task_ahead_of_older_backlog(settings):
-    _put_many(settings, 5)  # put 1-5 seconds ago
+    _put_many(settings, 5)  # put 11-15 seconds ago
     lifecycle.put_task(TaskSpec(key="urgent", type="quick", priority=3600), settings)
     lifecycle.put_task(TaskSpec(key="meh", type="quick", priority=-3600), settings)
     invoker = RecordingInvoker()

@@ -12,8 +12,10 @@ def test_settings_read_environment_names_and_defaults():
     settings = Settings.from_env({"COWORKER_MAX_CONCURRENCY": "42", "COWORKER_TABLE_NAME": "t"})
     assert settings.max_concurrency == 42
     assert settings.table_name == "t"
-    assert settings.batch_size == 5  # default
-    assert settings.effective_lock_seconds == settings.worker_timeout_seconds + 30
+    assert settings.batch_size == 10  # default
+    assert settings.effective_lock_seconds == 60  # short: heartbeats extend it
+    assert settings.effective_heartbeat_seconds == 20
+    assert settings.worker_slots == 5  # ceil(42 / 10)
 
 
 def test_settings_round_trip_through_environment():
@@ -21,9 +23,14 @@ def test_settings_round_trip_through_environment():
     assert Settings.from_env(settings.as_environment()) == settings
 
 
-def test_lock_shorter_than_worker_timeout_is_rejected_with_reason():
-    with pytest.raises(ConfigurationError, match="must be longer than"):
-        Settings.from_env({"COWORKER_LOCK_SECONDS": "60", "COWORKER_WORKER_TIMEOUT_SECONDS": "120"})
+def test_heartbeat_slower_than_half_the_lock_is_rejected_with_reason():
+    with pytest.raises(ConfigurationError, match="at most half"):
+        Settings.from_env({"COWORKER_LOCK_SECONDS": "30", "COWORKER_HEARTBEAT_SECONDS": "20"})
+
+
+def test_lock_may_be_shorter_than_the_worker_timeout():
+    settings = Settings.from_env({"COWORKER_LOCK_SECONDS": "15", "COWORKER_WORKER_TIMEOUT_SECONDS": "900"})
+    assert settings.effective_heartbeat_seconds == 5
 
 
 def test_bad_number_is_rejected():

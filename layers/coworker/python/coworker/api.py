@@ -35,7 +35,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValida
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from pydantic import BaseModel
 
-from coworker import batches, lifecycle, schema
+from coworker import batches, dispatch, lifecycle, schema
 from coworker.api_models import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
@@ -307,9 +307,17 @@ def _spec(task: TaskIn, batch_id: str | None) -> TaskSpec:
 
 # -- the application ---------------------------------------------------------------------------
 
-def create_app(settings: Settings) -> APIGatewayRestResolver:
-    """The task API for ``settings`` (the model must already be bound: see ``bootstrap.configure``)."""
+def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> APIGatewayRestResolver:
+    """The task API for ``settings`` (the model must already be bound: see ``bootstrap.configure``).
+
+    With an ``invoker``, tasks due now that a submit creates start at once on free worker slots
+    (dispatch on submit); without one they wait for the coordinator.
+    """
     app = APIGatewayRestResolver(enable_validation=True)
+
+    def start_due(specs: Sequence[TaskSpec], now: datetime) -> None:
+        due = [spec.key for spec in specs if lifecycle.first_due_at(spec, now) <= now]
+        dispatch.dispatch_submitted(settings, invoker, due)
     app.enable_swagger(path="/docs", title=API_TITLE, version=API_VERSION,
                        description="Submit, inspect, list, retry and cancel Coworker tasks.")
 
@@ -362,6 +370,8 @@ def create_app(settings: Settings) -> APIGatewayRestResolver:
             spec = _spec(body, None)
             outcome = lifecycle.put_task(spec, settings, now=now)
             answer = SubmitTaskOut(key=spec.key, outcome=outcome.value)
+            if outcome is PutOutcome.CREATED:
+                start_due([spec], now)
             status = 201 if outcome is PutOutcome.CREATED else 200
             return _json(status, answer)
         assert isinstance(body, BatchIn)
@@ -372,6 +382,7 @@ def create_app(settings: Settings) -> APIGatewayRestResolver:
         results = [PutResult(key=spec.key, outcome="created" if made else "exists")
                    for spec, made in zip(specs, created, strict=True)]
         made_count = sum(created)
+        start_due([spec for spec, made in zip(specs, created, strict=True) if made], now)
         answer = SubmitBatchOut(batch_id=batch_id, created=made_count, existing=len(specs) - made_count,
                                 results=results)
         # "created" is a LogRecord attribute: logging refuses it as an extra key (KeyError -> 502).

@@ -27,14 +27,23 @@ class Settings(BaseModel):
     dynamodb_endpoint: str | None = Field(None, alias="COWORKER_DYNAMODB_ENDPOINT",
                                           description="DynamoDB endpoint URL; unset means AWS itself.")
     region: str = Field("us-east-1", alias="AWS_REGION", description="AWS region.")
-    max_concurrency: int = Field(10, ge=1, le=10_000, alias="COWORKER_MAX_CONCURRENCY",
+    max_concurrency: int = Field(120, ge=1, le=10_000, alias="COWORKER_MAX_CONCURRENCY",
                                  description="Most tasks running at once, across all workers.")
-    batch_size: int = Field(5, ge=1, le=100, alias="COWORKER_BATCH_SIZE",
-                            description="Task keys per worker invocation (run in parallel threads).")
+    batch_size: int = Field(10, ge=1, le=100, alias="COWORKER_BATCH_SIZE",
+                            description="Tasks one worker invocation runs at once (its threads); "
+                                        "max_concurrency / batch_size worker invocations run at once.")
     worker_timeout_seconds: int = Field(300, ge=3, le=900, alias="COWORKER_WORKER_TIMEOUT_SECONDS",
-                                        description="Worker invocation time limit (the Lambda timeout).")
-    lock_seconds: int | None = Field(None, ge=5, alias="COWORKER_LOCK_SECONDS",
-                                     description="Lock lifetime of a claim; default worker timeout + 30 s.")
+                                        description="Worker invocation time limit (the Lambda timeout); "
+                                                    "a worker keeps taking due work until it nears it.")
+    lock_seconds: int = Field(60, ge=3, alias="COWORKER_LOCK_SECONDS",
+                              description="Lock lifetime of a claim, extended by heartbeats while the "
+                                          "task runs: a dead worker's task runs again after about this long.")
+    heartbeat_seconds: float | None = Field(None, gt=0, alias="COWORKER_HEARTBEAT_SECONDS",
+                                            description="How often a running task's lock (and its worker's "
+                                                        "slot) is extended; default a third of the lock.")
+    reservation_seconds: int = Field(30, ge=2, alias="COWORKER_RESERVATION_SECONDS",
+                                     description="How long a dispatched worker has to start before its "
+                                                 "slot may be given to another.")
     timeout_margin_seconds: float = Field(5.0, ge=0.5, alias="COWORKER_TIMEOUT_MARGIN_SECONDS",
                                           description="Time kept back before the worker's deadline "
                                                       "to record a timeout and release the lock.")
@@ -48,23 +57,29 @@ class Settings(BaseModel):
                                description="How many recent errors a task keeps.")
     retention_days: float = Field(0, ge=0, alias="COWORKER_RETENTION_DAYS",
                                   description="Days a finished task is kept before TTL deletes it; 0 keeps it forever.")
-    tick_seconds: float = Field(60.0, gt=0, alias="COWORKER_TICK_SECONDS",
-                                description="Time between coordinator ticks within one invocation.")
-    ticks_per_invocation: int = Field(1, ge=1, le=60, alias="COWORKER_TICKS_PER_INVOCATION",
-                                      description="Coordinator ticks per scheduled invocation "
-                                                  "(EventBridge runs at most once a minute).")
+    tick_seconds: float = Field(5.0, gt=0, alias="COWORKER_TICK_SECONDS",
+                                description="Time between coordinator ticks (fixed cadence) while it supervises.")
+    supervise_seconds: float = Field(60.0, gt=0, le=840, alias="COWORKER_SUPERVISE_SECONDS",
+                                     description="How long one coordinator invocation keeps ticking; "
+                                                 "the schedule (once a minute) starts the next.")
+    dispatch_on_submit: bool = Field(True, alias="COWORKER_DISPATCH_ON_SUBMIT",
+                                     description="Start a worker from the API when a task is put and a "
+                                                 "slot is free (else the next tick does).")
     worker_function: str | None = Field(None, alias="COWORKER_WORKER_FUNCTION",
-                                        description="Name or ARN of the worker Lambda (coordinator only).")
+                                        description="Name or ARN of the worker Lambda (coordinator and API).")
+    lambda_endpoint: str | None = Field(None, alias="COWORKER_LAMBDA_ENDPOINT",
+                                        description="Lambda API endpoint URL; unset means AWS itself "
+                                                    "(the local runtime serves its own).")
     handler_modules: str = Field("coworker.examples", alias="COWORKER_HANDLER_MODULES",
                                  description="Comma-separated modules that register task handlers.")
 
     @model_validator(mode="after")
-    def _lock_outlives_worker(self) -> Settings:
-        if self.lock_seconds is not None and self.lock_seconds <= self.worker_timeout_seconds:
+    def _consistent(self) -> Settings:
+        if self.effective_heartbeat_seconds * 2 > self.lock_seconds:
             raise ValueError(
-                f"COWORKER_LOCK_SECONDS ({self.lock_seconds}) must be longer than "
-                f"COWORKER_WORKER_TIMEOUT_SECONDS ({self.worker_timeout_seconds}), "
-                "or a live worker could lose its lock"
+                f"COWORKER_HEARTBEAT_SECONDS ({self.effective_heartbeat_seconds:g}) must be at most half "
+                f"of COWORKER_LOCK_SECONDS ({self.lock_seconds}), or a live task could lose its lock "
+                "between two heartbeats"
             )
         if self.timeout_margin_seconds >= self.worker_timeout_seconds:
             raise ValueError("COWORKER_TIMEOUT_MARGIN_SECONDS must be shorter than the worker timeout")
@@ -72,8 +87,23 @@ class Settings(BaseModel):
 
     @property
     def effective_lock_seconds(self) -> int:
-        """Lock lifetime: explicit setting, or the worker timeout plus 30 s of slack."""
-        return self.lock_seconds if self.lock_seconds is not None else self.worker_timeout_seconds + 30
+        """Lock lifetime of a claim (heartbeats extend it while the task runs)."""
+        return self.lock_seconds
+
+    @property
+    def effective_heartbeat_seconds(self) -> float:
+        """Seconds between heartbeats: explicit setting, or a third of the lock lifetime."""
+        return self.heartbeat_seconds if self.heartbeat_seconds is not None else self.lock_seconds / 3
+
+    @property
+    def worker_slots(self) -> int:
+        """Worker invocations that may run at once: ``ceil(max_concurrency / batch_size)``."""
+        return -(-self.max_concurrency // self.batch_size)
+
+    def slot_threads(self, slot_number: int) -> int:
+        """Tasks the worker in slot ``slot_number`` runs at once: ``batch_size``, except the last
+        slot, which takes what is left of ``max_concurrency``."""
+        return max(0, min(self.batch_size, self.max_concurrency - slot_number * self.batch_size))
 
     @property
     def handler_module_list(self) -> list[str]:

@@ -1,155 +1,350 @@
-"""The coordinator: each tick finds due work through the status index and fans it out.
+"""Dispatch: starting workers when there is work and a free worker slot.
 
-Delivery is at-least-once: the GSI is eventually consistent and a tick may see a task that a
-worker claimed a moment ago, so the same key can be dispatched twice. That is harmless:
-the claim (one conditional write) decides, and at most one live worker ever holds a task.
+Three paths start workers, all through the same capacity accounting (worker slots, see
+:mod:`coworker.leases`), so together they never run more than ``max_concurrency`` tasks:
+
+* **on submit** (:func:`dispatch_submitted`): the API, having put tasks, reserves free slots and
+  invokes workers with the new keys at once, so a task starts well within a second;
+* **self-feeding** (in :mod:`coworker.worker`): a running worker claims more due work itself
+  until its time or the backlog runs out;
+* **the supervisor** (:class:`Supervisor`): the coordinator ticks every ``tick_seconds`` on a
+  fixed cadence within one long invocation, holding a single-flight lease; each tick tops up
+  free slots with workers for due work (retries, expired locks, anything the other paths
+  missed), retires tasks lost on their last attempt and reports the backlog.
+
+Delivery stays at-least-once: a key may be handed to two workers (the index is eventually
+consistent); the claim, one conditional write, decides.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from coworker import lifecycle, queries, worker
+from coworker import leases, lifecycle, queries, worker
 from coworker.config import Settings
 from coworker.model import TaskStatus, utcnow
 from coworker.observability import MetricName, logger, metrics, tracer
+from coworker.worker import WorkerRequest
 
-# Order in which free slots are filled: work lost by dead workers, then due retries, then new.
-DISPATCH_ORDER = (TaskStatus.PROCESSING, TaskStatus.FAILED, TaskStatus.TODO)
+# Order in which work is handed out: lost by dead workers, then due retries, then new.
+DISPATCH_ORDER = worker.FEED_ORDER
+# New tasks younger than this are left to dispatch-on-submit (whose worker may still be
+# starting), so a tick does not hand the same key to a second worker.
+SUBMIT_GRACE_SECONDS = 2.0
+# Invocations sent at once by one dispatcher.
+FAN_OUT_THREADS = 16
+# The coordinator's lease outlives this many missed ticks before another may take over.
+LEASE_TICKS = 3
+MIN_LEASE_SECONDS = 10.0
 
 
 class Invoker(Protocol):
-    """Starts one worker invocation for a batch of task keys, without waiting for it."""
+    """Starts one worker invocation, without waiting for it."""
 
-    def invoke(self, keys: Sequence[str]) -> None: ...
+    def invoke(self, request: WorkerRequest) -> None: ...
 
 
 class LambdaInvoker:
-    """Production invoker: asynchronous ``Invoke`` of the worker function."""
+    """Production invoker: asynchronous ``Invoke`` of the worker function (``endpoint``: a
+    local Lambda API, as the local runtime serves)."""
 
-    def __init__(self, function_name: str, region: str, client: Any | None = None) -> None:
+    def __init__(self, function_name: str, region: str, endpoint: str | None = None,
+                 client: Any | None = None) -> None:
         self._function_name = function_name
         self._region = region
+        self._endpoint = endpoint
         self._client = client
+        self._lock = threading.Lock()
 
     @property
     def client(self) -> Any:
-        if self._client is None:  # created on first use: no network work at import time
-            import boto3
+        with self._lock:
+            if self._client is None:  # created on first use: no network work at import time
+                import boto3
+                from botocore.config import Config
 
-            self._client = boto3.client("lambda", region_name=self._region)
-        return self._client
+                self._client = boto3.client(
+                    "lambda", region_name=self._region, endpoint_url=self._endpoint,
+                    config=Config(max_pool_connections=FAN_OUT_THREADS, retries={"mode": "standard"}),
+                )
+            return self._client
 
-    def invoke(self, keys: Sequence[str]) -> None:
+    def invoke(self, request: WorkerRequest) -> None:
         self.client.invoke(
             FunctionName=self._function_name,
             InvocationType="Event",
-            Payload=json.dumps({"keys": list(keys)}).encode(),
+            Payload=json.dumps(request.to_event()).encode(),
         )
 
 
-class InProcessInvoker:
-    """Local and test invoker: each invocation runs ``worker.run_batch`` on a thread pool.
+def invoker_from_settings(settings: Settings) -> LambdaInvoker | None:
+    """The worker invoker these settings name, or ``None`` without a worker function."""
+    if not settings.worker_function:
+        return None
+    return LambdaInvoker(settings.worker_function, settings.region, settings.lambda_endpoint)
 
-    ``timeout_seconds`` plays the Lambda timeout: the batch gets that deadline.
+
+class InProcessInvoker:
+    """Test invoker: each invocation runs ``worker.run_invocation`` on a thread pool.
+
+    ``worker_timeout_seconds`` plays the Lambda timeout: the invocation gets that deadline.
     """
 
     def __init__(self, settings: Settings, max_invocations: int | None = None,
                  owner_prefix: str = "local") -> None:
         self._settings = settings
-        self._pool = ThreadPoolExecutor(max_workers=max_invocations or settings.max_concurrency,
+        self._pool = ThreadPoolExecutor(max_workers=max_invocations or settings.worker_slots + 2,
                                         thread_name_prefix="invocation")
         self._owner_prefix = owner_prefix
         self._count = 0
+        self._lock = threading.Lock()
+        self.requests: list[WorkerRequest] = []
         self.futures: list[Future] = []
 
-    def invoke(self, keys: Sequence[str]) -> None:
-        self._count += 1
-        owner = f"{self._owner_prefix}-{self._count}"
-        deadline = time.monotonic() + self._settings.worker_timeout_seconds
-        self.futures.append(self._pool.submit(worker.run_batch, list(keys), owner, self._settings, deadline))
+    def invoke(self, request: WorkerRequest) -> None:
+        with self._lock:
+            self._count += 1
+            owner = f"{self._owner_prefix}-{self._count}"
+            self.requests.append(request)
+            deadline = time.monotonic() + self._settings.worker_timeout_seconds
+            self.futures.append(self._pool.submit(worker.run_invocation, request, owner, self._settings, deadline))
 
     def wait(self) -> list[worker.TaskReport]:
         """Wait for every invocation so far; return their reports."""
-        reports = [report for future in self.futures for report in future.result()]
-        self.futures.clear()
-        return reports
+        with self._lock:
+            futures, self.futures = self.futures, []
+        return [report for future in futures for report in future.result()]
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)
 
 
+def fan_out(invoker: Invoker, requests: Sequence[WorkerRequest]) -> int:
+    """Send ``requests`` in parallel; returns how many were sent (failures are logged)."""
+
+    def send(request: WorkerRequest) -> bool:
+        try:
+            invoker.invoke(request)
+            return True
+        except Exception:  # noqa: BLE001 - the slot's reservation lapses; the tasks stay due
+            logger.exception("worker invocation failed", extra={"slot": request.slot})
+            return False
+
+    if len(requests) <= 1:
+        return sum(send(request) for request in requests)
+    with ThreadPoolExecutor(max_workers=min(FAN_OUT_THREADS, len(requests))) as pool:
+        return sum(pool.map(send, requests))
+
+
+def start_workers(settings: Settings, invoker: Invoker, keys: Sequence[str],
+                  free: Sequence[str] | None = None, now: datetime | None = None) -> list[WorkerRequest]:
+    """Reserve free slots and start one worker per slot's worth of keys (as many as slots allow).
+
+    Each worker is handed as many keys as it runs threads. Returns the requests sent. Keys
+    beyond the reserved slots stay due: running workers feed on them, or a later tick hands
+    them out.
+    """
+    if not keys:
+        return []
+    now = now or utcnow()
+    if free is None:
+        free = leases.free_slots(settings.worker_slots, math.ceil(len(keys) / settings.batch_size), now)
+    requests: list[WorkerRequest] = []
+    taken = 0
+    for slot in free:
+        if taken >= len(keys):
+            break
+        token = leases.new_token()
+        if leases.reserve(slot, token, settings.reservation_seconds, now):
+            hints = tuple(keys[taken:taken + settings.slot_threads(leases.slot_number(slot))])
+            taken += len(hints)
+            requests.append(WorkerRequest(hints, slot, token))
+    fan_out(invoker, requests)
+    return requests
+
+
+def dispatch_submitted(settings: Settings, invoker: Invoker | None, keys: Sequence[str]) -> int:
+    """Dispatch on submit: start workers for freshly put ``keys`` if slots are free.
+
+    Costs one index query (plus one conditional write and one Invoke per worker started) and
+    never raises: if it cannot start anything, the tasks are still due and the supervisor or a
+    self-feeding worker picks them up.
+    """
+    if invoker is None or not settings.dispatch_on_submit or not keys:
+        return 0
+    try:
+        started = len(start_workers(settings, invoker, keys))
+    except Exception:  # noqa: BLE001 - the put succeeded; dispatch is best effort
+        logger.exception("dispatch on submit failed; the tasks wait for the next tick")
+        return 0
+    if started:
+        metrics.add_metric(name=MetricName.DISPATCHED_ON_SUBMIT, unit=MetricUnit.Count, value=started)
+    return started
+
+
+class HintMemory:
+    """Keys a supervisor handed out recently, so the next ticks do not hand them out again while
+    their worker is still starting (each entry lasts a reservation's lifetime)."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._seconds = seconds
+        self._clock = clock
+        self._until: dict[str, float] = {}
+
+    def __contains__(self, key: str) -> bool:
+        return self._until.get(key, 0.0) > self._clock()
+
+    def remember(self, keys: Sequence[str]) -> None:
+        now = self._clock()
+        if len(self._until) > 10_000:
+            self._until = {k: t for k, t in self._until.items() if t > now}
+        for key in keys:
+            self._until[key] = now + self._seconds
+
+
 @dataclasses.dataclass(frozen=True)
 class TickReport:
-    busy: int
-    free: int
-    dispatched: int
-    invocations: int
+    busy_slots: int
+    free_slots: int
+    due: int  # due tasks seen this tick (at most the free slots' worth, plus one page)
+    dispatched: int  # keys handed to new workers
+    invocations: int  # workers started
     reaped: int
 
 
-def _chunks(keys: Sequence[str], size: int) -> list[list[str]]:
-    return [list(keys[i:i + size]) for i in range(0, len(keys), size)]
-
-
 @tracer.capture_method
-def tick(settings: Settings, invoker: Invoker, now: datetime | None = None) -> TickReport:
-    """One coordinator pass: count busy tasks, fill the free slots oldest first, fan out.
+def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
+         memory: HintMemory | None = None) -> TickReport:
+    """One coordinator pass: find free slots and due work, start workers, retire lost tasks.
 
-    Reads at most ``max_concurrency`` index items to count busy tasks and at most the number of
-    free slots per status queried, whatever the size of the backlog.
+    Reads at most ``worker_slots`` slot entries and, per status, at most the free slots' worth
+    of task entries (at least one page of ``batch_size``, so lost tasks are retired even when
+    every slot is busy), whatever the size of the backlog.
     """
     now = now or utcnow()
-    busy = queries.count_running(now, limit=settings.max_concurrency)
-    free = settings.max_concurrency - busy
+    slots = settings.worker_slots
+    free = leases.free_slots(slots, slots, now)
+    free_threads = sum(settings.slot_threads(leases.slot_number(slot)) for slot in free)
+    capacity = max(free_threads, settings.batch_size)
+    fresh_after = now - timedelta(seconds=SUBMIT_GRACE_SECONDS) if settings.dispatch_on_submit else now
     keys: list[str] = []
-    reaped = 0
+    due = reaped = 0
+    oldest: datetime | None = None
     for status in DISPATCH_ORDER:
-        if len(keys) >= free:
+        if len(keys) >= capacity:
             break
-        for task in queries.due(status, now, free - len(keys)):
+        for task in queries.due(status, now, capacity - len(keys)):
+            due += 1
+            oldest = task.due_at if oldest is None else min(oldest, task.due_at)
             if status is TaskStatus.PROCESSING and task.attempts >= task.max_attempts:
                 # Lost on its last allowed attempt: no claim can take it, so retire it here.
                 reaped += lifecycle.reap_lost(task.key, int(task.attempts), task.batch_id, settings, now)
                 continue
+            if status is TaskStatus.TODO and task.due_at > fresh_after:
+                continue
+            if memory is not None and task.key in memory:
+                continue
             keys.append(task.key)
-    batches = _chunks(keys, settings.batch_size)
-    for batch in batches:
-        invoker.invoke(batch)
-    report = TickReport(busy=busy, free=max(free, 0), dispatched=len(keys),
-                        invocations=len(batches), reaped=reaped)
-    metrics.add_metric(name=MetricName.BUSY, unit=MetricUnit.Count, value=busy)
-    metrics.add_metric(name=MetricName.DISPATCHED, unit=MetricUnit.Count, value=len(keys))
-    metrics.add_metric(name=MetricName.WORKER_INVOCATIONS, unit=MetricUnit.Count, value=len(batches))
+    keys = keys[:free_threads]
+    requests = start_workers(settings, invoker, keys, free=free, now=now) if free else []
+    sent = [key for request in requests for key in request.keys]
+    if memory is not None:
+        memory.remember(sent)
+    report = TickReport(busy_slots=slots - len(free), free_slots=len(free), due=due,
+                        dispatched=len(sent), invocations=len(requests), reaped=reaped)
+    metrics.add_metric(name=MetricName.BUSY_SLOTS, unit=MetricUnit.Count, value=report.busy_slots)
+    metrics.add_metric(name=MetricName.BACKLOG, unit=MetricUnit.Count, value=due)
+    metrics.add_metric(name=MetricName.OLDEST_DUE_AGE, unit=MetricUnit.Seconds,
+                       value=(now - oldest).total_seconds() if oldest else 0.0)
+    metrics.add_metric(name=MetricName.DISPATCHED, unit=MetricUnit.Count, value=len(sent))
+    metrics.add_metric(name=MetricName.WORKER_INVOCATIONS, unit=MetricUnit.Count, value=len(requests))
     if reaped:
         metrics.add_metric(name=MetricName.REAPED, unit=MetricUnit.Count, value=reaped)
-    logger.info("coordinator tick", extra=dataclasses.asdict(report))
+    logger.debug("coordinator tick", extra=dataclasses.asdict(report))
     return report
 
 
-def run_ticks(
-    settings: Settings,
-    invoker: Invoker,
-    remaining_seconds: Callable[[], float],
-    sleep: Callable[[float], None] = time.sleep,
-) -> list[TickReport]:
-    """Run ``ticks_per_invocation`` ticks spaced ``tick_seconds`` apart, within the time left.
+class Supervisor:
+    """The coordinator's long-running loop: one tick every ``tick_seconds``, on a fixed cadence,
+    while it holds the single-flight lease ``lease#coordinator``.
 
-    EventBridge schedules at most once a minute; several ticks per invocation dispatch sooner.
+    ``run`` returns when the time given runs out, when ``stop`` is set, or when the lease is lost
+    (another coordinator took it after this one stalled); it releases the lease on the way out.
     """
-    reports = []
-    for index in range(settings.ticks_per_invocation):
-        reports.append(tick(settings, invoker))
-        last = index == settings.ticks_per_invocation - 1
-        if last or remaining_seconds() < settings.tick_seconds + 5:
-            break
-        sleep(settings.tick_seconds)
-    return reports
+
+    def __init__(self, settings: Settings, invoker: Invoker, holder: str | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.invoker = invoker
+        self.holder = holder or f"coordinator-{uuid.uuid4().hex[:12]}"
+        self.clock = clock
+        self.memory = HintMemory(settings.reservation_seconds, clock)
+        self.lease_seconds = max(MIN_LEASE_SECONDS, LEASE_TICKS * settings.tick_seconds)
+        self.on_tick: Callable[[TickReport | None, str | None], None] | None = None
+
+    def _take_lease(self, remaining: Callable[[], float], stop: threading.Event) -> bool:
+        """Wait for the lease (an overlapping run still holds it) while time remains."""
+        while True:
+            if leases.take(leases.COORDINATOR_LEASE, self.holder, self.lease_seconds, leases.LeaseState.HELD):
+                return True
+            if remaining() < self.settings.tick_seconds or stop.wait(min(1.0, self.settings.tick_seconds)):
+                return False
+
+    def run(self, remaining: Callable[[], float], stop: threading.Event | None = None) -> list[TickReport]:
+        """Tick until ``remaining()`` (seconds) drops below one tick, or ``stop`` is set."""
+        stop = stop or threading.Event()
+        settings = self.settings
+        if not self._take_lease(remaining, stop):
+            logger.info("another coordinator holds the lease; this run ends")
+            return []
+        reports: list[TickReport] = []
+        try:
+            leases.ensure_slots(settings.worker_slots)
+            next_at = self.clock()
+            while not stop.is_set() and remaining() >= settings.tick_seconds:
+                if not leases.extend(leases.COORDINATOR_LEASE, self.holder, self.lease_seconds):
+                    logger.warning("coordinator lease lost to another coordinator; stopping")
+                    return reports
+                try:
+                    report = tick(settings, self.invoker, memory=self.memory)
+                    reports.append(report)
+                    self._notify(report, None)
+                except Exception as exc:  # noqa: BLE001 - a failed tick is logged; the next one runs
+                    logger.exception("coordinator tick failed")
+                    self._notify(None, f"{type(exc).__name__}: {exc}")
+                next_at += settings.tick_seconds
+                if next_at < self.clock():  # a tick overran: skip the missed beats, keep the phase
+                    missed = math.ceil((self.clock() - next_at) / settings.tick_seconds)
+                    next_at += missed * settings.tick_seconds
+                stop.wait(max(0.0, next_at - self.clock()))
+        finally:
+            leases.release(leases.COORDINATOR_LEASE, self.holder)
+        return reports
+
+    def _notify(self, report: TickReport | None, error: str | None) -> None:
+        if self.on_tick is not None:
+            self.on_tick(report, error)
+
+
+def supervise(settings: Settings, invoker: Invoker, lambda_remaining: Callable[[], float],
+              slack_seconds: float = 10.0) -> list[TickReport]:
+    """The coordinator Lambda's work: supervise for ``supervise_seconds`` or until the Lambda
+    time left (``lambda_remaining()``) nears ``slack_seconds``."""
+    started = time.monotonic()
+
+    def remaining() -> float:
+        return min(settings.supervise_seconds - (time.monotonic() - started),
+                   lambda_remaining() - slack_seconds)
+
+    return Supervisor(settings, invoker).run(remaining)

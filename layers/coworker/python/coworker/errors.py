@@ -37,3 +37,7 @@ class TaskFailedError(CoworkerError):
 
 # Short alias for handler authors: ``raise TaskFailed("card declined")``.
 TaskFailed = TaskFailedError
+
+
+class InvalidEventError(CoworkerError):
+    """A Lambda event that does not have the shape its function expects."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -33,9 +34,16 @@ class TaskContext:
     max_attempts: int
     fencing_token: str  # "<owner>:<attempt>": pass it to downstream systems that dedupe writes
     deadline: float  # time.monotonic() value by which the handler must return
+    # Set by the worker's heartbeat when this attempt's claim was taken over or cancelled.
+    lost: threading.Event = dataclasses.field(default_factory=threading.Event, compare=False, repr=False)
 
     def remaining_seconds(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
+
+    def claim_lost(self) -> bool:
+        """True once this attempt no longer owns the task (its lock was taken over or it was
+        cancelled): whatever the handler returns now is discarded, so it may as well stop."""
+        return self.lost.is_set()
 
 
 Handler = Callable[[Any, TaskContext], Any]

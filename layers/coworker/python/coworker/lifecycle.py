@@ -220,6 +220,19 @@ def _fenced(claim: Claim) -> Condition:
     )
 
 
+def extend_lock(claim: Claim, settings: Settings, now: datetime | None = None) -> bool:
+    """Heartbeat: push the lock of a running attempt ``lock_seconds`` into the future.
+
+    Fenced like a result: ``False`` (nothing written) when the claim was taken over, cancelled
+    or already recorded, which tells the worker that its attempt no longer counts.
+    """
+    now = now or utcnow()
+    expires = now + timedelta(seconds=settings.effective_lock_seconds)
+    # A fresh item object: the worker thread may be reading ``claim.task`` at this moment.
+    return _write(TaskModel(claim.key), [TaskModel.lock_expires_at.set(expires), TaskModel.due_at.set(expires)],
+                  _fenced(claim), None, "extend the lock of")
+
+
 def _history(claim: Claim, settings: Settings, now: datetime, new: list[ErrorRecord]) -> list[ErrorRecord]:
     entries = list(claim.task.errors or [])
     if claim.took_over_lost_attempt:

@@ -165,7 +165,7 @@ class BatchModel(Model):
 
 def bind(settings: Settings) -> None:
     """Point the models at the configured table, region and endpoint (once per process)."""
-    for model_class in (TaskModel, BatchModel):
+    for model_class in _models():
         model_class.Meta.table_name = settings.table_name
         model_class.Meta.region = settings.region
         model_class.Meta.host = settings.dynamodb_endpoint
@@ -182,5 +182,11 @@ def build_clients() -> None:
     batch that all start on a cold process would each build one (about 0.15 s of CPU apiece);
     built once here, before any thread starts, they are shared. No request is sent.
     """
-    for model_class in (TaskModel, BatchModel):
+    for model_class in _models():
         _ = model_class._get_connection().connection.client
+
+
+def _models() -> tuple[type[Model], ...]:
+    from coworker.leases import LeaseModel  # leases builds on this module
+
+    return (TaskModel, BatchModel, LeaseModel)

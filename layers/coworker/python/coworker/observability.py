@@ -29,8 +29,14 @@ class MetricName:
     FAILED = "TaskFailed"
     IGNORED = "TaskIgnored"
     LOST_CLAIM = "LostClaim"
+    LOST_CLAIM_SIGNALLED = "LostClaimSignalled"  # a heartbeat found the claim taken over
+    SLOT_TAKEN_OVER = "WorkerSlotTakenOver"  # a dispatched worker found its slot given away
+    FEED_PAGES = "WorkerFeedQueries"
     DURATION = "TaskDuration"
     DISPATCHED = "TasksDispatched"
     WORKER_INVOCATIONS = "WorkerInvocations"
-    BUSY = "CoordinatorBusyTasks"
+    BUSY_SLOTS = "BusyWorkerSlots"
+    BACKLOG = "DueTasks"  # due tasks the coordinator saw (capped; see dispatch.BACKLOG_CAP)
+    OLDEST_DUE_AGE = "OldestDueTaskAge"  # seconds the oldest due task seen by a tick has waited
     REAPED = "TasksReaped"
+    DISPATCHED_ON_SUBMIT = "WorkersStartedOnSubmit"

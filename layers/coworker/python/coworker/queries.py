@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import datetime
 
-from pynamodb.constants import CAMEL_COUNT, COUNT
-
 from coworker.model import TaskModel, TaskStatus
 
 
@@ -27,18 +25,11 @@ def due(status: TaskStatus, now: datetime, limit: int) -> Iterator[TaskModel]:
     )
 
 
-def count_running(now: datetime, limit: int) -> int:
-    """How many tasks hold a live lock, counting at most ``limit``: one Query request.
+def count_running(now: datetime) -> int:
+    """How many tasks hold a live lock, exactly.
 
-    ``Model.count(limit=...)`` is not bounded (with Select=COUNT no items come back, so
-    pynamodb keeps paging), hence the single low-level request: DynamoDB's ``Limit`` caps the
-    items it evaluates, so the read never exceeds ``limit`` index items.
+    ``Select=COUNT`` queries stop at 1 MB of index data per page, so this pages on until
+    DynamoDB has no more to say; it reads every live lock's index entry (as many as
+    ``max_concurrency``, each a couple of hundred bytes).
     """
-    response = TaskModel._get_connection().query(
-        TaskStatus.PROCESSING.value,
-        range_key_condition=TaskModel.due_at > now,
-        index_name=TaskModel.status_index.Meta.index_name,
-        limit=limit,
-        select=COUNT,
-    )
-    return int(response[CAMEL_COUNT])
+    return TaskModel.status_index.count(TaskStatus.PROCESSING.value, TaskModel.due_at > now)

@@ -1,31 +1,81 @@
-"""The worker: claim each task of a batch, run its handler, record the outcome.
+"""The worker: claim tasks, run their handlers, record the outcomes, and keep going.
 
-Each task of a batch runs in its own thread, so all of a batch's tasks are claimed within
-moments of the invocation starting (the coordinator counts only claimed tasks as busy).
+One invocation runs ``batch_size`` threads. Each thread takes the keys it was handed (the
+*hints* of the dispatcher) and then, if the invocation holds a worker slot, feeds itself: it
+claims more due work, oldest first, until the backlog or the invocation's time runs out, so
+throughput is bounded by concurrency rather than by the coordinator's tick.
+
+While tasks run, one heartbeat thread per invocation extends their locks and the slot's lease
+(see :mod:`coworker.leases`); a task whose claim was taken over is told through its context.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import json
+import random
 import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+import zlib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from coworker import lifecycle
+from coworker import leases, lifecycle, queries
 from coworker.config import Settings
-from coworker.errors import TaskFailedError, UnknownTaskTypeError
+from coworker.errors import InvalidEventError, TaskFailedError, UnknownTaskTypeError
 from coworker.handlers import TaskContext, get_handler
 from coworker.lifecycle import Claim, RecordOutcome
-from coworker.model import ErrorKind, utcnow
+from coworker.model import ErrorKind, ErrorRecord, TaskStatus, utcnow
 from coworker.observability import MetricName, logger, metrics, tracer
 
 MAX_RESULT_CHARS = 1000
+MAX_HINTS = 100
+# Work is looked for in this order: lost by dead workers, due retries, then new.
+FEED_ORDER = (TaskStatus.PROCESSING, TaskStatus.FAILED, TaskStatus.TODO)
+# Index entries one self-feeding query reads at most (one page).
+MAX_FEED_PAGE = 200
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerRequest:
+    """What one worker invocation is asked to do (its event).
+
+    ``keys`` are hints: tasks to claim first. ``slot`` and ``token`` are the worker slot reserved
+    for this invocation (see :mod:`coworker.leases`); with a slot the worker also feeds itself,
+    without one it runs its keys only.
+    """
+
+    keys: tuple[str, ...] = ()
+    slot: str | None = None
+    token: str | None = None
+
+    def to_event(self) -> dict[str, Any]:
+        event: dict[str, Any] = {"keys": list(self.keys)}
+        if self.slot:
+            event.update(slot=self.slot, token=self.token)
+        return event
+
+    @classmethod
+    def from_event(cls, event: Mapping[str, Any]) -> WorkerRequest:
+        """Parse an invocation event; :class:`InvalidEventError` if it is malformed."""
+        keys = event.get("keys", [])
+        if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
+            raise InvalidEventError("worker event: 'keys' must be a list of task keys")
+        if len(keys) > MAX_HINTS:
+            raise InvalidEventError(f"worker event: at most {MAX_HINTS} keys")
+        slot, token = event.get("slot"), event.get("token")
+        if (slot is None) != (token is None) or not all(isinstance(v, str | None) for v in (slot, token)):
+            raise InvalidEventError("worker event: 'slot' and 'token' go together, as strings")
+        return cls(tuple(dict.fromkeys(keys)), slot, token)
+
+
+class TaskSource(str, enum.Enum):
+    HINT = "hint"  # handed to the invocation by a dispatcher
+    FEED = "feed"  # found by the worker itself
 
 
 class TaskOutcome(str, enum.Enum):
@@ -45,10 +95,7 @@ class TaskReport:
     outcome: TaskOutcome
     attempt: int | None = None
     seconds: float = 0.0
-
-
-class _Timeout(Exception):
-    pass
+    source: TaskSource = TaskSource.HINT
 
 
 def _summarise(result: Any) -> Any:
@@ -64,60 +111,28 @@ def _summarise(result: Any) -> Any:
     return json.loads(text)
 
 
-def _run_with_deadline(handler: Any, payload: Any, context: TaskContext) -> Any:
-    """Run ``handler`` in a daemon thread; raise :class:`_Timeout` when the deadline passes.
-
-    The thread cannot be killed; on Lambda the sandbox is frozen when the invocation returns,
-    locally the worker process ends. What matters is that the outcome is recorded and the lock
-    released before the platform kills us.
-    """
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["result"] = handler(payload, context)
-        except BaseException as exc:  # noqa: BLE001 - handed back to the calling thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name=f"task-{context.key}", daemon=True)
-    thread.start()
-    thread.join(timeout=max(0.0, context.deadline - time.monotonic()))
-    if thread.is_alive():
-        raise _Timeout(f"did not finish within the worker's time limit (attempt {context.attempt})")
-    if "error" in box:
-        raise box["error"]
-    return box.get("result")
-
-
-def _record(claim: Claim, settings: Settings, handler_deadline: float) -> RecordOutcome:
+def _run_handler(claim: Claim, context: TaskContext) -> tuple[Any, ErrorRecord | None, bool]:
+    """Run the task's handler in this thread: ``(result, error, retryable)``."""
     task = claim.task
-    context = TaskContext(
-        key=task.key,
-        attempt=claim.attempt,
-        max_attempts=int(task.max_attempts),
-        fencing_token=f"{claim.owner}:{claim.attempt}",
-        deadline=handler_deadline,
-    )
     try:
         handler = get_handler(task.task_type)
-        result = _run_with_deadline(handler, task.payload, context)
+        return handler(task.payload, context), None, True
     except UnknownTaskTypeError as exc:
-        error = lifecycle.error_record(claim.attempt, ErrorKind.UNKNOWN_TYPE, str(exc), utcnow())
         logger.error("unknown task type", extra={"task_type": task.task_type})
-        return lifecycle.fail(claim, settings, error)
-    except _Timeout as exc:
-        error = lifecycle.error_record(claim.attempt, ErrorKind.TIMEOUT, str(exc), utcnow())
-        logger.warning("task timed out; recording and releasing the lock")
-        return lifecycle.fail(claim, settings, error)
+        return None, lifecycle.error_record(claim.attempt, ErrorKind.UNKNOWN_TYPE, str(exc), utcnow()), True
     except TaskFailedError as exc:
         # A business failure is an expected outcome: its message says it all, no traceback.
-        error = lifecycle.error_record(claim.attempt, ErrorKind.BUSINESS, str(exc), utcnow())
         logger.info("task failed (business)", extra={"error": str(exc)})
-        return lifecycle.fail(claim, settings, error, retryable=exc.retryable)
+        return None, lifecycle.error_record(claim.attempt, ErrorKind.BUSINESS, str(exc), utcnow()), exc.retryable
     except Exception as exc:  # noqa: BLE001 - any handler error is a recorded system error
-        error = lifecycle.error_from_exception(claim.attempt, ErrorKind.SYSTEM, exc, utcnow())
         logger.warning("task raised", extra={"error": f"{type(exc).__name__}: {exc}"})
-        return lifecycle.fail(claim, settings, error)
+        return None, lifecycle.error_from_exception(claim.attempt, ErrorKind.SYSTEM, exc, utcnow()), True
+
+
+def _record(claim: Claim, settings: Settings, result: Any, error: ErrorRecord | None,
+            retryable: bool) -> RecordOutcome:
+    if error is not None:
+        return lifecycle.fail(claim, settings, error, retryable=retryable)
     return lifecycle.complete(claim, settings, result=_summarise(result))
 
 
@@ -129,39 +144,352 @@ _OUTCOME_METRIC = {
 }
 
 
-def process_task(key: str, owner: str, settings: Settings, deadline: float) -> TaskReport:
-    """Claim one task and carry it to a recorded outcome; never raises for task errors."""
+@dataclasses.dataclass
+class Running:
+    """A task whose handler runs now, as the heartbeat watches it.
+
+    ``lock`` decides who records its outcome: the worker thread when the handler returns, or the
+    heartbeat when the deadline passes first (``timed_out``); never both.
+    """
+
+    claim: Claim
+    context: TaskContext
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    done: bool = False
+    timed_out: bool = False
+    outcome: RecordOutcome | None = None
+
+
+class Heartbeat:
+    """Watches an invocation's running tasks from one thread: extends their locks and the slot's
+    lease, and enforces the handlers' deadline.
+
+    Every ``effective_heartbeat_seconds`` it extends the slot lease and the lock of every running
+    task (each write fenced by owner and attempt). A task whose extension is refused was taken
+    over or cancelled: its context's ``lost`` event is set. A refused slot extension means the
+    capacity accounting gave the slot away (this worker stalled): the worker stops taking new
+    work. At ``deadline`` (a ``time.monotonic()`` value) every task still running is recorded as
+    timed out, which releases its lock, even if its handler never returns.
+    """
+
+    def __init__(self, settings: Settings, slot: str | None = None, token: str | None = None,
+                 deadline: float | None = None) -> None:
+        self._settings = settings
+        self._slot, self._token = slot, token
+        self._deadline = deadline
+        self._running: dict[str, Running] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.slot_lost = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.beats = 0
+        self.expired: list[TaskReport] = []
+
+    def start(self) -> Heartbeat:
+        self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def watch(self, claim: Claim, context: TaskContext) -> Running:
+        running = Running(claim, context)
+        with self._lock:
+            self._running[claim.key] = running
+        return running
+
+    def unwatch(self, key: str) -> None:
+        with self._lock:
+            self._running.pop(key, None)
+
+    def held(self) -> list[Claim]:
+        """Claims of the tasks running now (what a shutdown must release)."""
+        with self._lock:
+            return [running.claim for running in self._running.values()]
+
+    def beat(self) -> None:
+        """One round of extensions (the loop calls it; tests call it directly)."""
+        settings = self._settings
+        self.beats += 1
+        if self._slot and not self.slot_lost.is_set():
+            if not leases.extend(self._slot, self._token or "", settings.effective_lock_seconds):
+                self.slot_lost.set()
+                logger.warning("worker slot was taken over; taking no more work", extra={"slot": self._slot})
+        with self._lock:
+            running = list(self._running.values())
+        for task in running:
+            if task.context.lost.is_set():
+                continue
+            try:
+                extended = lifecycle.extend_lock(task.claim, settings)
+            except Exception:  # noqa: BLE001 - a failed heartbeat is retried at the next beat
+                logger.exception("heartbeat failed", extra={"task_key": task.claim.key})
+                continue
+            if not extended and not task.done:
+                task.context.lost.set()
+                metrics.add_metric(name=MetricName.LOST_CLAIM_SIGNALLED, unit=MetricUnit.Count, value=1)
+                logger.warning("claim lost while the handler runs; the handler is told",
+                               extra={"task_key": task.claim.key, "attempt": task.claim.attempt})
+
+    def expire(self) -> None:
+        """Record every task still running as timed out (the deadline has passed)."""
+        with self._lock:
+            running = list(self._running.values())
+        for task in running:
+            with task.lock:
+                if task.done:
+                    continue
+                task.timed_out = True
+            task.context.lost.set()  # whatever it returns now is discarded: it may as well stop
+            claim = task.claim
+            error = lifecycle.error_record(
+                claim.attempt, ErrorKind.TIMEOUT,
+                f"did not finish within the worker's time limit (attempt {claim.attempt})", utcnow())
+            logger.warning("task timed out; recording and releasing the lock", extra={"task_key": claim.key})
+            try:
+                task.outcome = lifecycle.fail(claim, self._settings, error)
+            except Exception:  # noqa: BLE001 - the lock then expires and the task runs again
+                logger.exception("could not record a timeout", extra={"task_key": claim.key})
+                continue
+            self.expired.append(TaskReport(claim.key, TaskOutcome(task.outcome.value), claim.attempt,
+                                           time.monotonic() - task.started))
+            metrics.add_metric(name=_OUTCOME_METRIC[task.outcome], unit=MetricUnit.Count, value=1)
+
+    def _loop(self) -> None:
+        interval = self._settings.effective_heartbeat_seconds
+        next_beat = time.monotonic() + interval
+        deadline = self._deadline
+        while True:
+            wake = next_beat if deadline is None else min(next_beat, deadline)
+            if self._stop.wait(max(0.0, wake - time.monotonic())):
+                return
+            try:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    self.expire()
+                    deadline = None  # once: nothing claims after the deadline
+                if now >= next_beat:
+                    self.beat()
+                    next_beat = now + interval
+            except Exception:  # noqa: BLE001 - never let the heartbeat thread die
+                logger.exception("heartbeat round failed")
+
+
+# Statuses whose last feed query found nothing, with when to look again (process-wide: warm
+# invocations share it). The coordinator re-checks them every tick anyway.
+_quiet_until: dict[TaskStatus, float] = {}
+_quiet_lock = threading.Lock()
+
+
+class Feeder:
+    """Hands out the keys an invocation's threads run: its hints first, then due work it finds.
+
+    Self-feeding reads one page of the status index (oldest first) and takes a window of it:
+    first the keys of its own *stripe* (a stable hash of the key, modulo the number of slots,
+    equal to its slot number), then, to fill the window, other keys in random order. Workers
+    that look at the same moment so take different tasks instead of racing for the head item,
+    and no stripe starves when its slot is idle. It stops when a page has nothing new, when the
+    feed cut-off passes, or when the invocation lost its slot.
+    """
+
+    def __init__(self, settings: Settings, hints: Sequence[str], self_feed: bool, feed_until: float,
+                 slot_number: int | None = None, stop: threading.Event | None = None,
+                 window: int | None = None) -> None:
+        self._settings = settings
+        self._queue: collections.deque[tuple[str, TaskSource]] = collections.deque(
+            (key, TaskSource.HINT) for key in hints)
+        self._seen: set[str] = set(hints)
+        self._exhausted = not self_feed
+        self._feed_until = feed_until
+        self._window = max(2 * (window or settings.batch_size), 2)
+        self._stripes = settings.worker_slots
+        self._stripe = (slot_number if slot_number is not None else random.randrange(self._stripes)) % self._stripes
+        self._stop = stop or threading.Event()
+        self._lock = threading.Lock()
+        self.pages = 0
+
+    def next(self) -> tuple[str, TaskSource] | None:
+        with self._lock:
+            if not self._queue and not self._exhausted:
+                if time.monotonic() >= self._feed_until or self._stop.is_set():
+                    self._exhausted = True
+                else:
+                    found = self._fetch()
+                    self._exhausted = not found
+                    self._queue.extend((key, TaskSource.FEED) for key in found)
+            return self._queue.popleft() if self._queue else None
+
+    def _fetch(self) -> list[str]:
+        """One window of due keys not seen before by this invocation."""
+        settings = self._settings
+        now, clock = utcnow(), time.monotonic()
+        limit = min(MAX_FEED_PAGE, 2 * self._window * self._stripes)
+        page: list[str] = []
+        for status in FEED_ORDER:
+            if len(page) >= limit:
+                break
+            with _quiet_lock:
+                if _quiet_until.get(status, 0.0) > clock:
+                    continue
+            found = 0
+            for task in queries.due(status, now, limit - len(page)):
+                found += 1
+                if task.key in self._seen:
+                    continue
+                if status is TaskStatus.PROCESSING and task.attempts >= task.max_attempts:
+                    self._seen.add(task.key)
+                    continue  # lost on its last attempt: the coordinator retires it
+                page.append(task.key)
+            if not found and status is not TaskStatus.TODO:
+                with _quiet_lock:
+                    _quiet_until[status] = clock + settings.tick_seconds
+        self.pages += 1
+        mine = [key for key in page if stripe_of(key, self._stripes) == self._stripe]
+        others = [key for key in page if stripe_of(key, self._stripes) != self._stripe]
+        random.shuffle(others)
+        window = (mine + others)[:self._window]
+        self._seen.update(window)
+        return window
+
+
+def stripe_of(key: str, stripes: int) -> int:
+    """The stripe of a task key: a stable hash, so every worker agrees on it."""
+    return zlib.crc32(key.encode()) % stripes
+
+
+def feed_cutoff(settings: Settings, deadline: float) -> float:
+    """When a worker stops taking more work: 10% of its timeout (at least the margin) before the end."""
+    tail = max(2 * settings.timeout_margin_seconds, 0.1 * settings.worker_timeout_seconds)
+    return deadline - tail
+
+
+def process_task(key: str, owner: str, settings: Settings, deadline: float,
+                 heartbeat: Heartbeat | None = None, source: TaskSource = TaskSource.HINT) -> TaskReport:
+    """Claim one task and carry it to a recorded outcome; never raises for task errors.
+
+    The handler runs in the calling thread. With a ``heartbeat`` (as every invocation has), its
+    lock is extended while it runs and a handler still running at the deadline is recorded as
+    timed out by the heartbeat; without one, nothing stops a handler that overruns.
+    """
     handler_deadline = deadline - settings.timeout_margin_seconds
     if handler_deadline - time.monotonic() <= 0:
-        return TaskReport(key, TaskOutcome.SKIPPED)
+        return TaskReport(key, TaskOutcome.SKIPPED, source=source)
     claim = lifecycle.claim(key, owner, settings)
     if claim is None:
         metrics.add_metric(name=MetricName.NOT_CLAIMED, unit=MetricUnit.Count, value=1)
-        logger.info("task not claimed: taken or not due", extra={"task_key": key})
-        return TaskReport(key, TaskOutcome.NOT_CLAIMED)
+        logger.debug("task not claimed: taken or not due", extra={"task_key": key})
+        return TaskReport(key, TaskOutcome.NOT_CLAIMED, source=source)
     logger.thread_safe_append_keys(task_key=key, attempt=claim.attempt)
     metrics.add_metric(name=MetricName.CLAIMED, unit=MetricUnit.Count, value=1)
+    context = TaskContext(
+        key=key,
+        attempt=claim.attempt,
+        max_attempts=int(claim.task.max_attempts),
+        fencing_token=f"{claim.owner}:{claim.attempt}",
+        deadline=handler_deadline,
+    )
     started = time.monotonic()
-    outcome = _record(claim, settings, handler_deadline)
+    running = heartbeat.watch(claim, context) if heartbeat is not None else Running(claim, context)
+    try:
+        result, error, retryable = _run_handler(claim, context)
+        with running.lock:
+            running.done = True
+            timed_out = running.timed_out
+        if timed_out:  # the heartbeat recorded the timeout: this late result is discarded
+            outcome = running.outcome or RecordOutcome.LOST
+        else:
+            outcome = _record(claim, settings, result, error, retryable)
+    finally:
+        if heartbeat is not None:
+            heartbeat.unwatch(key)
+        logger.thread_safe_remove_keys(["task_key", "attempt"])
     seconds = time.monotonic() - started
-    metrics.add_metric(name=_OUTCOME_METRIC[outcome], unit=MetricUnit.Count, value=1)
+    if not timed_out:
+        metrics.add_metric(name=_OUTCOME_METRIC[outcome], unit=MetricUnit.Count, value=1)
     metrics.add_metric(name=MetricName.DURATION, unit=MetricUnit.Milliseconds, value=seconds * 1000)
     if outcome is RecordOutcome.LOST:
         logger.warning("lost the claim before recording: a newer attempt or a cancel owns the task")
-    else:
-        logger.info("task recorded", extra={"outcome": outcome.value, "seconds": round(seconds, 3)})
-    logger.thread_safe_remove_keys(["task_key", "attempt"])
-    return TaskReport(key, TaskOutcome(outcome.value), claim.attempt, seconds)
+    return TaskReport(key, TaskOutcome(outcome.value), claim.attempt, seconds, source)
+
+
+class Invocation:
+    """One worker invocation: acquire the slot, run the threads, release the slot.
+
+    It returns shortly after the handlers' deadline even if a handler never returns (that
+    task is recorded as timed out by the heartbeat; its thread is abandoned, as Lambda freezes
+    the sandbox and the local pool retires the process).
+    """
+
+    def __init__(self, request: WorkerRequest, owner: str, settings: Settings, deadline: float) -> None:
+        self.request = request
+        self.owner = owner
+        self.settings = settings
+        self.deadline = deadline
+        self.handler_deadline = deadline - settings.timeout_margin_seconds
+        self.heartbeat = Heartbeat(settings, request.slot, request.token, deadline=self.handler_deadline)
+
+    def held(self) -> list[Claim]:
+        return self.heartbeat.held()
+
+    def run(self) -> list[TaskReport]:
+        request, settings = self.request, self.settings
+        if request.slot and not leases.acquire(request.slot, request.token or "", settings.effective_lock_seconds):
+            metrics.add_metric(name=MetricName.SLOT_TAKEN_OVER, unit=MetricUnit.Count, value=1)
+            logger.warning("worker slot no longer reserved for this invocation; not starting",
+                           extra={"slot": request.slot})
+            return []
+        threads = settings.slot_threads(leases.slot_number(request.slot)) if request.slot else len(request.keys)
+        if threads == 0:
+            return []
+        feeder = Feeder(
+            settings, request.keys, self_feed=request.slot is not None,
+            feed_until=feed_cutoff(settings, self.deadline),
+            slot_number=leases.slot_number(request.slot) if request.slot else None,
+            stop=self.heartbeat.slot_lost, window=threads,
+        )
+        runs: list[list[TaskReport]] = [[] for _ in range(threads)]
+        workers = [threading.Thread(target=self._thread_loop, args=(feeder, runs[i]), daemon=True,
+                                    name=f"worker-{i}") for i in range(threads)]
+        self.heartbeat.start()
+        try:
+            for thread in workers:
+                thread.start()
+            # After the deadline the heartbeat records what still runs; a moment later, return.
+            give_up = self.handler_deadline + min(1.0, settings.timeout_margin_seconds / 2)
+            for thread in workers:
+                thread.join(timeout=max(0.0, give_up - time.monotonic()))
+        finally:
+            self.heartbeat.stop()
+            if request.slot and not self.heartbeat.slot_lost.is_set():
+                leases.release(request.slot, request.token or "")
+        reports = [report for run in runs for report in list(run)]
+        reported = {report.key for report in reports}
+        reports.extend(report for report in self.heartbeat.expired if report.key not in reported)
+        metrics.add_metric(name=MetricName.FEED_PAGES, unit=MetricUnit.Count, value=feeder.pages)
+        return reports
+
+    def _thread_loop(self, feeder: Feeder, reports: list[TaskReport]) -> None:
+        while (item := feeder.next()) is not None:
+            key, source = item
+            report = process_task(key, self.owner, self.settings, self.deadline, self.heartbeat, source)
+            reports.append(report)
+            if report.outcome is TaskOutcome.SKIPPED:
+                break
 
 
 @tracer.capture_method
-def run_batch(keys: Sequence[str], owner: str, settings: Settings, deadline: float) -> list[TaskReport]:
-    """Process a batch of task keys in parallel threads before ``deadline`` (time.monotonic()).
+def run_invocation(request: WorkerRequest, owner: str, settings: Settings, deadline: float) -> list[TaskReport]:
+    """Run one worker invocation before ``deadline`` (a ``time.monotonic()`` value).
 
-    ``owner`` identifies this invocation in the lock (e.g. the Lambda request id).
+    ``owner`` identifies this invocation in the locks (e.g. the Lambda request id).
     """
-    unique = list(dict.fromkeys(keys))
-    if not unique:
-        return []
-    with ThreadPoolExecutor(max_workers=len(unique), thread_name_prefix="worker") as pool:
-        return list(pool.map(lambda key: process_task(key, owner, settings, deadline), unique))
+    return Invocation(request, owner, settings, deadline).run()
+
+
+def run_batch(keys: Sequence[str], owner: str, settings: Settings, deadline: float) -> list[TaskReport]:
+    """Process exactly ``keys`` (no slot, no self-feeding), each in its own thread."""
+    return run_invocation(WorkerRequest(tuple(dict.fromkeys(keys))), owner, settings, deadline)

@@ -1,0 +1,199 @@
+"""Leases: items with a holder and an expiry, taken and kept by conditional writes.
+
+Two kinds live in the task table next to the tasks:
+
+``slot#NNNN`` -- worker slots, the capacity accounting
+    There are ``Settings.worker_slots`` of them (``ceil(max_concurrency / batch_size)``), the
+    same number as the worker function's reserved concurrency. Whoever starts a worker first
+    *reserves* a free slot (holder = a fresh token, expiry = ``reservation_seconds``) and passes
+    the slot and token in the invocation; the worker *acquires* it (same token, expiry = lock
+    lifetime), heartbeats it while it runs and *releases* it when it returns. So a dispatched
+    worker counts against capacity from the moment it is dispatched until it returns, or until
+    its reservation or heartbeat lapses (it never started, or died). A worker whose slot was
+    taken over does not start. Slots carry ``status = "worker-slot"`` and ``due_at`` = when they
+    are free again, so finding free slots is one query on the status index, like finding tasks.
+
+``lease#coordinator`` -- single flight of the coordinator
+    A scheduled run that overlaps the previous one, or a second coordinator, waits for the lease
+    instead of counting the same free slots twice.
+
+Every write is conditional on the holder (or on the expiry having passed), so two parties can
+never both believe they hold the same lease.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from pynamodb.attributes import UnicodeAttribute, UTCDateTimeAttribute
+from pynamodb.exceptions import PutError, UpdateError
+from pynamodb.expressions.condition import Condition
+from pynamodb.indexes import GlobalSecondaryIndex, KeysOnlyProjection
+from pynamodb.models import Model
+
+from coworker import schema
+from coworker.errors import StorageError
+from coworker.model import utcnow
+
+SLOT_KEY_PREFIX = "slot#"
+LEASE_KEY_PREFIX = "lease#"
+COORDINATOR_LEASE = LEASE_KEY_PREFIX + "coordinator"
+# The status-index partition of worker slots: not a task status, so task listings never see it.
+SLOT_STATUS = "worker-slot"
+_CONDITION_FAILED = "ConditionalCheckFailedException"
+
+
+class LeaseState:
+    FREE = "free"
+    RESERVED = "reserved"
+    RUNNING = "running"
+    HELD = "held"
+
+
+class SlotIndex(GlobalSecondaryIndex["LeaseModel"]):
+    """The tasks' status index, read for the ``worker-slot`` partition only."""
+
+    class Meta:
+        index_name = schema.STATUS_INDEX_NAME
+        projection = KeysOnlyProjection()
+
+    status = UnicodeAttribute(hash_key=True)
+    due_at = UTCDateTimeAttribute(range_key=True)
+
+
+class LeaseModel(Model):
+    """A lease item: ``holder`` has it until ``due_at`` (absent holder: free)."""
+
+    class Meta:
+        table_name = schema.DEFAULT_TABLE_NAME
+        region = "us-east-1"
+
+    key = UnicodeAttribute(hash_key=True, attr_name=schema.PARTITION_KEY)
+    status = UnicodeAttribute(null=True, attr_name=schema.STATUS_INDEX_PARTITION_KEY)
+    due_at = UTCDateTimeAttribute(attr_name=schema.STATUS_INDEX_SORT_KEY)
+    holder = UnicodeAttribute(null=True)
+    state = UnicodeAttribute(default=LeaseState.FREE)
+    updated_at = UTCDateTimeAttribute()
+
+    slot_index = SlotIndex()
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex
+
+
+def slot_key(number: int) -> str:
+    return f"{SLOT_KEY_PREFIX}{number:04d}"
+
+
+def slot_number(key: str) -> int:
+    return int(key[len(SLOT_KEY_PREFIX):])
+
+
+def _update(key: str, actions: list, condition: Condition) -> bool:
+    try:
+        LeaseModel(key).update(actions=actions, condition=condition)
+    except UpdateError as exc:
+        if exc.cause_response_code == _CONDITION_FAILED:
+            return False
+        raise StorageError(f"could not update lease {key!r}: {exc.cause_response_message}") from exc
+    return True
+
+
+def take(key: str, holder: str, seconds: float, state: str, now: datetime | None = None) -> bool:
+    """Take the lease ``key`` for ``holder`` if it is free, expired or already ``holder``'s."""
+    now = now or utcnow()
+    condition = (LeaseModel.key.does_not_exist() | (LeaseModel.due_at <= now)
+                 | (LeaseModel.holder == holder))
+    actions = [LeaseModel.holder.set(holder), LeaseModel.state.set(state),
+               LeaseModel.due_at.set(now + timedelta(seconds=seconds)), LeaseModel.updated_at.set(now)]
+    return _update(key, actions, condition)
+
+
+def extend(key: str, holder: str, seconds: float, state: str | None = None,
+           now: datetime | None = None) -> bool:
+    """Push the expiry of a lease that ``holder`` still holds; ``False`` if it is not theirs."""
+    now = now or utcnow()
+    actions = [LeaseModel.due_at.set(now + timedelta(seconds=seconds)), LeaseModel.updated_at.set(now)]
+    if state is not None:
+        actions.append(LeaseModel.state.set(state))
+    return _update(key, actions, LeaseModel.holder == holder)
+
+
+def release(key: str, holder: str, now: datetime | None = None) -> bool:
+    """Free a lease that ``holder`` holds (it is free again at once)."""
+    now = now or utcnow()
+    actions = [LeaseModel.holder.remove(), LeaseModel.state.set(LeaseState.FREE),
+               LeaseModel.due_at.set(now), LeaseModel.updated_at.set(now)]
+    return _update(key, actions, LeaseModel.holder == holder)
+
+
+# -- worker slots --------------------------------------------------------------------------------
+
+
+def ensure_slots(count: int, now: datetime | None = None) -> int:
+    """Create the slots ``0..count-1`` that do not exist yet (free); returns how many were made.
+
+    One BatchGetItem per 100 slots, plus one conditional put per missing slot.
+    """
+    now = now or utcnow()
+    wanted = [slot_key(number) for number in range(count)]
+    existing = {item.key for item in LeaseModel.batch_get(wanted, attributes_to_get=[schema.PARTITION_KEY])}
+    created = 0
+    for key in wanted:
+        if key in existing:
+            continue
+        slot = LeaseModel(key, status=SLOT_STATUS, due_at=now, state=LeaseState.FREE, updated_at=now)
+        try:
+            slot.save(condition=LeaseModel.key.does_not_exist())
+            created += 1
+        except PutError as exc:
+            if exc.cause_response_code != _CONDITION_FAILED:
+                raise StorageError(f"could not create {key!r}: {exc.cause_response_message}") from exc
+    return created
+
+
+def free_slots(count: int, want: int, now: datetime | None = None) -> list[str]:
+    """Up to ``want`` slots below ``count`` that are free or expired, longest free first.
+
+    One query on the status index reading at most ``count`` entries. The index is eventually
+    consistent: a slot listed here may have just been taken, which :func:`reserve` finds out.
+    """
+    if want <= 0:
+        return []
+    now = now or utcnow()
+    found: list[str] = []
+    for item in LeaseModel.slot_index.query(SLOT_STATUS, LeaseModel.due_at <= now,
+                                            limit=count, page_size=count):
+        if slot_number(item.key) < count:
+            found.append(item.key)
+            if len(found) >= want:
+                break
+    return found
+
+
+def count_busy_slots(count: int, now: datetime | None = None) -> int:
+    """Slots below ``count`` that are reserved or held now (paginates: exact at any size)."""
+    now = now or utcnow()
+    return sum(1 for item in LeaseModel.slot_index.query(SLOT_STATUS, LeaseModel.due_at > now)
+               if slot_number(item.key) < count)
+
+
+def reserve(slot: str, token: str, seconds: float, now: datetime | None = None) -> bool:
+    """Reserve a free (or lapsed) slot for a worker about to be dispatched with ``token``."""
+    now = now or utcnow()
+    condition = LeaseModel.key.exists() & (LeaseModel.due_at <= now)
+    actions = [LeaseModel.holder.set(token), LeaseModel.state.set(LeaseState.RESERVED),
+               LeaseModel.due_at.set(now + timedelta(seconds=seconds)), LeaseModel.updated_at.set(now)]
+    return _update(slot, actions, condition)
+
+
+def acquire(slot: str, token: str, seconds: float, now: datetime | None = None) -> bool:
+    """The dispatched worker turns its reservation into a running lease (``False``: taken over)."""
+    return extend(slot, token, seconds, state=LeaseState.RUNNING, now=now)
+
+
+def slot_keys(count: int) -> Iterable[str]:
+    return (slot_key(number) for number in range(count))

@@ -1,0 +1,262 @@
+"""Continuous dispatch: self-feeding workers, heartbeats, the supervisor's cadence and lease,
+parallel fan-out. Contract tests: they run on DynamoDB Local and on moto."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from coworker import dispatch, leases, lifecycle
+from coworker.dispatch import InProcessInvoker
+from coworker.handlers import TaskContext, task_handler
+from coworker.lifecycle import TaskSpec
+from coworker.model import utcnow
+from coworker.worker import TaskOutcome, TaskSource, WorkerRequest, run_invocation
+
+pytestmark = pytest.mark.both_backends
+
+_release = threading.Event()
+_handler_saw_lost = threading.Event()
+
+
+@task_handler("test-wait-for-lost-claim")
+def _wait_for_lost_claim(payload: dict, context: TaskContext) -> str:
+    """Runs until its heartbeat reports the claim lost (or 20 s pass)."""
+    end = time.monotonic() + 20
+    while time.monotonic() < end:
+        if context.claim_lost():
+            _handler_saw_lost.set()
+            return "stopped"
+        time.sleep(0.05)
+    return "never told"
+
+
+def _put(settings, keys, type_="quick", **kw):
+    past = utcnow() - timedelta(seconds=10)
+    for key in keys:
+        lifecycle.put_task(TaskSpec(key=key, type=type_, **kw), settings, now=past)
+
+
+def _reserved_request(settings, keys=()) -> WorkerRequest:
+    slot = leases.free_slots(settings.worker_slots, 1)[0]
+    token = leases.new_token()
+    assert leases.reserve(slot, token, settings.reservation_seconds)
+    return WorkerRequest(tuple(keys), slot, token)
+
+
+def test_a_worker_with_a_slot_feeds_itself_until_the_backlog_is_done(make_settings):
+    settings = make_settings(max_concurrency=3, batch_size=3)
+    keys = [f"t{i:02d}" for i in range(25)]
+    _put(settings, keys)
+    reports = run_invocation(_reserved_request(settings, keys[:2]), "w", settings, time.monotonic() + 60)
+    finished = [r for r in reports if r.outcome is TaskOutcome.FINISHED]
+    assert sorted(r.key for r in finished) == keys
+    assert {r.source for r in finished if r.key in keys[:2]} == {TaskSource.HINT}
+    assert sum(r.source is TaskSource.FEED for r in finished) == 23
+    # The slot is free again once the invocation returns.
+    assert leases.free_slots(settings.worker_slots, 10) != []
+    assert leases.count_busy_slots(settings.worker_slots) == 0
+
+
+def test_a_worker_without_a_slot_runs_only_its_keys(settings):
+    _put(settings, ["a", "b", "c"])
+    reports = run_invocation(WorkerRequest(("a",)), "w", settings, time.monotonic() + 30)
+    assert [(r.key, r.outcome) for r in reports] == [("a", TaskOutcome.FINISHED)]
+    assert lifecycle.get_task("b").status == "todo"
+
+
+def test_self_feeding_workers_do_not_all_race_for_the_head_item(make_settings):
+    settings = make_settings(max_concurrency=12, batch_size=3)  # four slots
+    keys = [f"t{i:03d}" for i in range(120)]
+    _put(settings, keys)
+    invoker = InProcessInvoker(settings)
+    dispatch.start_workers(settings, invoker, ["t000"])  # one hint; the rest is found by feeding
+    for _ in range(3):
+        dispatch.start_workers(settings, invoker, ["nope"])  # three more workers, nothing to claim
+    reports = invoker.wait()
+    invoker.shutdown()
+    finished = sorted(r.key for r in reports if r.outcome is TaskOutcome.FINISHED)
+    assert finished == keys
+    fed_conflicts = sum(r.outcome is TaskOutcome.NOT_CLAIMED and r.source is TaskSource.FEED for r in reports)
+    assert fed_conflicts < len(keys) * 0.25, f"{fed_conflicts} failed claims for {len(keys)} tasks"
+
+
+def test_heartbeat_keeps_a_long_task_locked_past_its_lock_lifetime(make_settings):
+    settings = make_settings(lock_seconds=3, heartbeat_seconds=0.5)
+    _put(settings, ["long"], type_="slow", payload={"seconds": 4.5})
+    result: list = []
+    worker = threading.Thread(target=lambda: result.extend(
+        run_invocation(WorkerRequest(("long",)), "a", settings, time.monotonic() + 30)))
+    worker.start()
+    time.sleep(3.5)  # past the original lock lifetime
+    assert lifecycle.claim("long", "b", settings) is None  # still held: no takeover
+    task = lifecycle.get_task("long")
+    assert task.lock_owner == "a" and task.lock_expires_at > utcnow()
+    worker.join()
+    assert [r.outcome for r in result] == [TaskOutcome.FINISHED]
+    assert lifecycle.get_task("long").attempts == 1
+
+
+def test_a_heartbeat_that_finds_its_claim_taken_tells_the_handler(make_settings):
+    settings = make_settings(lock_seconds=3, heartbeat_seconds=0.3)
+    _handler_saw_lost.clear()
+    _put(settings, ["c"], type_="test-wait-for-lost-claim")
+    result: list = []
+    worker = threading.Thread(target=lambda: result.extend(
+        run_invocation(WorkerRequest(("c",)), "a", settings, time.monotonic() + 30)))
+    worker.start()
+    for _ in range(100):
+        if lifecycle.get_task("c").status == "processing":
+            break
+        time.sleep(0.05)
+    lifecycle.cancel("c", reason="operator")
+    worker.join(timeout=15)
+    assert _handler_saw_lost.is_set()
+    assert [r.outcome for r in result] == [TaskOutcome.LOST]
+    task = lifecycle.get_task("c")
+    assert task.status == "ignored" and task.errors[-1].kind == "cancelled"
+
+
+def test_a_stalled_worker_loses_its_lock_and_cannot_overwrite_the_newer_attempt(make_settings):
+    settings = make_settings(lock_seconds=3, heartbeat_seconds=1)
+    _put(settings, ["k"])
+    stale = lifecycle.claim("k", "stalled", settings)  # no heartbeat: this worker stalls
+    time.sleep(3.2)
+    fresh = run_invocation(WorkerRequest(("k",)), "fresh", settings, time.monotonic() + 30)
+    assert [r.outcome for r in fresh] == [TaskOutcome.FINISHED]
+    assert lifecycle.extend_lock(stale, settings) is False
+    assert lifecycle.complete(stale, settings, result="stale") is lifecycle.RecordOutcome.LOST
+    task = lifecycle.get_task("k")
+    assert (task.status, task.attempts) == ("finished", 2) and task.result != "stale"
+
+
+def test_a_worker_whose_slot_was_taken_over_stops_taking_work(make_settings):
+    settings = make_settings(max_concurrency=1, batch_size=1, lock_seconds=3, heartbeat_seconds=0.3)
+    _put(settings, ["a"], type_="slow", payload={"seconds": 1.0})
+    _put(settings, ["b", "c"])
+    request = _reserved_request(settings, ["a"])
+    result: list = []
+    worker = threading.Thread(target=lambda: result.extend(
+        run_invocation(request, "w", settings, time.monotonic() + 30)))
+    worker.start()
+    time.sleep(0.3)
+    # Someone else now holds the slot (as after a stall past the lease).
+    leases.LeaseModel(request.slot).update(actions=[leases.LeaseModel.holder.set("intruder")])
+    worker.join(timeout=15)
+    assert [r.key for r in result] == ["a"]  # finished its task, fed on nothing more
+    assert lifecycle.get_task("b").status == "todo"
+    assert leases.LeaseModel.get(request.slot).holder == "intruder"  # not released by the worker
+
+
+def test_fan_out_sends_invocations_in_parallel(settings):
+    class SlowInvoker:
+        def __init__(self) -> None:
+            self.active = self.peak = 0
+            self.lock = threading.Lock()
+
+        def invoke(self, request: WorkerRequest) -> None:
+            with self.lock:
+                self.active += 1
+                self.peak = max(self.peak, self.active)
+            time.sleep(0.2)
+            with self.lock:
+                self.active -= 1
+
+    invoker = SlowInvoker()
+    requests = [WorkerRequest((f"k{i}",)) for i in range(8)]
+    assert dispatch.fan_out(invoker, requests) == 8
+    assert invoker.peak > 1
+
+
+def test_one_failed_invocation_does_not_stop_the_others(settings):
+    sent: list[WorkerRequest] = []
+
+    class FlakyInvoker:
+        def invoke(self, request: WorkerRequest) -> None:
+            if request.keys == ("bad",):
+                raise RuntimeError("throttled")
+            sent.append(request)
+
+    requests = [WorkerRequest((key,)) for key in ("a", "bad", "c")]
+    assert dispatch.fan_out(FlakyInvoker(), requests) == 2
+    assert sorted(r.keys[0] for r in sent) == ["a", "c"]
+
+
+class FakeClock:
+    """A clock and stop event for the supervisor: waiting advances time, ticks cost time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.waits: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def wait(self, seconds: float) -> bool:
+        self.waits.append(round(seconds, 6))
+        self.now += seconds
+        return False
+
+    def is_set(self) -> bool:
+        return False
+
+
+def test_supervisor_ticks_on_a_fixed_cadence_not_after_each_ticks_work(settings, monkeypatch):
+    clock = FakeClock()
+    starts: list[float] = []
+
+    def slow_tick(*args, **kwargs):
+        starts.append(clock.now)
+        clock.now += 0.4  # each tick's work takes 0.4 s
+        return dispatch.TickReport(0, 0, 0, 0, 0, 0)
+
+    monkeypatch.setattr(dispatch, "tick", slow_tick)
+    supervisor = dispatch.Supervisor(settings.model_copy(update={"tick_seconds": 1.0}), None, clock=clock)
+    reports = supervisor.run(lambda: 5.5 - clock.now, stop=clock)
+    assert starts == [0.0, 1.0, 2.0, 3.0, 4.0]  # no drift: waits are 1 s minus the work
+    assert len(reports) == 5 and set(clock.waits) == {0.6}
+
+
+def test_supervisor_skips_missed_beats_after_an_overrun(settings, monkeypatch):
+    clock = FakeClock()
+    starts: list[float] = []
+    costs = iter([2.5, 0.1, 0.1, 0.1])
+
+    def tick(*args, **kwargs):
+        starts.append(clock.now)
+        clock.now += next(costs)
+        return dispatch.TickReport(0, 0, 0, 0, 0, 0)
+
+    monkeypatch.setattr(dispatch, "tick", tick)
+    supervisor = dispatch.Supervisor(settings.model_copy(update={"tick_seconds": 1.0}), None, clock=clock)
+    supervisor.run(lambda: 5.5 - clock.now, stop=clock)
+    assert starts == [0.0, 3.0, 4.0]  # beats at 1 and 2 were missed, the phase is kept
+
+
+def test_only_one_supervisor_holds_the_lease(make_settings):
+    settings = make_settings(tick_seconds=0.2)
+    first = dispatch.Supervisor(settings, InProcessInvoker(settings), holder="first")
+    second = dispatch.Supervisor(settings, InProcessInvoker(settings), holder="second")
+    stop = threading.Event()
+    running = threading.Thread(target=first.run, args=(lambda: 60.0, stop))
+    running.start()
+    time.sleep(0.5)
+    end = time.monotonic() + 1.0
+    assert second.run(lambda: end - time.monotonic()) == []  # waited, never got the lease
+    stop.set()
+    running.join()
+    end = time.monotonic() + 0.5
+    assert second.run(lambda: end - time.monotonic()) != []  # released on the way out: taken
+    assert leases.LeaseModel.get(leases.COORDINATOR_LEASE).holder is None
+
+
+def test_supervisor_creates_missing_slots_when_it_starts(make_settings):
+    settings = make_settings(max_concurrency=30, batch_size=10, tick_seconds=0.2)
+    bigger = settings.model_copy(update={"max_concurrency": 50})  # raised: two new slots
+    assert leases.count_busy_slots(bigger.worker_slots) == 0
+    assert len(leases.free_slots(bigger.worker_slots, 10)) == 3
+    end = time.monotonic() + 0.3
+    dispatch.Supervisor(bigger, InProcessInvoker(bigger)).run(lambda: end - time.monotonic())
+    assert len(leases.free_slots(bigger.worker_slots, 10)) == 5
