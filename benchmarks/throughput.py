@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import re
 import shlex
@@ -38,6 +39,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "ERROR")
@@ -47,17 +49,23 @@ import botocore.client  # noqa: E402
 from coworker import dispatch, leases, lifecycle  # noqa: E402
 from coworker.bootstrap import configure  # noqa: E402
 from coworker.config import Settings  # noqa: E402
-from coworker.handlers import task_handler  # noqa: E402
 from coworker.observability import metrics  # noqa: E402
-from coworker_local.database import BACKENDS, EmbeddedDatabase, create_table, embedded_database  # noqa: E402
+from coworker_local.database import (  # noqa: E402
+    BACKENDS,
+    FAKE_CREDENTIALS,
+    EmbeddedDatabase,
+    create_table,
+    embedded_database,
+)
+from coworker_local.runtime import PASSED_THROUGH  # noqa: E402
+from coworker_local.workers import ProcessWorkerPool  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-@task_handler("bench-noop")
-def _noop(payload: dict | None, context: object) -> None:
-    """The trivial handler: the benchmark measures the engine, not the work."""
-    return None
+BENCHMARKS_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCHMARKS_DIR))
+import noop_handlers  # noqa: E402,F401  - registers "bench-noop"
 
 
 class RequestCounter:
@@ -108,6 +116,48 @@ def run_coworker(endpoint: str, tasks: int, concurrency: int, counter: RequestCo
     seconds = time.perf_counter() - started
     invoker.shutdown()
     return {"seconds": seconds, "tasks": tasks, "requests": counter.snapshot() - before}
+
+
+class ProcessEngine:
+    """Coworker with worker processes, as the local runtime runs them (one per worker slot,
+    ``threads`` tasks each), on one table per configuration, warm between runs."""
+
+    def __init__(self, endpoint: str, slots: int, threads: int) -> None:
+        self.settings = Settings(
+            table_name=f"cwp-{uuid.uuid4().hex[:8]}", dynamodb_endpoint=endpoint,
+            max_concurrency=slots * threads, batch_size=threads, dispatch_on_submit=False,
+            worker_timeout_seconds=300, handler_modules="noop_handlers")
+        create_table(self.settings)
+        environ = {name: os.environ[name] for name in PASSED_THROUGH if name in os.environ}
+        environ.update(FAKE_CREDENTIALS)
+        environ.update({k: v for k, v in os.environ.items() if k.startswith("POWERTOOLS_")})
+        environ.update(self.settings.as_environment())
+        environ["PYTHONPATH"] = str(BENCHMARKS_DIR)
+        self.pool = ProcessWorkerPool(environ, timeout_seconds=300, max_invocations=slots, log=sys.stderr)
+        self.label = f"{slots}x{threads}"
+        self._runs = 0
+
+    def run(self, tasks: int) -> dict:
+        settings = self.settings
+        configure(settings)
+        leases.ensure_slots(settings.worker_slots)
+        self._runs += 1
+        for i in range(tasks):
+            lifecycle.put_task(lifecycle.TaskSpec(key=f"r{self._runs}-{i:06d}", type="bench-noop"), settings)
+        done_before = self.pool.outcomes.get("finished", 0)
+        started = time.perf_counter()
+        while self.pool.outcomes.get("finished", 0) - done_before < tasks:
+            dispatch.tick(settings, self.pool)
+            metrics.clear_metrics()
+            time.sleep(0.02)
+            while self.pool.stats()["running"] or self.pool.stats()["queued"]:
+                time.sleep(0.005)
+            if time.perf_counter() - started > 600 or self.pool.counts.get("init-failed"):
+                raise RuntimeError("worker processes did not finish the tasks (see the log)")
+        return {"seconds": time.perf_counter() - started, "tasks": tasks, "requests": collections.Counter()}
+
+    def close(self) -> None:
+        self.pool.shutdown(drain_seconds=1.0)
 
 
 def _peer_model(endpoint: str) -> type:
@@ -186,6 +236,36 @@ def _per_task(result: dict) -> float:
     return sum(result["requests"].values()) / result["tasks"]
 
 
+def best_concurrency(args: argparse.Namespace, database: EmbeddedDatabase, counter: RequestCounter,
+                     emf_sink: Any) -> dict[str, list[float]]:
+    """Each side at several concurrencies, interleaved by round: tasks/s per configuration."""
+    configs = [tuple(int(n) for n in c.split("x")) for c in args.best.split(",") if c.strip()]
+    engines = [ProcessEngine(database.endpoint, slots, threads) for slots, threads in configs]
+    peers = [int(n) for n in args.peer_best.split(",") if n.strip()]
+    rates: dict[str, list[float]] = collections.defaultdict(list)
+    try:
+        for engine in engines:  # warm: start the worker processes, let the JIT see the requests
+            with contextlib.redirect_stdout(emf_sink):
+                engine.run(min(args.best_tasks, 200))
+        for round_no in range(args.rounds):
+            runs: list[tuple[str, Callable[[], dict]]] = [
+                (f"coworker {engine.label}", lambda e=engine: e.run(args.best_tasks)) for engine in engines]
+            runs += [(f"peer {threads} threads",
+                      lambda t=threads: run_peer(database.endpoint, args.best_tasks, t, counter)) for threads in peers]
+            if round_no % 2:
+                runs.reverse()
+            for label, run in runs:
+                with contextlib.redirect_stdout(emf_sink):
+                    result = run()
+                rates[label].append(_rate(result))
+                print(f"  best-concurrency round {round_no + 1}: {label:<20} {_rate(result):7.1f} tasks/s",
+                      flush=True)
+    finally:
+        for engine in engines:
+            engine.close()
+    return rates
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=400, help="tasks per run")
@@ -194,9 +274,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="coworker max_concurrency and the peer's threads (equal concurrency)")
     parser.add_argument("--demo-tasks", type=int, default=500, help="demo size of the whole-system run (0 skips)")
     parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated: dynamodb-local,moto")
+    parser.add_argument("--best", default="2x8,2x16,3x16",
+                        help="coworker configurations for the best-concurrency section: worker processes x "
+                             "threads, comma-separated ('' skips the section)")
+    parser.add_argument("--peer-best", default="8,16,32", help="peer thread counts for that section")
+    parser.add_argument("--best-tasks", type=int, default=1000, help="tasks per run in that section")
     args = parser.parse_args(argv)
     given = sys.argv[1:] if argv is None else argv
-    print(f"$ .venv/bin/python benchmarks/throughput.py {shlex.join(given)}".rstrip())
+    print(f"$ .venv/bin/python benchmarks/throughput.py {shlex.join(given)}".rstrip(), flush=True)
     print(f"({os.cpu_count()} CPUs; {args.tasks} tasks per run, {args.rounds} rounds, concurrency "
           f"{args.concurrency}, no-op handler)")
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
@@ -206,18 +291,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     runners: dict[str, Callable[..., dict]] = {"coworker": run_coworker, "peer": run_peer}
     try:
         # A JVM runs its first requests interpreted: warm both databases and both systems first.
+        emf_sink = open(os.devnull, "w")  # noqa: SIM115 - open for the whole run
         for backend in backends:
             for runner in runners.values():
-                runner(databases[backend].endpoint, min(args.tasks, 100), args.concurrency, counter)
+                with contextlib.redirect_stdout(emf_sink):
+                    runner(databases[backend].endpoint, min(args.tasks, 100), args.concurrency, counter)
         for round_no in range(args.rounds):
             order = [(b, s) for b in backends for s in runners]
             if round_no % 2:
                 order.reverse()
             for backend, system in order:
-                result = runners[system](databases[backend].endpoint, args.tasks, args.concurrency, counter)
+                with contextlib.redirect_stdout(emf_sink):  # Powertools prints EMF every 100 metrics
+                    result = runners[system](databases[backend].endpoint, args.tasks, args.concurrency, counter)
                 results[backend, system].append(result)
                 print(f"  round {round_no + 1}: {system:<9} on {backend:<15} {_rate(result):7.1f} tasks/s  "
                       f"{_per_task(result):.2f} requests/task", flush=True)
+        best = best_concurrency(args, databases[backends[0]], counter, emf_sink) if args.best else None
     finally:
         for database in databases.values():
             database.stop()
@@ -240,6 +329,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     sample = results[backends[0], "coworker"][-1]["requests"]
     print(f"coworker requests by operation ({backends[0]}, last round, per task): "
           + ", ".join(f"{op} {n / args.tasks:.2f}" for op, n in sorted(sample.items())))
+
+    if best is not None:
+        print()
+        print(f"Best concurrency on {backends[0]} ({args.best_tasks} tasks per run, {args.rounds} rounds, "
+              "medians; coworker: worker processes x threads, requests not counted across processes):")
+        for label, rates in best.items():
+            print(f"  {label:<22} {statistics.median(rates):7.1f} tasks/s   rounds: "
+                  + ", ".join(f"{r:.1f}" for r in rates))
+        ours = max((k for k in best if k.startswith("coworker")), key=lambda k: statistics.median(best[k]))
+        peer = max((k for k in best if k.startswith("peer")), key=lambda k: statistics.median(best[k]))
+        print(f"  best coworker ({ours}) / best peer ({peer}) = "
+              f"{statistics.median(best[ours]) / statistics.median(best[peer]):.2f}x")
 
     if args.demo_tasks:
         print()

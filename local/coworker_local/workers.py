@@ -184,9 +184,10 @@ class ProcessWorkerPool:
         history: int = 200,
     ) -> None:
         self._environ = dict(environ)
-        self._environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in (*PACKAGE_ROOTS, os.environ.get("PYTHONPATH", "")) if p
-        )
+        self._environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(
+            p for p in (*PACKAGE_ROOTS, *environ.get("PYTHONPATH", "").split(os.pathsep),
+                        *os.environ.get("PYTHONPATH", "").split(os.pathsep)) if p
+        ))
         self.timeout_seconds = timeout_seconds
         self.max_invocations = max_invocations
         self._log = log

@@ -29,6 +29,7 @@ import traceback as tb
 from datetime import datetime, timedelta
 from typing import Any
 
+from pynamodb.constants import NONE
 from pynamodb.exceptions import DoesNotExist, PutError, UpdateError
 from pynamodb.expressions.condition import Condition
 
@@ -259,11 +260,17 @@ def _write(task: TaskModel, actions: list, condition: Condition, delta: batches.
 
     A task of a batch whose change moves a batch counter is written in one transaction with the
     counter, so a crash cannot lose a count; any other change is a single conditional UpdateItem.
+    With ``refresh``, ``task`` is updated from the written item; without, nothing is returned
+    (the cheaper request a worker makes twice per task).
     """
     if delta is not None and task.batch_id:
         return batches.update_task(task, actions, condition, delta, refresh=refresh)
     try:
-        task.update(actions=actions, condition=condition)
+        if refresh:
+            task.update(actions=actions, condition=condition)
+        else:
+            TaskModel._get_connection().update_item(task.key, actions=actions, condition=condition,
+                                                    return_values=NONE)
     except UpdateError as exc:
         if _condition_failed(exc):
             return False

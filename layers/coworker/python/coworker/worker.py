@@ -309,19 +309,53 @@ class Feeder:
         self._stripes = settings.worker_slots
         self._stripe = (slot_number if slot_number is not None else random.randrange(self._stripes)) % self._stripes
         self._stop = stop or threading.Event()
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._fetching = False
+        self._low_water = max(1, window or settings.batch_size)
         self.pages = 0
 
     def next(self) -> tuple[str, TaskSource] | None:
-        with self._lock:
-            if not self._queue and not self._exhausted:
-                if time.monotonic() >= self._feed_until or self._stop.is_set():
+        """The next key to run, or ``None`` when there is no more work for this invocation.
+
+        When fewer keys than threads are queued, the thread that notices fetches the next window
+        while the others keep working (only a thread finding the queue empty waits for it).
+        """
+        with self._cond:
+            while not self._queue:
+                if self._exhausted:
+                    return None
+                if not self._fetching:
+                    if not self._may_feed():
+                        self._exhausted = True
+                        return None
+                    self._fetching = True
+                    break
+                self._cond.wait()
+            item = self._queue.popleft() if self._queue else None
+            fetch = item is None or (not self._fetching and len(self._queue) < self._low_water
+                                     and not self._exhausted and self._may_feed())
+            if fetch and item is not None:
+                self._fetching = True
+        if fetch:
+            self._refill()
+        return item if item is not None else self.next()
+
+    def _may_feed(self) -> bool:
+        return time.monotonic() < self._feed_until and not self._stop.is_set()
+
+    def _refill(self) -> None:
+        found: list[str] = []
+        try:
+            found = self._fetch()
+        except Exception:  # noqa: BLE001 - no more feeding; the supervisor hands the work out
+            logger.exception("could not look for more work; this invocation takes no more")
+        finally:
+            with self._cond:
+                self._fetching = False
+                self._queue.extend((key, TaskSource.FEED) for key in found)
+                if not found:
                     self._exhausted = True
-                else:
-                    found = self._fetch()
-                    self._exhausted = not found
-                    self._queue.extend((key, TaskSource.FEED) for key in found)
-            return self._queue.popleft() if self._queue else None
+                self._cond.notify_all()
 
     def _fetch(self) -> list[str]:
         """One window of due keys not seen before by this invocation."""
@@ -473,12 +507,15 @@ class Invocation:
         return reports
 
     def _thread_loop(self, feeder: Feeder, reports: list[TaskReport]) -> None:
-        while (item := feeder.next()) is not None:
-            key, source = item
-            report = process_task(key, self.owner, self.settings, self.deadline, self.heartbeat, source)
-            reports.append(report)
-            if report.outcome is TaskOutcome.SKIPPED:
-                break
+        try:
+            while (item := feeder.next()) is not None:
+                key, source = item
+                report = process_task(key, self.owner, self.settings, self.deadline, self.heartbeat, source)
+                reports.append(report)
+                if report.outcome is TaskOutcome.SKIPPED:
+                    break
+        except Exception:  # noqa: BLE001 - e.g. DynamoDB unreachable: a task it held unlocks at expiry
+            logger.exception("worker thread stopped on an error")
 
 
 @tracer.capture_method

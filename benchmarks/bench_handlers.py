@@ -1,0 +1,38 @@
+"""Task handlers of ``benchmarks/dispatch.py``, imported by its worker processes.
+
+Each one stamps the wall clock (``time.time()``) where the handler starts, so the benchmark
+can compare it with the client's clock in the same machine.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from coworker.handlers import TaskContext, task_handler
+
+
+@task_handler("bench-stamp")
+def bench_stamp(payload: Any, context: TaskContext) -> dict[str, float]:
+    """Return at once with the time the handler started."""
+    return {"started_at": time.time()}
+
+
+@task_handler("bench-sleep")
+def bench_sleep(payload: dict[str, Any] | None, context: TaskContext) -> dict[str, float]:
+    """Sleep ``seconds`` (default 1): one busy worker slot for that long."""
+    started = time.time()
+    time.sleep(float((payload or {}).get("seconds", 1.0)))
+    return {"started_at": started, "ended_at": time.time()}
+
+
+@task_handler("bench-long")
+def bench_long(payload: dict[str, Any] | None, context: TaskContext) -> dict[str, Any]:
+    """Sleep up to ``seconds`` in small steps; stop early once the claim is lost (the task was
+    cancelled or taken over) or the handler's deadline is near."""
+    started = time.time()
+    end = time.monotonic() + float((payload or {}).get("seconds", 30.0))
+    while time.monotonic() < end and not context.claim_lost() and context.remaining_seconds() > 0.5:
+        time.sleep(0.1)
+    return {"started_at": started, "ended_at": time.time(), "attempt": context.attempt,
+            "claim_lost": context.claim_lost()}
