@@ -117,7 +117,8 @@ class Bench:
         # runtime needs a fresh import.
         sys.modules.pop("functions.api.handler", None)
         settings = local_settings(handler_modules=HANDLER_MODULES, **overrides)
-        runtime = LocalRuntime(settings, log=self.log, database=self.args.db, drain_seconds=drain_seconds)
+        runtime = LocalRuntime(settings, log=self.log, database=self.args.db, drain_seconds=drain_seconds,
+                               prewarm=self.args.prewarm_workers)
         try:
             runtime.start()
             if not self.database_shown and runtime.database is not None:
@@ -420,6 +421,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--db", choices=("auto", "dynamodb-local", "moto"), default="auto", help="embedded database")
     parser.add_argument("--only", action="append", choices=SECTIONS,
                         help="run only this section (repeat for several); default all")
+    parser.add_argument("--prewarm-workers", type=int, default=None, metavar="N",
+                        help="worker processes started with each runtime (default: one per slot, as "
+                             "the local runtime does; 0: every worker cold-starts on demand)")
     parser.add_argument("--log", type=Path, help="runtime log file (default: a temporary one, deleted at exit)")
     args = parser.parse_args(argv)
     given = sys.argv[1:] if argv is None else argv

@@ -236,9 +236,29 @@ def _per_task(result: dict) -> float:
     return sum(result["requests"].values()) / result["tasks"]
 
 
+def _machine_cpu() -> tuple[int, int]:
+    """(busy, total) CPU jiffies of the whole machine, from /proc/stat (Linux)."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
+
+
+def _process_cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0 when unknown)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, TypeError):
+        return 0.0
+
+
 def best_concurrency(args: argparse.Namespace, database: EmbeddedDatabase, counter: RequestCounter,
                      emf_sink: Any) -> dict[str, list[float]]:
-    """Each side at several concurrencies, interleaved by round: tasks/s per configuration."""
+    """Each side at several concurrencies, interleaved by round: tasks/s per configuration, with
+    how busy the machine's CPUs were and the database server's CPU per task."""
     configs = [tuple(int(n) for n in c.split("x")) for c in args.best.split(",") if c.strip()]
     engines = [ProcessEngine(database.endpoint, slots, threads) for slots, threads in configs]
     peers = [int(n) for n in args.peer_best.split(",") if n.strip()]
@@ -255,10 +275,16 @@ def best_concurrency(args: argparse.Namespace, database: EmbeddedDatabase, count
             if round_no % 2:
                 runs.reverse()
             for label, run in runs:
+                busy0, total0 = _machine_cpu()
+                server0 = _process_cpu_seconds(getattr(database, "pid", None))
                 with contextlib.redirect_stdout(emf_sink):
                     result = run()
+                busy1, total1 = _machine_cpu()
+                server = _process_cpu_seconds(getattr(database, "pid", None)) - server0
                 rates[label].append(_rate(result))
-                print(f"  best-concurrency round {round_no + 1}: {label:<20} {_rate(result):7.1f} tasks/s",
+                load = (busy1 - busy0) / max(1, total1 - total0)
+                print(f"  best-concurrency round {round_no + 1}: {label:<20} {_rate(result):7.1f} tasks/s   "
+                      f"CPUs {load:4.0%} busy, database server {1000 * server / result['tasks']:.2f} ms CPU/task",
                       flush=True)
     finally:
         for engine in engines:

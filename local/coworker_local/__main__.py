@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
     parser.add_argument("--api-port", type=int, default=8000,
                         help="port of the API and the dashboard (default 8000; 0 picks a free one)")
+    parser.add_argument("--prewarm-workers", type=int, default=None, metavar="N",
+                        help="worker processes started with the runtime, idle until invoked (like "
+                             "provisioned concurrency; default one per worker slot, 0: all on demand)")
     parser.add_argument("--max-invocations", type=int, default=None,
                         help="most worker processes running at once, like a Lambda's reserved "
                              "concurrency (default 2 x ceil(max_concurrency / batch_size))")
@@ -130,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     runtime = LocalRuntime(settings, host=args.host, port=args.api_port,
                            max_invocations=args.max_invocations, log=log, drain_seconds=args.drain_seconds,
+                           prewarm=args.prewarm_workers,
                            database=args.db, data_dir=args.data_dir)
     try:
         runtime.start()

@@ -144,12 +144,16 @@ class LocalRuntime:
         drain_seconds: float = 5.0,
         database: str | None = None,
         data_dir: Path | None = None,
+        prewarm: int | None = None,
     ) -> None:
         self.requested_settings = settings
         self.settings = settings
         self.host = host
         self.port = port
         self.max_invocations = max_invocations or default_max_invocations(settings)
+        # Worker environments started up front (one per slot by default), as provisioned
+        # concurrency would keep them on Lambda; 0 starts every one on demand (cold).
+        self.prewarm = self.max_invocations if prewarm is None else prewarm
         self.log = log
         self.drain_seconds = drain_seconds
         self.database_backend = database  # auto | dynamodb-local | moto (see coworker_local.database)
@@ -194,6 +198,7 @@ class LocalRuntime:
             timeout_seconds=self.settings.worker_timeout_seconds,
             max_invocations=self.max_invocations,
             log=self.log if self.log is not None else sys.stderr,
+            prewarm=self.prewarm,
         )
         # Workers are started through Lambda's Invoke API, served here in front of the pool.
         self.lambda_service = LocalLambdaService(self.pool, host=self.host).start()

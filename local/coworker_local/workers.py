@@ -11,6 +11,8 @@ reserved concurrency    at most ``max_invocations`` invocations run at once (the
                         the rest wait, as throttled async events wait in Lambda's queue
 execution environment   a ``python -m coworker_local.workers`` process, reused by later
                         invocations (warm start) and replaced after a kill (cold start)
+provisioned concurrency ``prewarm`` environments started with the pool, so the first
+                        invocations do not wait for a cold start
 function timeout        the process is SIGKILLed ``worker_timeout_seconds`` after the
                         invocation started; the worker's own deadline is the same, so its
                         graceful timeout (``timeout_margin_seconds``) records first
@@ -182,6 +184,7 @@ class ProcessWorkerPool:
         log: IO[bytes] | int = subprocess.DEVNULL,
         python: str = sys.executable,
         history: int = 200,
+        prewarm: int = 0,
     ) -> None:
         self._environ = dict(environ)
         self._environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(
@@ -207,6 +210,27 @@ class ProcessWorkerPool:
             collections.defaultdict(collections.Counter))
         self._stopping = False
         self.counts: collections.Counter[str] = collections.Counter()
+        if prewarm:
+            threading.Thread(target=self._prewarm, args=(min(prewarm, max_invocations),),
+                             name="prewarm", daemon=True).start()
+
+    def _prewarm(self, count: int) -> None:
+        """Start ``count`` environments together and keep them idle (like provisioned concurrency)."""
+        starting = [_Environment(self._command, self._environ, self._log) for _ in range(count)]
+        deadline = time.monotonic() + INIT_TIMEOUT_SECONDS
+        for environment in starting:
+            try:
+                ready = environment.read_reply(deadline)
+            except TimeoutError:
+                ready = None
+            with self._lock:
+                keep = bool(ready and "ready" in ready) and not self._stopping
+                if keep:
+                    self._idle.append(environment)
+                    self.counts["prewarmed"] += 1
+            if not keep:
+                environment.signal(signal.SIGKILL)
+                environment.close(wait=1.0)
 
     # -- Invoker protocol ------------------------------------------------------------------
 
