@@ -6,8 +6,9 @@ test:  ## install what is needed, run every test
 run:  ## the whole system on this machine, with a demo workload
 	scripts/run-local.sh
 
-bench:  ## benchmarks: capacity units per task (cost.py), tasks/s against the peer on both databases (throughput.py)
-	scripts/bootstrap.sh --bench && .venv/bin/python benchmarks/cost.py && .venv/bin/python benchmarks/throughput.py
+bench:  ## benchmarks: capacity units (cost.py), tasks/s against the peer (throughput.py), dispatch latency, utilisation, duplicates, recovery (dispatch.py)
+	scripts/bootstrap.sh --bench && .venv/bin/python benchmarks/cost.py && .venv/bin/python benchmarks/throughput.py \
+		&& .venv/bin/python benchmarks/dispatch.py
 
 synth:  ## synthesize the CloudFormation template offline
 	scripts/bootstrap.sh && AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x AWS_DEFAULT_REGION=us-east-1 \

@@ -32,11 +32,12 @@ os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "ERROR")
 os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
 
-from coworker import batches, dispatch, lifecycle  # noqa: E402
+from coworker import batches, dispatch, leases, lifecycle  # noqa: E402
 from coworker.bootstrap import configure  # noqa: E402
 from coworker.config import Settings  # noqa: E402
 from coworker.model import TaskModel, utcnow  # noqa: E402
 from coworker.observability import metrics  # noqa: E402
+from coworker.worker import WorkerRequest  # noqa: E402
 from coworker_local.capacity import CapacityMeter, MeterTotals, item_size, status_index  # noqa: E402
 from coworker_local.database import MOTO, create_table, dynamodb_client, start_database  # noqa: E402
 
@@ -49,16 +50,24 @@ class RecordingInvoker:
     """Takes the dispatched keys and starts nothing: isolates the coordinator's own reads."""
 
     def __init__(self) -> None:
-        self.keys: list[str] = []
+        self.requests: list[WorkerRequest] = []
 
-    def invoke(self, keys: Sequence[str]) -> None:
-        self.keys.extend(keys)
+    def invoke(self, request: WorkerRequest) -> None:
+        self.requests.append(request)
+
+    def release(self) -> None:
+        """Free the slots the tick reserved, as workers that ran and returned would."""
+        for request in self.requests:
+            leases.release(request.slot or "", request.token or "")
 
 
 def _settings(endpoint: str, table: str, **overrides) -> Settings:
-    settings = Settings(table_name=table, dynamodb_endpoint=endpoint, **overrides)
+    # Tasks put a moment ago are due at once here (no wait for dispatch on submit).
+    settings = Settings(table_name=table, dynamodb_endpoint=endpoint, dispatch_on_submit=False, **overrides)
     create_table(settings)
-    return configure(settings)
+    configure(settings)
+    leases.ensure_slots(settings.worker_slots)
+    return settings
 
 
 def _step(record) -> str:
@@ -79,8 +88,10 @@ def happy_path(endpoint: str, tasks: int, concurrency: int, batch_id: str | None
     settings = _settings(endpoint, f"cost-happy-{batch_id or 'single'}", max_concurrency=concurrency,
                          batch_size=5)
     snapshot_client = dynamodb_client(settings)
-    # Tasks of a batch are written in transactions, on a pynamodb connection of their own.
-    meter = CapacityMeter.for_model(TaskModel, snapshot_client, batches._connection()).attach()
+    # Tasks of a batch are written in transactions, on a pynamodb connection of their own; the
+    # worker slots' writes (reserve, acquire, release) are counted too.
+    meter = CapacityMeter.for_model(TaskModel, snapshot_client, batches._connection(),
+                                    leases.LeaseModel._get_connection().connection).attach()
     for i in range(tasks):
         spec = lifecycle.TaskSpec(key=f"task-{i:06d}", type="quick", payload={"n": i}, batch_id=batch_id)
         lifecycle.put_task(spec, settings)
@@ -140,17 +151,19 @@ def _load_backlog(client, settings: Settings, template: dict, start: int, stop: 
 
 def _measure_tick(endpoint: str, table: str, concurrency: int, meter: CapacityMeter) -> dict:
     settings = Settings(table_name=table, dynamodb_endpoint=endpoint, max_concurrency=concurrency)
+    leases.ensure_slots(settings.worker_slots)
     invoker = RecordingInvoker()
     first_read = len(meter.reads)
     start = meter.snapshot()
     report = dispatch.tick(settings, invoker)
     spent = meter.snapshot() - start
+    invoker.release()
     reads = meter.reads[first_read:]
     return {
         "concurrency": concurrency, "dispatched": report.dispatched, "requests": sum(spent.requests.values()),
         "items_read": spent.items_read, "read_units": spent.read_units,
         "reported_read_units": spent.reported_read_units,
-        "due_items": sum(r.items_read for r in reads if r.select != "COUNT"),
+        "due_items": sum(r.items_read for r in reads if r.key_values[:1] != (leases.SLOT_STATUS,)),
     }
 
 
@@ -160,7 +173,7 @@ def scaling(endpoint: str, backlog: int, load_seconds: float) -> tuple[list[dict
     lifecycle.put_task(lifecycle.TaskSpec(key="template", type="quick", payload={"n": 0}), settings)
     template = client.get_item(TableName=settings.table_name, Key={"key": {"S": "template"}})["Item"]
     client.delete_item(TableName=settings.table_name, Key={"key": {"S": "template"}})
-    meter = CapacityMeter.for_model(TaskModel, client).attach()
+    meter = CapacityMeter.for_model(TaskModel, client, leases.LeaseModel._get_connection().connection).attach()
     rows, loaded = [], 0
     for size in sorted({min(SMALL_BACKLOG, backlog), backlog}):
         started = time.monotonic()

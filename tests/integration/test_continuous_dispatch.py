@@ -260,3 +260,16 @@ def test_supervisor_creates_missing_slots_when_it_starts(make_settings):
     end = time.monotonic() + 0.3
     dispatch.Supervisor(bigger, InProcessInvoker(bigger)).run(lambda: end - time.monotonic())
     assert len(leases.free_slots(bigger.worker_slots, 10)) == 5
+
+
+def test_slots_left_from_a_larger_concurrency_neither_hide_free_slots_nor_linger(make_settings):
+    settings = make_settings(max_concurrency=50, batch_size=10, tick_seconds=0.2)  # five slots
+    smaller = settings.model_copy(update={"max_concurrency": 10})  # now one
+    token = leases.new_token()  # slot#0000 freed last: the four extra slots come first in the index
+    assert leases.reserve("slot#0000", token, 30)
+    assert leases.release("slot#0000", token)
+    assert leases.free_slots(smaller.worker_slots, 1) == ["slot#0000"]
+    end = time.monotonic() + 0.3
+    dispatch.Supervisor(smaller, InProcessInvoker(smaller)).run(lambda: end - time.monotonic())
+    slots = [item.key for item in leases.LeaseModel.scan(leases.LeaseModel.key.startswith(leases.SLOT_KEY_PREFIX))]
+    assert slots == ["slot#0000"]

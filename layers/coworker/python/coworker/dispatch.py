@@ -161,15 +161,21 @@ def start_workers(settings: Settings, invoker: Invoker, keys: Sequence[str],
     if free is None:
         free = leases.free_slots(settings.worker_slots, math.ceil(len(keys) / settings.batch_size), now)
     requests: list[WorkerRequest] = []
-    taken = 0
+    remaining = list(dict.fromkeys(keys))
     for slot in free:
-        if taken >= len(keys):
+        if not remaining:
             break
         token = leases.new_token()
         if leases.reserve(slot, token, settings.reservation_seconds, now):
-            hints = tuple(keys[taken:taken + settings.slot_threads(leases.slot_number(slot))])
-            taken += len(hints)
-            requests.append(WorkerRequest(hints, slot, token))
+            number = leases.slot_number(slot)
+            # The keys of the slot's own stripe first: the ones self-feeding workers of other
+            # slots leave alone (see worker.Feeder), so they do not race this worker for them.
+            own = [key for key in remaining if worker.stripe_of(key, settings.worker_slots) == number]
+            rest = [key for key in remaining if worker.stripe_of(key, settings.worker_slots) != number]
+            hints = (own + rest)[:settings.slot_threads(number)]
+            taken = set(hints)
+            remaining = [key for key in remaining if key not in taken]
+            requests.append(WorkerRequest(tuple(hints), slot, token))
     fan_out(invoker, requests)
     return requests
 
@@ -311,6 +317,7 @@ class Supervisor:
         reports: list[TickReport] = []
         try:
             leases.ensure_slots(settings.worker_slots)
+            leases.retire_extra_slots(settings.worker_slots)
             next_at = self.clock()
             while not stop.is_set() and remaining() >= settings.tick_seconds:
                 if not leases.extend(leases.COORDINATOR_LEASE, self.holder, self.lease_seconds):

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from pynamodb.attributes import UnicodeAttribute, UTCDateTimeAttribute
-from pynamodb.exceptions import PutError, UpdateError
+from pynamodb.exceptions import DeleteError, PutError, UpdateError
 from pynamodb.expressions.condition import Condition
 from pynamodb.indexes import GlobalSecondaryIndex, KeysOnlyProjection
 from pynamodb.models import Model
@@ -155,18 +155,37 @@ def ensure_slots(count: int, now: datetime | None = None) -> int:
     return created
 
 
+def retire_extra_slots(count: int, now: datetime | None = None) -> int:
+    """Delete free slots numbered ``count`` or more (left from a larger ``max_concurrency``).
+
+    A held one is left to its worker; it is deleted by a later call once released or expired.
+    """
+    now = now or utcnow()
+    retired = 0
+    for item in LeaseModel.slot_index.query(SLOT_STATUS, LeaseModel.due_at <= now):
+        if slot_number(item.key) < count:
+            continue
+        try:
+            LeaseModel(item.key).delete(condition=LeaseModel.due_at <= now)
+            retired += 1
+        except DeleteError as exc:
+            if exc.cause_response_code != _CONDITION_FAILED:
+                raise StorageError(f"could not delete {item.key!r}: {exc.cause_response_message}") from exc
+    return retired
+
+
 def free_slots(count: int, want: int, now: datetime | None = None) -> list[str]:
     """Up to ``want`` slots below ``count`` that are free or expired, longest free first.
 
-    One query on the status index reading at most ``count`` entries. The index is eventually
-    consistent: a slot listed here may have just been taken, which :func:`reserve` finds out.
+    One query on the status index, a page of ``count`` entries (more pages only while slots left
+    over from a larger ``max_concurrency`` fill it). The index is eventually consistent: a slot
+    listed here may have just been taken, which :func:`reserve` finds out.
     """
     if want <= 0:
         return []
     now = now or utcnow()
     found: list[str] = []
-    for item in LeaseModel.slot_index.query(SLOT_STATUS, LeaseModel.due_at <= now,
-                                            limit=count, page_size=count):
+    for item in LeaseModel.slot_index.query(SLOT_STATUS, LeaseModel.due_at <= now, page_size=count):
         if slot_number(item.key) < count:
             found.append(item.key)
             if len(found) >= want:

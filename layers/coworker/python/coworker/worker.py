@@ -385,7 +385,9 @@ class Feeder:
         mine = [key for key in page if stripe_of(key, self._stripes) == self._stripe]
         others = [key for key in page if stripe_of(key, self._stripes) != self._stripe]
         random.shuffle(others)
-        window = (mine + others)[:self._window]
+        # Other stripes' keys only when its own do not keep every thread busy: those are the keys
+        # another worker may be taking at this moment.
+        window = mine[:self._window] if len(mine) >= self._low_water else (mine + others)[:self._window]
         self._seen.update(window)
         return window
 
