@@ -305,7 +305,7 @@ class Feeder:
         self._seen: set[str] = set(hints)
         self._exhausted = not self_feed
         self._feed_until = feed_until
-        self._window = max(2 * (window or settings.batch_size), 2)
+        self._window = max(4 * (window or settings.batch_size), 4)
         self._stripes = settings.worker_slots
         self._stripe = (slot_number if slot_number is not None else random.randrange(self._stripes)) % self._stripes
         self._stop = stop or threading.Event()
