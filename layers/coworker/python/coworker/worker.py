@@ -289,10 +289,10 @@ class Feeder:
     """Hands out the keys an invocation's threads run: its hints first, then due work it finds.
 
     Self-feeding reads one page of the status index (oldest first) and takes a window of it:
-    first the keys of its own *stripe* (a stable hash of the key, modulo the number of slots,
-    equal to its slot number), then, to fill the window, other keys in random order. Workers
-    that look at the same moment so take different tasks instead of racing for the head item,
-    and no stripe starves when its slot is idle. It stops when a page has nothing new, when the
+    the keys of its own *stripe* (a stable hash of the key, modulo the number of slots, equal to
+    its slot number), and only when those run short, a few of the other stripes' newest keys.
+    Workers that look at the same moment so take different tasks instead of racing for the head
+    item, and no stripe starves when its slot is idle. It stops when a page has nothing new, when the
     feed cut-off passes, or when the invocation lost its slot.
     """
 
@@ -384,10 +384,12 @@ class Feeder:
         self.pages += 1
         mine = [key for key in page if stripe_of(key, self._stripes) == self._stripe]
         others = [key for key in page if stripe_of(key, self._stripes) != self._stripe]
-        random.shuffle(others)
-        # Other stripes' keys only when its own do not keep every thread busy: those are the keys
-        # another worker may be taking at this moment.
-        window = mine[:self._window] if len(mine) >= self._low_water else (mine + others)[:self._window]
+        # Other stripes' keys only when its own do not keep every thread busy, and from the newest
+        # end: their own workers take them oldest first, so helper and owner meet in the middle
+        # instead of racing for the same keys.
+        window = mine[:self._window]
+        if len(mine) < self._low_water:
+            window += others[::-1][:self._low_water]
         self._seen.update(window)
         return window
 
