@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import logging
 import os
 import shlex
@@ -99,15 +100,18 @@ def happy_path(endpoint: str, tasks: int, concurrency: int, batch_id: str | None
     invoker = dispatch.InProcessInvoker(settings)
     finished = dispatched = ticks = 0
     coordinator_reads = MeterTotals()
+    emf_sink = open(os.devnull, "w")  # noqa: SIM115 - Powertools prints EMF every 100 metrics
     while finished < tasks:
         start = meter.snapshot()
-        report = dispatch.tick(settings, invoker)
+        with contextlib.redirect_stdout(emf_sink):
+            report = dispatch.tick(settings, invoker)
         coordinator_reads = coordinator_reads + (meter.snapshot() - start)  # the tick alone
         ticks += 1
         dispatched += report.dispatched
         # Workers of one tick finish before the next tick: every item is written by one thread
         # at a time, so the meter's before/after snapshots are exact.
-        finished += sum(r.outcome.value == "finished" for r in invoker.wait())
+        with contextlib.redirect_stdout(emf_sink):
+            finished += sum(r.outcome.value == "finished" for r in invoker.wait())
         # Powertools flushes every 100 metrics even with POWERTOOLS_METRICS_DISABLED: drop them.
         metrics.clear_metrics()
         if report.dispatched == 0 and ticks > tasks:
@@ -151,7 +155,8 @@ def _load_backlog(client, settings: Settings, template: dict, start: int, stop: 
 
 def _measure_tick(endpoint: str, table: str, concurrency: int, meter: CapacityMeter) -> dict:
     settings = Settings(table_name=table, dynamodb_endpoint=endpoint, max_concurrency=concurrency)
-    leases.ensure_slots(settings.worker_slots)
+    leases.ensure_slots(settings.worker_slots)  # as the supervisor does when it starts
+    leases.retire_extra_slots(settings.worker_slots)
     invoker = RecordingInvoker()
     first_read = len(meter.reads)
     start = meter.snapshot()
