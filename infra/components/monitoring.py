@@ -190,7 +190,7 @@ class Monitoring(Construct):
             ),
             graph(
                 "Capacity and backlog",
-                [m(MetricName.BUSY_SLOTS, maximum)],
+                [m(MetricName.BUSY_SLOTS, maximum), m(MetricName.RUNNING_TASKS, maximum)],
                 [m(MetricName.BACKLOG, maximum), m(MetricName.OLDEST_DUE_AGE, maximum)],
             ),
         )

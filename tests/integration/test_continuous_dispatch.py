@@ -210,7 +210,7 @@ def test_supervisor_ticks_on_a_fixed_cadence_not_after_each_ticks_work(settings,
     def slow_tick(*args, **kwargs):
         starts.append(clock.now)
         clock.now += 0.4  # each tick's work takes 0.4 s
-        return dispatch.TickReport(0, 0, 0, 0, 0, 0)
+        return dispatch.TickReport(0, 0, 0, 0, 0, 0, 0)
 
     monkeypatch.setattr(dispatch, "tick", slow_tick)
     supervisor = dispatch.Supervisor(settings.model_copy(update={"tick_seconds": 1.0}), None, clock=clock)
@@ -227,7 +227,7 @@ def test_supervisor_skips_missed_beats_after_an_overrun(settings, monkeypatch):
     def tick(*args, **kwargs):
         starts.append(clock.now)
         clock.now += next(costs)
-        return dispatch.TickReport(0, 0, 0, 0, 0, 0)
+        return dispatch.TickReport(0, 0, 0, 0, 0, 0, 0)
 
     monkeypatch.setattr(dispatch, "tick", tick)
     supervisor = dispatch.Supervisor(settings.model_copy(update={"tick_seconds": 1.0}), None, clock=clock)

@@ -74,20 +74,24 @@ def test_tick_reads_what_it_dispatches_not_the_backlog(make_settings):
     # Then it starts 7 workers and reads only the 7 free slots and the 7 tasks it hands out
     assert (report.busy_slots, report.free_slots, report.dispatched, report.invocations) == (3, 7, 7, 7)
     slot_reads = [r for r in meter.reads if r.key_values[:1] == (leases.SLOT_STATUS,)]
-    task_reads = [r for r in meter.reads if r.key_values[:1] != (leases.SLOT_STATUS,)]
+    task_reads = [r for r in meter.reads if r.key_values[:1] != (leases.SLOT_STATUS,) and r.select != "COUNT"]
     assert [r.items_read for r in slot_reads] == [7]
     assert sum(r.items_read for r in task_reads) == report.dispatched
     assert set(meter.totals.requests) == {"Query", "UpdateItem"}  # no scan, no per-item reads
     assert meter.totals.requests["UpdateItem"] == 7  # one reservation per worker started
+    # plus one COUNT of the running tasks (none here), which pages through all of them
+    (count_read,) = [r for r in meter.reads if r.select == "COUNT"]
+    assert count_read.key_values[:1] == ("processing",) and count_read.items_read == 0
     # every query here reads well under 4 KB: the minimum half unit each (slots, then
-    # processing, failed and todo tasks)
-    assert meter.totals.read_units == 0.5 * len(meter.reads) == 2.0
+    # processing, failed and todo tasks, and the count)
+    assert meter.totals.read_units == 0.5 * len(meter.reads) == 2.5
     # and DynamoDB Local reports the same for each query that read something; for an empty one
-    # (no expired locks, no due retries here) it reports 0 where AWS bills its 0.5 minimum
+    # (no expired locks, no due retries, nothing running here) it reports 0 where AWS bills
+    # its 0.5 minimum
     for read in meter.reads:
         assert read.reported_units == (read.units if read.items_read else 0.0)
     empty = sum(1 for r in meter.reads if not r.items_read)
-    assert empty == 2 and meter.totals.reported_read_units == 2.0 - 0.5 * empty
+    assert empty == 3 and meter.totals.reported_read_units == 2.5 - 0.5 * empty
 
     # And the same tick over a backlog 100 times smaller reads exactly as much
     small_report, small_meter = _tick_over_backlog(LARGE_BACKLOG // 100, make_settings)

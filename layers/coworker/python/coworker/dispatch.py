@@ -227,6 +227,7 @@ class TickReport:
     dispatched: int  # keys handed to new workers
     invocations: int  # workers started
     reaped: int
+    running_tasks: int  # tasks holding a live lock (all of them, however many)
 
 
 @tracer.capture_method
@@ -236,7 +237,8 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
 
     Reads at most ``worker_slots`` slot entries and, per status, at most the free slots' worth
     of task entries (at least one page of ``batch_size``, so lost tasks are retired even when
-    every slot is busy), whatever the size of the backlog.
+    every slot is busy), whatever the size of the backlog; plus the running tasks' index
+    entries, to count them (at most ``max_concurrency``, a few hundred bytes each).
     """
     now = now or utcnow()
     slots = settings.worker_slots
@@ -268,8 +270,10 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     if memory is not None:
         memory.remember(sent)
     report = TickReport(busy_slots=slots - len(free), free_slots=len(free), due=due,
-                        dispatched=len(sent), invocations=len(requests), reaped=reaped)
+                        dispatched=len(sent), invocations=len(requests), reaped=reaped,
+                        running_tasks=queries.count_running(now))
     metrics.add_metric(name=MetricName.BUSY_SLOTS, unit=MetricUnit.Count, value=report.busy_slots)
+    metrics.add_metric(name=MetricName.RUNNING_TASKS, unit=MetricUnit.Count, value=report.running_tasks)
     metrics.add_metric(name=MetricName.BACKLOG, unit=MetricUnit.Count, value=due)
     metrics.add_metric(name=MetricName.OLDEST_DUE_AGE, unit=MetricUnit.Seconds,
                        value=(now - oldest).total_seconds() if oldest else 0.0)

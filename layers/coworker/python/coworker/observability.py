@@ -36,6 +36,7 @@ class MetricName:
     DISPATCHED = "TasksDispatched"
     WORKER_INVOCATIONS = "WorkerInvocations"
     BUSY_SLOTS = "BusyWorkerSlots"
+    RUNNING_TASKS = "RunningTasks"  # tasks holding a live lock, counted exactly by each tick
     BACKLOG = "DueTasks"  # due tasks the coordinator saw (capped; see dispatch.BACKLOG_CAP)
     OLDEST_DUE_AGE = "OldestDueTaskAge"  # seconds the oldest due task seen by a tick has waited
     REAPED = "TasksReaped"
