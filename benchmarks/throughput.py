@@ -17,7 +17,7 @@ Requests are counted on every botocore client of the process, by operation. Then
 ``--demo-tasks 0``, the whole local system (``python -m coworker_local --exit-when-done``: API,
 coordinator timer, worker processes, demo mix with its sleeps and retries) runs once per backend.
 
-A short warm-up run of each system on each database comes first and is not counted (DynamoDB
+A warm-up run of each system (full size) on each database comes first and is not counted (DynamoDB
 Local is a JVM: its first requests run before the JIT has compiled them). Figures are medians
 over the rounds; ratios are taken within a round, then the median is shown.
 """
@@ -266,7 +266,7 @@ def best_concurrency(args: argparse.Namespace, database: EmbeddedDatabase, count
     try:
         for engine in engines:  # warm: start the worker processes, let the JIT see the requests
             with contextlib.redirect_stdout(emf_sink):
-                engine.run(min(args.best_tasks, 200))
+                engine.run(args.best_tasks)
         for round_no in range(args.rounds):
             runs: list[tuple[str, Callable[[], dict]]] = [
                 (f"coworker {engine.label}", lambda e=engine: e.run(args.best_tasks)) for engine in engines]
@@ -321,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for backend in backends:
             for runner in runners.values():
                 with contextlib.redirect_stdout(emf_sink):
-                    runner(databases[backend].endpoint, min(args.tasks, 100), args.concurrency, counter)
+                    runner(databases[backend].endpoint, args.tasks, args.concurrency, counter)
         for round_no in range(args.rounds):
             order = [(b, s) for b in backends for s in runners]
             if round_no % 2:
