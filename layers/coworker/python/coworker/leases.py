@@ -24,7 +24,6 @@ never both believe they hold the same lease.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from pynamodb.attributes import UnicodeAttribute, UTCDateTimeAttribute
@@ -213,6 +212,3 @@ def acquire(slot: str, token: str, seconds: float, now: datetime | None = None) 
     """The dispatched worker turns its reservation into a running lease (``False``: taken over)."""
     return extend(slot, token, seconds, state=LeaseState.RUNNING, now=now)
 
-
-def slot_keys(count: int) -> Iterable[str]:
-    return (slot_key(number) for number in range(count))

@@ -183,7 +183,6 @@ class Heartbeat:
         self._stop = threading.Event()
         self.slot_lost = threading.Event()
         self._thread: threading.Thread | None = None
-        self.beats = 0
         self.expired: list[TaskReport] = []
 
     def start(self) -> Heartbeat:
@@ -214,7 +213,6 @@ class Heartbeat:
     def beat(self) -> None:
         """One round of extensions (the loop calls it; tests call it directly)."""
         settings = self._settings
-        self.beats += 1
         if self._slot and not self.slot_lost.is_set():
             if not leases.extend(self._slot, self._token or "", settings.effective_lock_seconds):
                 self.slot_lost.set()
