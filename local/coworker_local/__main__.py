@@ -26,7 +26,7 @@ os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "coworker")
 # The API handler's log_metrics warns on every request that publishes no metric.
 warnings.filterwarnings("ignore", message="No application metrics to publish")
 
-from coworker.config import Settings  # noqa: E402
+from coworker.config import EXAMPLE_HANDLER_MODULE, Settings  # noqa: E402
 from coworker.errors import ConfigurationError  # noqa: E402
 
 from coworker_local.dynamodb_local import DatabaseStartError  # noqa: E402
@@ -92,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-dir", type=Path, default=os.environ.get("COWORKER_LOCAL_DATA_DIR") or None,
                         help="keep DynamoDB Local's data in this folder, so a restart finds its tasks "
                              "(default: in memory) [COWORKER_LOCAL_DATA_DIR]")
+    parser.add_argument("--handlers", type=Path, default=None, metavar="DIR",
+                        help="your handlers package (a folder with __init__.py), imported by the API and "
+                             "every worker, as the stack bundles it [COWORKER_HANDLERS_DIR; default: "
+                             "./handlers if it exists]")
+    parser.add_argument("--no-handlers", dest="use_handlers", action="store_false",
+                        help="do not import a handlers package (the example types stay, unless "
+                             "--example-handlers false)")
     parser.add_argument("--log-file", type=Path, default=None,
                         help="where the runtime and worker logs go (default: a file in the temp dir)")
     demo = parser.add_argument_group("demo workload")
@@ -118,13 +125,19 @@ def _route_logs(path: Path) -> Any:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from coworker_local import demo as demo_module
-    from coworker_local.runtime import LocalRuntime, local_settings
+    from coworker_local.runtime import LocalRuntime, default_handlers_dir, local_settings, with_handlers_package
 
     overrides = {name: getattr(args, name) for name in Settings.model_fields if name not in NOT_FLAGS}
+    handlers = (args.handlers or default_handlers_dir()) if args.use_handlers else None
     try:
         settings = local_settings(**overrides)
+        with_handlers_package(settings, handlers)  # a bad package is refused before anything starts
     except ConfigurationError as exc:
         print(exc, file=sys.stderr)
+        return 2
+    if args.demo and args.tasks > 0 and EXAMPLE_HANDLER_MODULE not in settings.handler_module_list:
+        print("the demo submits the example task types: drop --example-handlers false, or add --no-demo",
+              file=sys.stderr)
         return 2
     log_path = args.log_file or Path(tempfile.gettempdir()) / f"coworker-local-{os.getpid()}.log"
     log = _route_logs(log_path)
@@ -134,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     runtime = LocalRuntime(settings, host=args.host, port=args.api_port,
                            max_invocations=args.max_invocations, log=log, drain_seconds=args.drain_seconds,
                            prewarm=args.prewarm_workers,
-                           database=args.db, data_dir=args.data_dir)
+                           database=args.db, data_dir=args.data_dir, handlers=handlers)
     try:
         runtime.start()
     except DatabaseStartError as exc:

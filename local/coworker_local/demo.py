@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import requests
+from coworker import handlers
 
 if TYPE_CHECKING:
     from coworker_local.runtime import LocalRuntime
@@ -196,6 +197,8 @@ def banner(runtime: LocalRuntime, log_path: Path) -> str:
         f"timeout {s.worker_timeout_seconds} s, lock {s.effective_lock_seconds} s",
         f"  Coordinator every {s.tick_seconds} s, at most {s.max_concurrency} tasks in flight, "
         f"{s.max_attempts} attempts, backoff {s.backoff_base_seconds}-{s.backoff_max_seconds} s",
+        f"  Task types  {', '.join(handlers.registered_types()) or 'none'}"
+        + (f"   (handlers: {runtime.handlers_dir})" if runtime.handlers_dir else ""),
         f"  Logs        {log_path}",
     ])
 

@@ -32,6 +32,7 @@ from typing import IO, Any
 from coworker import dispatch
 from coworker.bootstrap import configure
 from coworker.config import Settings
+from coworker.handlers import handler_package
 from coworker.observability import logger, metrics
 
 from coworker_local.database import FAKE_CREDENTIALS, EmbeddedDatabase, create_table, start_database
@@ -66,6 +67,31 @@ def local_settings(environ: dict[str, str] | None = None, **overrides: Any) -> S
     for name, value in LOCAL_DEFAULTS.items():
         environ.setdefault(Settings.model_fields[name].alias or name, str(value))
     return Settings.from_env(environ, **{k: v for k, v in overrides.items() if v is not None})
+
+
+# Where a local run looks for your handlers package when ``--handlers`` is not given: this
+# variable, else a ``handlers/`` folder in the current directory (the stack's default too).
+HANDLERS_DIR_VARIABLE = "COWORKER_HANDLERS_DIR"
+DEFAULT_HANDLERS_DIR = "handlers"
+
+
+def default_handlers_dir(environ: dict[str, str] | None = None) -> Path | None:
+    """``COWORKER_HANDLERS_DIR``, else ``./handlers`` if it is a folder, else None."""
+    environ = os.environ if environ is None else environ
+    if environ.get(HANDLERS_DIR_VARIABLE):
+        return Path(environ[HANDLERS_DIR_VARIABLE])
+    folder = Path.cwd() / DEFAULT_HANDLERS_DIR
+    return folder if folder.is_dir() else None
+
+
+def with_handlers_package(settings: Settings, handlers: Path | None) -> tuple[Settings, Path | None]:
+    """Settings that also import the handlers package at ``handlers``, and the folder to put on
+    the path (raises ConfigurationError when ``handlers`` is not an importable package)."""
+    if handlers is None:
+        return settings, None
+    parent, name = handler_package(handlers)
+    modules = ",".join(dict.fromkeys(filter(None, [*settings.handler_modules.split(","), name])))
+    return settings.model_copy(update={"handler_modules": modules}), parent
 
 
 def default_max_invocations(settings: Settings) -> int:
@@ -145,9 +171,12 @@ class LocalRuntime:
         database: str | None = None,
         data_dir: Path | None = None,
         prewarm: int | None = None,
+        handlers: Path | None = None,
     ) -> None:
         self.requested_settings = settings
-        self.settings = settings
+        # Your handlers package: imported by the API process and every worker, as on Lambda.
+        self.settings, self.handlers_path = with_handlers_package(settings, handlers)
+        self.handlers_dir = Path(handlers).resolve() if handlers is not None else None
         self.host = host
         self.port = port
         self.max_invocations = max_invocations or default_max_invocations(settings)
@@ -181,6 +210,9 @@ class LocalRuntime:
         environ.update(FAKE_CREDENTIALS)
         environ.update({k: v for k, v in os.environ.items() if k.startswith(("AWS_", "POWERTOOLS_"))})
         environ.update(self.settings.as_environment())
+        if self.handlers_path is not None:
+            environ["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [str(self.handlers_path), os.environ.get("PYTHONPATH", "")]))
         return environ
 
     def start(self) -> LocalRuntime:
@@ -188,6 +220,8 @@ class LocalRuntime:
 
         for name, value in FAKE_CREDENTIALS.items():
             os.environ.setdefault(name, value)
+        if self.handlers_path is not None and str(self.handlers_path) not in sys.path:
+            sys.path.insert(0, str(self.handlers_path))
         if self.settings.dynamodb_endpoint is None:
             self.database = start_database(self.database_backend, host=self.host, data_dir=self.data_dir,
                                            log=self.log if not isinstance(self.log, int) else None)

@@ -178,3 +178,38 @@ def test_moto_is_the_fallback_database_and_refuses_a_data_dir(start_runtime, run
     refused = run_local("--no-demo", "--db", "moto", "--data-dir", str(tmp_path))
     assert refused.returncode == 1
     assert "a data folder needs DynamoDB Local" in refused.stderr
+
+
+def test_your_handlers_package_runs_in_the_worker_processes_without_pythonpath(start_runtime, tmp_path):
+    """``--handlers DIR``: the API and every worker process import the package; the banner lists
+    its types next to the examples."""
+    from tests.support.handler_packages import write_handler_package
+
+    package, name, task_type = write_handler_package(tmp_path)
+    runtime = start_runtime("--no-demo", "--handlers", str(package))
+    assert runtime.wait_for(lambda: "Task types" in runtime.text(), 10, "the banner")
+    banner_types = next(line for line in runtime.text().splitlines() if "Task types" in line)
+    assert task_type in banner_types and "quick" in banner_types and str(package) in banner_types
+    response = runtime.post("/tasks", json={"key": f"{name}-1", "type": task_type, "payload": {"n": 5}})
+    assert response.status_code == 201, response.text
+    task = runtime.wait_for(lambda: (t := runtime.task(f"{name}-1"))["status"] == "finished" and t, 30,
+                            "the task to finish")
+    assert task["result"] == {"doubled": 10, "attempt": 1}
+
+
+def test_the_repository_handlers_folder_is_picked_up_by_default(runtime):
+    key = f"order-{uuid.uuid4().hex[:6]}"
+    response = runtime.post("/tasks", json={"key": key, "type": "charge-order",
+                                            "payload": {"order": "o-9", "amount_cents": 300}})
+    assert response.status_code == 201, response.text
+    task = runtime.wait_for(lambda: (t := runtime.task(key))["status"] == "finished" and t, 30, "the order")
+    assert task["result"]["charged_cents"] == 300
+
+
+def test_a_handlers_folder_that_is_not_a_package_is_refused_before_anything_starts(run_local, tmp_path):
+    (tmp_path / "my_tasks").mkdir()
+    result = run_local("--handlers", str(tmp_path / "my_tasks"), "--no-demo")
+    assert result.returncode == 2
+    assert "has no __init__.py; add an empty one" in result.stderr
+    result = run_local("--example-handlers", "false", "--tasks", "5")
+    assert result.returncode == 2 and "the demo submits the example task types" in result.stderr

@@ -14,7 +14,7 @@ from coworker.errors import ConfigurationError
 from coworker.observability import MetricName
 
 from infra import constants as c
-from infra.bundling import LocalLayerBundling
+from infra.bundling import layer_bundling
 from infra.config import StackConfig
 from tests.infra.support import missing_function_code
 
@@ -187,7 +187,7 @@ def test_environment_carries_the_settings_from_context(template: Template, funct
         assert env["COWORKER_DISPATCH_ON_SUBMIT"] == "False"  # "false" on the command line
         assert "COWORKER_TICKS_PER_INVOCATION" not in env
         assert "COWORKER_LAMBDA_ENDPOINT" not in env
-        assert env["COWORKER_HANDLER_MODULES"]
+        assert env["COWORKER_EXAMPLE_HANDLERS"] == "True"
         assert env["POWERTOOLS_SERVICE_NAME"] == c.SERVICE_NAME
         assert env["POWERTOOLS_METRICS_NAMESPACE"] == "Coworker"
         assert env["POWERTOOLS_LOG_LEVEL"] == "INFO"
@@ -197,6 +197,10 @@ def test_environment_carries_the_settings_from_context(template: Template, funct
         env = functions[role]["Environment"]["Variables"]
         assert env["COWORKER_WORKER_FUNCTION"] == {"Ref": functions["worker"]["id"]}, role
     assert "COWORKER_WORKER_FUNCTION" not in functions["worker"]["Environment"]["Variables"]
+    # Only the worker has the handlers package (handlers/ of this repository) in its code.
+    assert functions["worker"]["Environment"]["Variables"]["COWORKER_HANDLER_MODULES"] == "handlers"
+    for role in ("coordinator", "api"):
+        assert functions[role]["Environment"]["Variables"]["COWORKER_HANDLER_MODULES"] == "", role
 
 
 def test_worker_limits_come_from_context(functions) -> None:
@@ -487,7 +491,7 @@ def fake_pip(calls: list):
 def test_layer_dependencies_are_wheels_for_lambda_arm64_installed_once(tmp_path, monkeypatch) -> None:
     calls: list = []
     monkeypatch.setattr("infra.bundling.subprocess.run", fake_pip(calls))
-    bundler = LocalLayerBundling(
+    bundler = layer_bundling(
         c.LAYER_SOURCE_DIR,
         c.LAYER_REQUIREMENTS,
         install_dependencies=True,
@@ -506,8 +510,8 @@ def test_layer_dependencies_are_wheels_for_lambda_arm64_installed_once(tmp_path,
 
 
 def test_layer_hash_changes_with_the_dependency_mode() -> None:
-    install = LocalLayerBundling(c.LAYER_SOURCE_DIR, c.LAYER_REQUIREMENTS, install_dependencies=True)
-    skip = LocalLayerBundling(c.LAYER_SOURCE_DIR, c.LAYER_REQUIREMENTS, install_dependencies=False)
+    install = layer_bundling(c.LAYER_SOURCE_DIR, c.LAYER_REQUIREMENTS, install_dependencies=True)
+    skip = layer_bundling(c.LAYER_SOURCE_DIR, c.LAYER_REQUIREMENTS, install_dependencies=False)
     assert install.asset_hash() != skip.asset_hash()
 
 

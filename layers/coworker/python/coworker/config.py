@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from coworker.errors import ConfigurationError
 from coworker.schema import DEFAULT_TABLE_NAME
 
+# The example task types shipped with the library (registered unless example_handlers is off).
+EXAMPLE_HANDLER_MODULE = "coworker.examples"
+
 
 class Settings(BaseModel):
     """Validated settings of one Coworker process (a Lambda function or the local runtime)."""
@@ -70,8 +73,13 @@ class Settings(BaseModel):
     lambda_endpoint: str | None = Field(None, alias="COWORKER_LAMBDA_ENDPOINT",
                                         description="Lambda API endpoint URL; unset means AWS itself "
                                                     "(the local runtime serves its own).")
-    handler_modules: str = Field("coworker.examples", alias="COWORKER_HANDLER_MODULES",
-                                 description="Comma-separated modules that register task handlers.")
+    handler_modules: str = Field("", alias="COWORKER_HANDLER_MODULES",
+                                 description="Comma-separated modules or packages that register task "
+                                             "handlers (a package's submodules are imported too); the stack "
+                                             "and the local runtime add your handlers package themselves.")
+    example_handlers: bool = Field(True, alias="COWORKER_EXAMPLE_HANDLERS",
+                                   description="Also register the example task types (quick, slow, flaky, "
+                                               "always-fail) that the demo and the tests use.")
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
@@ -107,7 +115,10 @@ class Settings(BaseModel):
 
     @property
     def handler_module_list(self) -> list[str]:
-        return [name.strip() for name in self.handler_modules.split(",") if name.strip()]
+        """Modules to import at start-up: the examples (unless turned off), then the listed ones."""
+        listed = [name.strip() for name in self.handler_modules.split(",") if name.strip()]
+        examples = [EXAMPLE_HANDLER_MODULE] if self.example_handlers else []
+        return list(dict.fromkeys([*examples, *listed]))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -1,25 +1,28 @@
 """Task handlers: user code registered per task type.
 
-A handlers module of your own::
+A module of your own, in your handlers package (``handlers/`` next to app.py by default)::
 
-    from coworker.handlers import task_handler, TaskContext
-    from coworker.errors import TaskFailed
+    from coworker import TaskContext, TaskFailed, task_handler
 
     @task_handler("resize-image")
     def resize(payload: dict, context: TaskContext) -> dict:
         ...
-        return {"width": 800}          # stored as the task's result summary
+        return {"width": 800}          # stored as the task's result
 
-List the module in ``COWORKER_HANDLER_MODULES``; the engine needs no change.
+The stack bundles the package into the worker and the local runtime imports it; every module in
+it is imported at start-up (test modules excepted), so the engine needs no change.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import keyword
+import pkgutil
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from coworker.errors import ConfigurationError, UnknownTaskTypeError
@@ -64,13 +67,65 @@ def task_handler(task_type: str) -> Callable[[Handler], Handler]:
     return register
 
 
+# Names a handlers package may not take: they would shadow the library, the functions' own
+# ``handler`` module in the Lambda code, or this repository's packages in a local run.
+RESERVED_PACKAGE_NAMES = frozenset({"coworker", "coworker_local", "handler", "functions", "infra", "tests"})
+
+
+def _is_test_module(name: str) -> bool:
+    last = name.rpartition(".")[2]
+    return last.startswith("test_") or last in ("tests", "test", "conftest")
+
+
 def load_handler_modules(modules: Iterable[str]) -> None:
-    """Import the modules whose decorators register handlers."""
+    """Import the modules whose decorators register handlers.
+
+    A package is imported with all its submodules, except tests (``test_*``, ``tests``,
+    ``conftest``), so adding a module to a handlers package is enough to register its types.
+    """
     for name in modules:
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            raise ConfigurationError(f"cannot import handler module {name!r}: {exc}") from exc
+        module = _import(name)
+        if hasattr(module, "__path__"):  # a package: import what it contains
+            for info in pkgutil.walk_packages(module.__path__, prefix=f"{name}.", onerror=_walk_error):
+                if not _is_test_module(info.name):
+                    _import(info.name)
+
+
+def _import(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import handler module {name!r}: {exc}") from exc
+
+
+def _walk_error(name: str) -> None:
+    raise ConfigurationError(f"cannot import handler package {name!r}")
+
+
+def handler_package(path: str | Path) -> tuple[Path, str]:
+    """Check that ``path`` is an importable handlers package: ``(folder to put on sys.path, name)``.
+
+    Raises :class:`ConfigurationError` saying what to fix. The stack (bundling) and the local
+    runtime (``--handlers``) both use this, so a package that deploys also runs locally.
+    """
+    folder = Path(path).expanduser().resolve()
+    if not folder.is_dir():
+        raise ConfigurationError(f"handlers package {str(path)!r} is not a folder")
+    name = folder.name
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise ConfigurationError(
+            f"handlers package {str(path)!r}: the folder name {name!r} must be a Python identifier "
+            "(letters, digits and underscores), because it is imported by that name"
+        )
+    if name in RESERVED_PACKAGE_NAMES:
+        raise ConfigurationError(
+            f"handlers package {str(path)!r}: {name!r} is taken by Coworker itself; rename the folder"
+        )
+    if not (folder / "__init__.py").is_file():
+        raise ConfigurationError(
+            f"handlers package {str(path)!r} has no __init__.py; add an empty one to make it a package"
+        )
+    return folder.parent, name
 
 
 def get_handler(task_type: str) -> Handler:
@@ -84,4 +139,5 @@ def get_handler(task_type: str) -> Handler:
 
 
 def registered_types() -> list[str]:
+    """The task types that have a handler, sorted."""
     return sorted(_registry)

@@ -1,0 +1,99 @@
+"""Coworker as one construct, to put into your own CDK app::
+
+    from infra.task_system import TaskSystem
+
+    class MyStack(Stack):
+        def __init__(self, scope, construct_id, **kwargs):
+            super().__init__(scope, construct_id, **kwargs)
+            tasks = TaskSystem(self, "Tasks", handlers="my_tasks", max_concurrency=500,
+                               worker_memory_mb=1024)
+            CfnOutput(self, "ApiUrl", value=tasks.api_url)
+
+Options are the stack's context keys in snake case (docs/deploy.md lists them all), validated when
+the construct is created: an unknown name or a bad value raises ConfigurationError saying which.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from aws_cdk import Aws, RemovalPolicy
+from constructs import Construct
+
+from infra import constants as c
+from infra.components.api import TaskApi
+from infra.components.layer import CoworkerLayer
+from infra.components.monitoring import Monitoring
+from infra.components.processing import Processing
+from infra.components.table import TaskTable
+from infra.config import StackConfig
+from infra.nag import acknowledge_findings
+
+
+class TaskSystem(Construct):
+    """The task table, the library layer, coordinator and workers (with your handlers), the API
+    and its monitoring.
+
+    ``handlers`` is your handlers package: a folder with ``__init__.py`` (and optionally
+    ``requirements.txt``), bundled into the worker without Docker. By default it is this
+    repository's ``handlers/``; ``None`` deploys the example task types only.
+    ``config`` takes an already validated :class:`StackConfig` instead of ``options``.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: StackConfig | None = None,
+        functions_dir: Path = c.FUNCTIONS_DIR,
+        **options: Any,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        if config is not None and options:
+            raise TypeError("give TaskSystem either config or options, not both")
+        self.config = config or StackConfig.from_options(**options)
+        removal = RemovalPolicy.DESTROY if self.config.destroy_on_removal else RemovalPolicy.RETAIN
+
+        self.tasks = TaskTable(self, "Tasks", removal_policy=removal)
+        self.layer = CoworkerLayer(
+            self,
+            "Library",
+            source_dir=c.LAYER_SOURCE_DIR,
+            requirements=c.LAYER_REQUIREMENTS,
+            install_dependencies=self.config.install_layer_dependencies,
+        )
+        shared = dict(
+            config=self.config,
+            table=self.tasks.table,
+            layer=self.layer.layer,
+            functions_dir=functions_dir,
+            removal_policy=removal,
+        )
+        self.processing = Processing(self, "Processing", **shared)
+        self.api = TaskApi(self, "Api", worker=self.processing.worker.function, **shared)
+        self.monitoring = Monitoring(
+            self,
+            "Monitoring",
+            config=self.config,
+            table=self.tasks.table,
+            coordinator=self.processing.coordinator.function,
+            worker=self.processing.worker.function,
+            api_handler=self.api.handler.function,
+            dead_letter_queue=self.processing.dead_letter_queue,
+        )
+        acknowledge_findings(self)
+
+    @property
+    def api_url(self) -> str:
+        """Base URL of the task API."""
+        return self.api.rest_api.url
+
+    @property
+    def dashboard_url(self) -> str:
+        """Console URL of the CloudWatch dashboard."""
+        return (
+            f"https://{Aws.REGION}.console.aws.amazon.com/cloudwatch/home?region={Aws.REGION}"
+            f"#dashboards:name={self.monitoring.dashboard.dashboard_name}"
+        )

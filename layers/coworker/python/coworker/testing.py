@@ -1,0 +1,87 @@
+"""Run one handler in a test, with a real :class:`~coworker.handlers.TaskContext`.
+
+::
+
+    from coworker.testing import run_handler
+
+    def test_charge_refuses_zero():
+        with pytest.raises(TaskFailed):
+            run_handler("charge-order", {"order": "o-1", "amount": 0})
+
+The handler runs in a thread, as in a worker, under the same deadline rule: past
+``timeout_seconds`` the call raises :class:`HandlerTimeout` (the worker would record a timeout).
+``lose_claim_after`` plays a heartbeat that finds the claim taken over, so a test can check that a
+long handler stops when ``context.claim_lost()`` turns true. For the whole path (put, claim, run,
+record against an embedded database) see :mod:`coworker_local.testing`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+from coworker.handlers import Handler, TaskContext, get_handler
+
+TEST_OWNER = "test-worker"
+
+
+class HandlerTimeout(TimeoutError):
+    """The handler did not return within its time: a worker would record kind ``timeout``."""
+
+
+def make_context(
+    key: str = "test-task", *, attempt: int = 1, max_attempts: int = 3, timeout_seconds: float = 60.0,
+    owner: str = TEST_OWNER,
+) -> TaskContext:
+    """A context as a worker builds it: fencing token ``<owner>:<attempt>``, deadline from now."""
+    return TaskContext(
+        key=key, attempt=attempt, max_attempts=max_attempts, fencing_token=f"{owner}:{attempt}",
+        deadline=time.monotonic() + timeout_seconds,
+    )
+
+
+def run_handler(
+    handler: str | Handler,
+    payload: Any = None,
+    *,
+    key: str = "test-task",
+    attempt: int = 1,
+    max_attempts: int = 3,
+    timeout_seconds: float = 60.0,
+    lose_claim_after: float | None = None,
+) -> Any:
+    """Run ``handler`` (a task type or the function itself) once and return what it returned.
+
+    The handler's own exception is raised as is (``TaskFailed`` is a business failure, anything
+    else a system error). The result must be JSON, as it is stored on the task's record: a
+    ``TypeError`` says so otherwise. Register a task type by importing its module first.
+    """
+    function = get_handler(handler) if isinstance(handler, str) else handler
+    context = make_context(key, attempt=attempt, max_attempts=max_attempts, timeout_seconds=timeout_seconds)
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = function(payload, context)
+        except BaseException as exc:  # noqa: BLE001 - handed back to the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"handler-{key}", daemon=True)
+    thread.start()
+    if lose_claim_after is not None:
+        thread.join(lose_claim_after)
+        context.lost.set()
+    thread.join(max(0.0, context.deadline - time.monotonic()))
+    if thread.is_alive():
+        context.lost.set()  # as a worker does at the deadline: the claim is gone
+        raise HandlerTimeout(f"handler of {key!r} still running after {timeout_seconds:g} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    result = outcome.get("result")
+    try:
+        json.dumps(result)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"the handler returned {type(result).__name__}, which is not JSON: {exc}") from exc
+    return result

@@ -1,0 +1,152 @@
+"""The TaskSystem construct in an app of your own, and your handlers package in the worker's code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from aws_cdk import App, Stack
+from aws_cdk.assertions import Template
+from coworker.errors import ConfigurationError
+
+from infra import constants as c
+from infra.bundling import worker_bundling
+from infra.config import StackConfig
+from infra.task_system import TaskSystem
+from tests.infra.test_stack import fake_pip, functions_by_role
+from tests.support.handler_packages import write_handler_package
+
+
+def worker_asset(assembly_dir: str, template: dict) -> Path:
+    """The bundled code folder of the worker function in a synthesized assembly."""
+    for resource in template["Resources"].values():
+        if resource["Type"] == "AWS::Lambda::Function" and "worker" in resource["Properties"]["Description"]:
+            asset_hash = resource["Properties"]["Code"]["S3Key"].removesuffix(".zip")
+            return Path(assembly_dir) / f"asset.{asset_hash}"
+    raise AssertionError("no worker function in the template")
+
+
+def synth_system(tmp_path: Path, **options) -> tuple[Template, dict, Path]:
+    app = App(outdir=str(tmp_path / "cdk.out"))
+    stack = Stack(app, "TeamStack")
+    TaskSystem(stack, "Tasks", layer_dependencies="skip", **options)
+    assembly = app.synth()
+    template = assembly.get_stack_by_name("TeamStack").template
+    return Template.from_json(template), template, worker_asset(assembly.directory, template)
+
+
+def test_your_handlers_package_is_in_the_worker_code_and_imported_by_it(tmp_path) -> None:
+    package, name, _ = write_handler_package(tmp_path / "src")
+    template, raw, asset = synth_system(tmp_path, handlers=str(package), max_concurrency=40, batch_size=10)
+    assert (asset / "handler.py").is_file()  # the worker's own Lambda handler
+    for relative in ("__init__.py", "math_tasks.py", "reports/summary.py", "requirements.txt"):
+        assert (asset / name / relative).read_text() == (package / relative).read_text(), relative
+    functions = functions_by_role(template)
+    worker_env = functions["worker"]["Environment"]["Variables"]
+    assert worker_env["COWORKER_HANDLER_MODULES"] == name
+    assert worker_env["COWORKER_EXAMPLE_HANDLERS"] == "True"
+    for role in ("coordinator", "api"):  # their code has no handlers package: they must not import it
+        assert name not in functions[role]["Environment"]["Variables"]["COWORKER_HANDLER_MODULES"]
+    assert functions["worker"]["ReservedConcurrentExecutions"] == 4  # options reach the settings
+
+
+def test_examples_can_be_turned_off_and_the_package_left_out(tmp_path) -> None:
+    template, _, asset = synth_system(tmp_path, handlers=None, example_handlers=False)
+    assert sorted(p.name for p in asset.iterdir()) == ["handler.py"]
+    env = functions_by_role(template)["worker"]["Environment"]["Variables"]
+    assert env["COWORKER_EXAMPLE_HANDLERS"] == "False" and env["COWORKER_HANDLER_MODULES"] == ""
+
+
+def test_the_stack_bundles_the_handlers_dir_from_context(synthesize, tmp_path) -> None:
+    package, name, _ = write_handler_package(tmp_path)
+    stack, assembly = synthesize({"handlersDir": str(package), "exampleHandlers": "false"})
+    template = assembly.get_stack_by_name(stack.stack_name).template
+    asset = worker_asset(assembly.directory, template)
+    assert (asset / name / "math_tasks.py").is_file()
+    env = functions_by_role(Template.from_json(template))["worker"]["Environment"]["Variables"]
+    assert (env["COWORKER_HANDLER_MODULES"], env["COWORKER_EXAMPLE_HANDLERS"]) == (name, "False")
+
+
+def test_the_stack_keeps_the_logical_ids_it_had_before_the_construct(synthesize) -> None:
+    """A stack deployed before TaskSystem existed must update in place, not replace its table."""
+    stack, assembly = synthesize({})
+    resources = assembly.get_stack_by_name(stack.stack_name).template["Resources"]
+    assert resources["TasksTable45D1B62D"]["Type"] == "AWS::DynamoDB::GlobalTable"
+    assert resources["ProcessingWorkerFunction0FCA871E"]["Type"] == "AWS::Lambda::Function"
+    assert resources["ApiHandlerFunction426EBE6D"]["Type"] == "AWS::Lambda::Function"
+
+
+def test_handler_requirements_are_installed_as_lambda_wheels_next_to_the_package(tmp_path, monkeypatch) -> None:
+    calls: list = []
+    monkeypatch.setattr("infra.bundling.subprocess.run", fake_pip(calls))
+    package, name, _ = write_handler_package(tmp_path, requirements="# parsing\nlxml==5.3.0\n")
+    bundler = worker_bundling(c.FUNCTIONS_DIR / c.WORKER_DIR_NAME, package, install_dependencies=True,
+                              dependency_cache=tmp_path / "cache")
+    out = tmp_path / "out"
+    assert bundler.try_bundle(str(out), image=None) is True
+    (command,) = calls
+    assert command[command.index("--requirement") + 1] == str(package / "requirements.txt")
+    assert command[command.index("--platform") + 1] == c.PIP_PLATFORM and "--only-binary=:all:" in command
+    assert (out / "pynamodb").is_dir()  # what pip installed sits at the root of the function's code
+    assert (out / name / "math_tasks.py").is_file() and (out / "handler.py").is_file()
+
+
+def test_requirements_with_only_comments_run_no_pip(tmp_path, monkeypatch) -> None:
+    calls: list = []
+    monkeypatch.setattr("infra.bundling.subprocess.run", fake_pip(calls))
+    package, _, _ = write_handler_package(tmp_path, requirements="# nothing yet\n\n")
+    bundler = worker_bundling(c.FUNCTIONS_DIR / c.WORKER_DIR_NAME, package, install_dependencies=True,
+                              dependency_cache=tmp_path / "cache")
+    bundler.try_bundle(str(tmp_path / "out"), image=None)
+    assert calls == []
+
+
+def test_the_asset_hash_follows_the_handlers_code(tmp_path) -> None:
+    package, _, _ = write_handler_package(tmp_path)
+    worker_dir = c.FUNCTIONS_DIR / c.WORKER_DIR_NAME
+    before = worker_bundling(worker_dir, package, install_dependencies=False).asset_hash()
+    (package / "math_tasks.py").write_text((package / "math_tasks.py").read_text() + "\n# changed\n")
+    assert worker_bundling(worker_dir, package, install_dependencies=False).asset_hash() != before
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_concurency": 10}, "unknown Coworker option 'max_concurency' (did you mean 'max_concurrency'?)"),
+        ({"max_concurrency": 0}, "max_concurrency"),
+        ({"batch_size": "ten"}, "batch_size"),
+        ({"worker_memory_mb": 64}, "worker_memory_mb must be a whole number of at least 128"),
+        ({"schedule_minutes": 1.5}, "schedule_minutes must be a whole number"),
+        ({"removal_policy": "keep"}, "removal_policy must be retain or destroy"),
+        ({"handlers": "/no/such/folder"}, "is not a folder"),
+    ],
+)
+def test_bad_options_fail_at_synth_with_a_clear_error(options: dict, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=_literal(message)):
+        TaskSystem(Stack(App(), "Bad"), "Tasks", **options)
+
+
+def test_a_folder_without_init_is_refused_with_the_fix(tmp_path) -> None:
+    (tmp_path / "my_tasks").mkdir()
+    with pytest.raises(ConfigurationError, match="has no __init__.py; add an empty one"):
+        StackConfig.from_options(handlers=str(tmp_path / "my_tasks"))
+
+
+def test_config_and_options_are_not_mixed() -> None:
+    with pytest.raises(TypeError):
+        TaskSystem(Stack(App(), "Both"), "Tasks", config=StackConfig.from_options(), max_concurrency=5)
+
+
+def test_every_option_is_documented_in_deploy_md() -> None:
+    from infra.config import CONTEXT_OPTIONS
+
+    documented = (c.REPO_ROOT / "docs" / "deploy.md").read_text()
+    missing = [f"{key}/{name}" for key, name in CONTEXT_OPTIONS.items()
+               if f"`{key}`" not in documented or f"`{name}`" not in documented]
+    assert missing == []
+
+
+def _literal(text: str) -> str:
+    import re
+
+    return re.escape(text)
