@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from constructs import Node
-from pydantic import ValidationError
 from coworker.config import Settings
 from coworker.errors import ConfigurationError
 from coworker.handlers import handler_package
+from pydantic import ValidationError
 
 from infra import constants as c
 
