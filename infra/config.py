@@ -37,10 +37,12 @@ _SETTINGS_CONTEXT: dict[str, str] = {
     c.CTX_RETENTION_DAYS: "retention_days",
     c.CTX_HANDLER_MODULES: "handler_modules",
     c.CTX_EXAMPLE_HANDLERS: "example_handlers",
+    c.CTX_INLINE_RESULT_BYTES: "inline_result_bytes",
 }
 # Deployment options that are not library settings: context key -> option name.
 _DEPLOY_CONTEXT: dict[str, str] = {
     c.CTX_HANDLERS_DIR: "handlers",
+    c.CTX_RESULTS_BUCKET: "results_bucket",
     c.CTX_REMOVAL_POLICY: "removal_policy",
     c.CTX_LAYER_DEPENDENCIES: "layer_dependencies",
     c.CTX_WORKER_MEMORY: "worker_memory_mb",
@@ -86,6 +88,7 @@ class StackConfig:
     alarm_email: str | None
     alarm_topic_arn: str | None
     handlers_dir: Path | None = None  # your handlers package, bundled into the worker
+    results_bucket: bool = True  # an S3 bucket for results too large for the record
 
     @property
     def handlers_package(self) -> str | None:
@@ -197,6 +200,7 @@ class StackConfig:
             alarm_email=options.get("alarm_email"),
             alarm_topic_arn=options.get("alarm_topic_arn"),
             handlers_dir=_handlers_dir(options.get("handlers", DEFAULT_HANDLERS)),
+            results_bucket=_as_bool(options.get("results_bucket", True)),
         )
 
 

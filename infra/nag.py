@@ -95,3 +95,24 @@ def acknowledge_findings(system: TaskSystem) -> None:
         f"AwsSolutions-IAM4[{API_GATEWAY_LOGS_POLICY}]",
         "API Gateway's account-wide CloudWatch role needs exactly this AWS managed policy.",
     )
+
+    if system.results is not None:
+        bucket = system.results.bucket
+        acknowledge(
+            bucket,
+            "AwsSolutions-S1",
+            "Results bucket read and written only by the worker and API roles (one object prefix, "
+            "exact actions); server access logs would cost more than the data they describe. "
+            "Turn on CloudTrail S3 data events where an audit trail of reads is required.",
+        )
+        objects = f"Resource::{_arn_of(bucket)}/results/*"
+        acknowledge(
+            system.processing.worker,
+            f"AwsSolutions-IAM5[{objects}]",
+            "s3:PutObject on the results/ prefix only: each attempt writes its own object there.",
+        )
+        acknowledge(
+            system.api.handler,
+            f"AwsSolutions-IAM5[{objects}]",
+            "s3:GetObject on the results/ prefix only: GET /tasks/{key}/result reads a large result.",
+        )

@@ -26,6 +26,7 @@ from infra.components.api import TaskApi
 from infra.components.layer import CoworkerLayer
 from infra.components.monitoring import Monitoring
 from infra.components.processing import Processing
+from infra.components.results import ResultsBucket
 from infra.components.table import TaskTable
 from infra.config import StackConfig
 from infra.nag import acknowledge_findings
@@ -57,6 +58,11 @@ class TaskSystem(Construct):
         removal = RemovalPolicy.DESTROY if self.config.destroy_on_removal else RemovalPolicy.RETAIN
 
         self.tasks = TaskTable(self, "Tasks", removal_policy=removal)
+        self.results = (
+            ResultsBucket(self, "Results", retention_days=self.config.settings.retention_days)
+            if self.config.results_bucket else None
+        )
+        results_bucket = self.results.bucket if self.results else None
         self.layer = CoworkerLayer(
             self,
             "Library",
@@ -71,8 +77,9 @@ class TaskSystem(Construct):
             functions_dir=functions_dir,
             removal_policy=removal,
         )
-        self.processing = Processing(self, "Processing", **shared)
-        self.api = TaskApi(self, "Api", worker=self.processing.worker.function, **shared)
+        self.processing = Processing(self, "Processing", results_bucket=results_bucket, **shared)
+        self.api = TaskApi(self, "Api", worker=self.processing.worker.function, results_bucket=results_bucket,
+                           **shared)
         self.monitoring = Monitoring(
             self,
             "Monitoring",

@@ -15,10 +15,12 @@ from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from infra import constants as c
 from infra.components.function import LOG_RETENTION, CoworkerFunction
+from infra.components.results import grant_results
 from infra.config import StackConfig
 
 
@@ -36,10 +38,12 @@ class TaskApi(Construct):
         functions_dir: Path,
         removal_policy: RemovalPolicy,
         worker: lambda_.IFunction,
+        results_bucket: s3.IBucket | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self._config = config
         self._removal_policy = removal_policy
+        self._results_bucket = results_bucket
         self.handler = self._build_handler(table, layer, functions_dir / c.API_DIR_NAME, worker)
         self.access_logs = logs.LogGroup(
             self, "AccessLogs", retention=LOG_RETENTION, removal_policy=removal_policy
@@ -62,7 +66,8 @@ class TaskApi(Construct):
             # The worker's name: put tasks start a worker at once when a slot is free
             # (dispatch on submit, COWORKER_DISPATCH_ON_SUBMIT).
             environment=self._config.function_environment(
-                table_name=table.table_name, worker_function=worker.function_name
+                table_name=table.table_name, worker_function=worker.function_name,
+                result_bucket=self._results_bucket.bucket_name if self._results_bucket else None,
             ),
             timeout_seconds=c.API_TIMEOUT_SECONDS,
             memory_mb=self._config.api_memory_mb,
@@ -71,6 +76,8 @@ class TaskApi(Construct):
         )
         table.grant_read_write_data(handler.function)
         worker.grant_invoke(handler.function)
+        if self._results_bucket is not None:  # GET /tasks/{key}/result reads large results
+            grant_results(self._results_bucket, handler.function, "s3:GetObject")
         return handler
 
     def _build_rest_api(self, function: lambda_.IFunction) -> apigw.RestApi:

@@ -10,12 +10,14 @@ from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_destinations as destinations
+from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from infra import constants as c
 from infra.bundling import worker_code
 from infra.components.function import CoworkerFunction
+from infra.components.results import grant_results
 from infra.config import StackConfig
 
 # Least privilege on the table (no wildcards): what each role's library code calls.
@@ -51,10 +53,12 @@ class Processing(Construct):
         layer: lambda_.ILayerVersion,
         functions_dir: Path,
         removal_policy: RemovalPolicy,
+        results_bucket: s3.IBucket | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self._config = config
         self._removal_policy = removal_policy
+        self._results_bucket = results_bucket
         self.dead_letter_queue = self._build_dead_letter_queue()
         self.worker = self._build_worker(table, layer, functions_dir / c.WORKER_DIR_NAME)
         self.coordinator = self._build_coordinator(table, layer, functions_dir / c.COORDINATOR_DIR_NAME)
@@ -81,7 +85,10 @@ class Processing(Construct):
             # The worker's handler module plus your handlers package and its requirements.
             code=worker_code(code_dir, config.handlers_dir, install_dependencies=config.install_layer_dependencies),
             layer=layer,
-            environment=config.function_environment(worker=True, table_name=table.table_name),
+            environment=config.function_environment(
+                worker=True, table_name=table.table_name,
+                result_bucket=self._results_bucket.bucket_name if self._results_bucket else None,
+            ),
             timeout_seconds=config.settings.worker_timeout_seconds,
             memory_mb=config.worker_memory_mb,
             removal_policy=self._removal_policy,
@@ -99,6 +106,8 @@ class Processing(Construct):
             on_failure=destinations.SqsDestination(self.dead_letter_queue),
         )
         table.grant(worker.function, *WORKER_TABLE_ACTIONS)
+        if self._results_bucket is not None:  # writes large results, never reads or lists
+            grant_results(self._results_bucket, worker.function, "s3:PutObject")
         return worker
 
     def _build_coordinator(

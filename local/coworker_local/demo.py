@@ -199,6 +199,8 @@ def banner(runtime: LocalRuntime, log_path: Path) -> str:
         f"{s.max_attempts} attempts, backoff {s.backoff_base_seconds}-{s.backoff_max_seconds} s",
         f"  Task types  {', '.join(handlers.registered_types()) or 'none'}"
         + (f"   (handlers: {runtime.handlers_dir})" if runtime.handlers_dir else ""),
+        f"  Results     over {s.inline_result_bytes} bytes: "
+        + (f"s3://{s.result_bucket}" if s.result_bucket else str(s.result_dir)),
         f"  Logs        {log_path}",
     ])
 

@@ -23,7 +23,9 @@ import dataclasses
 import importlib
 import math
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -197,6 +199,7 @@ class LocalRuntime:
         self.batches: list[str] = []  # batch ids submitted by the demo, shown on the dashboard
         self._finished_lock = threading.Lock()
         self._finished: tuple[float, int] = (0.0, 0)
+        self._temporary_result_dir: Path | None = None
 
     @property
     def url(self) -> str:
@@ -222,6 +225,14 @@ class LocalRuntime:
             os.environ.setdefault(name, value)
         if self.handlers_path is not None and str(self.handlers_path) not in sys.path:
             sys.path.insert(0, str(self.handlers_path))
+        if self.settings.result_bucket is None and self.settings.result_dir is None:
+            # The results bucket's stand-in: kept with the data folder, else for this run only.
+            if self.data_dir is not None:
+                folder = Path(self.data_dir) / "results"
+            else:
+                folder = Path(tempfile.mkdtemp(prefix="coworker-results-"))
+                self._temporary_result_dir = folder
+            self.settings = self.settings.model_copy(update={"result_dir": str(folder)})
         if self.settings.dynamodb_endpoint is None:
             self.database = start_database(self.database_backend, host=self.host, data_dir=self.data_dir,
                                            log=self.log if not isinstance(self.log, int) else None)
@@ -264,6 +275,8 @@ class LocalRuntime:
             self.lambda_service.stop()
         if self.database is not None:
             self.database.stop()
+        if self._temporary_result_dir is not None:
+            shutil.rmtree(self._temporary_result_dir, ignore_errors=True)
 
     def finished_count(self, max_age: float = 1.0) -> int:
         """Finished tasks in the table, counted by a scan at most once per ``max_age`` seconds.

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -27,7 +29,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from coworker import dispatch, leases, lifecycle, queries
+from coworker import dispatch, leases, lifecycle, queries, results
 from coworker.bootstrap import configure
 from coworker.config import Settings
 from coworker.model import TaskStatus, utcnow
@@ -76,6 +78,7 @@ class LocalTaskSystem:
         self._overrides = settings
         self.settings: Settings | None = None
         self.reports: list[TaskReport] = []
+        self._result_dir: str | None = None  # a temporary result store, deleted by stop()
 
     def start(self) -> LocalTaskSystem:
         """Create this system's table (on ``dynamodb_endpoint`` if given, else the shared database)."""
@@ -91,6 +94,9 @@ class LocalTaskSystem:
             "dispatch_on_submit": False,  # tasks start when the test drains them
             **self._overrides,
         }
+        if not values.get("result_bucket") and not values.get("result_dir"):
+            self._result_dir = tempfile.mkdtemp(prefix="coworker-test-results-")
+            values["result_dir"] = self._result_dir
         listed = ",".join([values.pop("handler_modules", ""), *self._handler_modules])
         values["handler_modules"] = ",".join(filter(None, listed.split(",")))
         self.settings = Settings(**values)
@@ -104,6 +110,9 @@ class LocalTaskSystem:
         if self.settings is not None:
             dynamodb_client(self.settings).delete_table(TableName=self.settings.table_name)
             self.settings = None
+        if self._result_dir is not None:
+            shutil.rmtree(self._result_dir, ignore_errors=True)
+            self._result_dir = None
 
     def __enter__(self) -> LocalTaskSystem:
         return self.start()
@@ -130,6 +139,13 @@ class LocalTaskSystem:
     def get(self, key: str) -> dict[str, Any]:
         """The task's record as ``GET /tasks/{key}`` shows it."""
         return lifecycle.get_task(key).to_dict()
+
+    def result(self, key: str) -> Any:
+        """The task's whole result, from its record or the result store."""
+        record = lifecycle.get_task(key)
+        if record.result_ref is None:
+            return record.result
+        return results.load(record.result_ref, results.store_for(self._settings))
 
     def drain(self, timeout_seconds: float = 120.0) -> list[TaskReport]:
         """Run coordinator ticks and the workers they start until no task is due; returns what the

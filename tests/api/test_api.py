@@ -405,3 +405,61 @@ def test_batch_submission_logs_at_info_level(api):
     finally:
         logger.setLevel(level)
     assert status == 201 and body["created"] == 1
+
+
+# Results ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def result_settings(make_settings, tmp_path):
+    return make_settings(result_dir=str(tmp_path / "results"), inline_result_bytes=1024)
+
+
+def _finish_with(settings, key: str, value) -> None:
+    from coworker import results
+    from coworker.worker import TaskOutcome, process_task  # noqa: F401
+
+    lifecycle.put_task(TaskSpec(key=key, type="quick"), settings)
+    claim = lifecycle.claim(key, "w-1", settings)
+    prepared = results.prepare(value, settings, results.store_for(settings), key=key, attempt=1, owner="w-1")
+    lifecycle.complete(claim, settings, result=prepared.inline,
+                       result_ref=prepared.stored.to_dict() if prepared.stored else None)
+
+
+def test_a_result_is_read_from_the_record_or_the_store(result_settings) -> None:
+    api = Api(result_settings)
+    _finish_with(result_settings, "small", {"ok": True})
+    _finish_with(result_settings, "large", {"rows": list(range(100_000))})
+    status, body, _ = api.call("GET", "/tasks/small/result")
+    assert (status, body) == (200, {"ok": True})
+    status, task, _ = api.call("GET", "/tasks/large")
+    assert status == 200 and task["result"] is None
+    assert task["result_ref"]["bytes"] > 500_000 and task["result_ref"]["url"] is None  # no links locally
+    status, body, _ = api.call("GET", "/tasks/large/result")
+    assert (status, body) == (200, {"rows": list(range(100_000))})
+
+
+def test_a_task_without_a_result_yet_is_a_conflict_and_a_missing_one_not_found(result_settings) -> None:
+    api = Api(result_settings)
+    lifecycle.put_task(TaskSpec(key="waiting", type="quick"), result_settings)
+    status, body, _ = api.call("GET", "/tasks/waiting/result")
+    assert status == 409 and "only a finished task has a result" in body["message"]
+    status, body, _ = api.call("GET", "/tasks/nobody/result")
+    assert (status, body["error"]) == (404, "task_not_found")
+
+
+def test_a_result_too_large_for_a_response_redirects_to_its_link(result_settings, monkeypatch) -> None:
+    from coworker import api as api_module
+    from coworker import results
+
+    class LinkingStore(results.FolderResultStore):
+        def link(self, uri: str) -> str:
+            return "https://results.example.test/object?signed=1"
+
+    monkeypatch.setattr(api_module, "MAX_RESULT_RESPONSE_BYTES", 1000)
+    monkeypatch.setattr(results, "store_for", lambda settings: LinkingStore(settings.result_dir))
+    _finish_with(result_settings, "huge", "x" * 5000)
+    status, body, response = Api(result_settings).call("GET", "/tasks/huge/result")
+    assert status == 303
+    assert response["multiValueHeaders"].get("Location", [None])[0] or response["headers"]["Location"]
+    assert body == {"location": "https://results.example.test/object?signed=1", "bytes": 5002}

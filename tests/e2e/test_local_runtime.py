@@ -196,6 +196,17 @@ def test_your_handlers_package_runs_in_the_worker_processes_without_pythonpath(s
                             "the task to finish")
     assert task["result"] == {"doubled": 10, "attempt": 1}
 
+    # A 2 MB result: kept in the result store (a folder here, S3 on AWS), read back whole.
+    response = runtime.post("/tasks", json={"key": f"{name}-big", "type": f"{task_type}-big",
+                                            "payload": {"bytes": 2_000_000}})
+    assert response.status_code == 201, response.text
+    big = runtime.wait_for(lambda: (t := runtime.task(f"{name}-big"))["status"] == "finished" and t, 30,
+                           "the big task to finish")
+    assert big["result"] is None and big["result_ref"]["bytes"] > 2_000_000
+    response = runtime.get(f"/tasks/{name}-big/result")
+    assert response.status_code == 200 and len(response.content) == big["result_ref"]["bytes"]
+    assert response.json() == {"text": "é" * 1_000_000, "attempt": 1}
+
 
 def test_the_repository_handlers_folder_is_picked_up_by_default(runtime):
     key = f"order-{uuid.uuid4().hex[:6]}"

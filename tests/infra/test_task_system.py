@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,39 @@ def _literal(text: str) -> str:
     import re
 
     return re.escape(text)
+
+
+def test_large_results_go_to_a_private_bucket_the_worker_writes_and_the_api_reads(tmp_path) -> None:
+    template, raw, _ = synth_system(tmp_path, inline_result_bytes=1024)
+    (bucket_id,) = template.find_resources("AWS::S3::Bucket")
+    template.has_resource_properties("AWS::S3::Bucket", {
+        "BucketEncryption": {"ServerSideEncryptionConfiguration": [
+            {"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]},
+        "PublicAccessBlockConfiguration": {"BlockPublicAcls": True, "BlockPublicPolicy": True,
+                                           "IgnorePublicAcls": True, "RestrictPublicBuckets": True},
+    })
+    policy = json.dumps(template.find_resources("AWS::S3::BucketPolicy"))
+    assert "aws:SecureTransport" in policy  # TLS only
+    functions = functions_by_role(template)
+    for role in ("worker", "api"):
+        env = functions[role]["Environment"]["Variables"]
+        assert env["COWORKER_RESULT_BUCKET"] == {"Ref": bucket_id}, role
+        assert env["COWORKER_INLINE_RESULT_BYTES"] == "1024", role
+    assert "COWORKER_RESULT_BUCKET" not in functions["coordinator"]["Environment"]["Variables"]
+    s3_grants = {}
+    for resource in raw["Resources"].values():
+        if resource["Type"] != "AWS::IAM::Policy":
+            continue
+        for statement in resource["Properties"]["PolicyDocument"]["Statement"]:
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            if any(a.startswith("s3:") for a in actions):
+                s3_grants[resource["Properties"]["PolicyName"]] = (actions, json.dumps(statement["Resource"]))
+    assert sorted(actions for actions, _ in s3_grants.values()) == [["s3:GetObject"], ["s3:PutObject"]]
+    assert all(bucket_id in resource and "/results/*" in resource for _, resource in s3_grants.values())
+
+
+def test_without_the_bucket_no_bucket_and_no_setting(tmp_path) -> None:
+    template, _, _ = synth_system(tmp_path, results_bucket=False)
+    assert template.find_resources("AWS::S3::Bucket") == {}
+    for fn in functions_by_role(template).values():
+        assert "COWORKER_RESULT_BUCKET" not in fn["Environment"]["Variables"]

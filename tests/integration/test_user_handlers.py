@@ -68,3 +68,16 @@ def test_a_package_of_your_own_runs_end_to_end_with_retries_and_history(tmp_path
         system.drain()
         assert [system.get(key)["result"]["doubled"] for key in keys] == [2 * n for n in range(25)]
         assert system.open_tasks() == 0
+
+
+def test_a_2_mb_result_goes_to_the_result_store_and_comes_back_whole(tmp_path, monkeypatch, dynamodb_server) -> None:
+    package, name, task_type = write_handler_package(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with LocalTaskSystem(handler_modules=[name], dynamodb_endpoint=dynamodb_server.endpoint) as system:
+        record = system.run(f"{task_type}-big", {"bytes": 2_000_000})
+        assert record["status"] == "finished" and record["result"] is None
+        ref = record["result_ref"]
+        assert ref["bytes"] > 2_000_000 and len(ref["sha256"]) == 64 and ref["uri"].startswith("file://")
+        assert system.result(record["key"]) == {"text": "é" * 1_000_000, "attempt": 1}
+        small = system.run(task_type, {"n": 1})
+        assert small["result"] == {"doubled": 2, "attempt": 1} and small["result_ref"] is None

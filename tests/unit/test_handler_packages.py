@@ -123,11 +123,22 @@ def test_run_handler_stops_at_the_deadline_and_signals_a_lost_claim() -> None:
     assert run_handler(polite, lose_claim_after=0.1) == "stopped"
 
 
-def test_run_handler_refuses_a_result_that_could_not_be_stored() -> None:
-    with pytest.raises(TypeError, match="not JSON"):
-        run_handler(lambda payload, context: {"when": object()})
+def test_run_handler_returns_the_result_as_the_record_keeps_it() -> None:
+    assert run_handler(lambda payload, context: {"pair": (1, 2), "set": {3}}) == {"pair": [1, 2], "set": "{3}"}
 
 
 def test_make_context_uses_the_workers_token_format() -> None:
     context = make_context("k", attempt=3, owner="req-1")
     assert context.fencing_token == "req-1:3" and context.max_attempts == 3
+
+
+def test_run_handler_shows_the_follow_ups_a_handler_asked_for() -> None:
+    def crawl(payload, context):
+        for url in payload["links"]:
+            context.spawn("crawl-page", {"url": url}, key=f"page:{url}")
+        return len(payload["links"])
+
+    context = make_context("page:/")
+    assert run_handler(crawl, {"links": ["/a", "/b"]}, context=context) == 2
+    assert [(f.key, f.type, f.payload) for f in context.follow_ups] == [
+        ("page:/a", "crawl-page", {"url": "/a"}), ("page:/b", "crawl-page", {"url": "/b"})]

@@ -5,6 +5,7 @@ Routes (details, limits and the error format in docs/api.md; the OpenAPI documen
 
     POST /tasks                    one task, or {"tasks": [...]} as a batch (up to 1,000)
     GET  /tasks/{key}              the whole record
+    GET  /tasks/{key}/result       the result, from the record or the result store
     GET  /tasks?status=...         a page of the status index (todo, processing, failed, ignored)
     POST /tasks/{key}/retry        redrive a failed or ignored task
     POST /tasks/{key}/cancel       stop a task that is not finished or ignored
@@ -35,7 +36,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValida
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from pydantic import BaseModel
 
-from coworker import batches, dispatch, lifecycle, schema
+from coworker import batches, dispatch, lifecycle, results, schema
 from coworker.api_models import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
@@ -74,6 +75,9 @@ API_VERSION = "1.0.0"
 # Index entries one listing or redrive request may read, whatever filters drop: bounds the
 # cost and the latency of a request (API Gateway gives up after 29 s).
 MAX_SCANNED_PER_REQUEST = 1000
+# Larger stored results are answered with a redirect to their presigned link where there is one:
+# a Lambda response holds at most 6 MB, and base64 or escaping can grow a body.
+MAX_RESULT_RESPONSE_BYTES = 4 * 1024 * 1024
 DEFAULT_STATS_CAP = 1000
 MAX_STATS_CAP = 10_000
 INDEXED_STATUSES = (TaskStatus.TODO, TaskStatus.PROCESSING, TaskStatus.FAILED, TaskStatus.IGNORED)
@@ -392,7 +396,36 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
 
     @app.get("/tasks/<key>", summary="Read a task", tags=["tasks"], responses=_ERROR_RESPONSES)
     def read_task(key: str) -> TaskOut:
-        return TaskOut.model_validate(lifecycle.get_task(_task_key(key)).to_dict())
+        record = lifecycle.get_task(_task_key(key)).to_dict()
+        if record["result_ref"] is not None:
+            store = results.store_for(settings)
+            link = store.link(record["result_ref"]["uri"]) if store is not None else None
+            record["result_ref"] = {**record["result_ref"], "url": link}
+        return TaskOut.model_validate(record)
+
+    @app.get("/tasks/<key>/result", summary="Read a finished task's result, wherever it is kept",
+             tags=["tasks"], responses={
+                 **_ERROR_RESPONSES,
+                 200: {"description": "The result: the JSON value the handler returned",
+                       "content": {"application/json": {"schema": {}}}},
+                 303: {"description": "The result is larger than an API response may be: "
+                                      "fetch it from the presigned link in Location"},
+             })
+    def read_result(key: str) -> Response[Any]:
+        task = lifecycle.get_task(_task_key(key))
+        if task.status != TaskStatus.FINISHED.value:
+            raise TaskStateConflictError(f"task {task.key!r} is {task.status}: only a finished task has a result")
+        if task.result_ref is None:
+            return Response(status_code=200, content_type=content_types.APPLICATION_JSON,
+                            body=json.dumps(task.result))
+        store = results.store_for(settings)
+        size = int(task.result_ref.get("bytes", 0))
+        link = store.link(task.result_ref["uri"]) if store is not None else None
+        if size > MAX_RESULT_RESPONSE_BYTES and link:
+            return Response(status_code=303, content_type=content_types.APPLICATION_JSON, headers={"Location": link},
+                            body=json.dumps({"location": link, "bytes": size}))
+        return Response(status_code=200, content_type=content_types.APPLICATION_JSON,
+                        body=results.read(task.result_ref, store).decode())
 
     @app.get("/tasks", summary="List tasks of one status (a page of the status index)", tags=["tasks"],
              responses=_ERROR_RESPONSES)

@@ -187,6 +187,15 @@ class ErrorOut(BaseModel):
     errors: list[ErrorDetail] | None = None
 
 
+class ResultRefOut(BaseModel):
+    """Where a large result is kept."""
+
+    uri: str = Field(description="s3://bucket/key on AWS, file:// in local runs.")
+    bytes: int = Field(description="Size of the result (compact JSON).")
+    sha256: str
+    url: str | None = Field(None, description="Presigned GET link, valid for an hour (S3 only).")
+
+
 class TaskOut(BaseModel):
     """The whole record of a task."""
 
@@ -205,8 +214,12 @@ class TaskOut(BaseModel):
     lock_owner: str | None
     lock_expires_at: str | None
     batch_id: str | None
+    parent: str | None = Field(None, description="Key of the task whose handler spawned this one.")
     priority: int | None
     result: Any = None
+    result_ref: ResultRefOut | None = Field(
+        None, description="Set when the result was too large for the record: read it with "
+                          "GET /tasks/{key}/result (or its presigned url).")
     errors: list[dict[str, Any]]
 
 

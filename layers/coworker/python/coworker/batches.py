@@ -118,7 +118,8 @@ def _connection() -> Connection:
     cache_key = (meta.region, meta.host)
     if cache_key not in _connections:
         _connections[cache_key] = Connection(region=meta.region, host=meta.host,
-                                             max_retry_attempts=getattr(meta, "max_retry_attempts", None))
+                                             max_retry_attempts=getattr(meta, "max_retry_attempts", None),
+                                             max_pool_connections=getattr(meta, "max_pool_connections", None))
     return _connections[cache_key]
 
 
@@ -195,22 +196,56 @@ def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = 
     whether it was created (``False``: a task with that key existed and was left untouched).
     """
     now = now or utcnow()
+    for task in tasks:
+        if task.batch_id != batch_id:
+            raise ValueError(f"task {task.key!r} does not carry batch id {batch_id!r}")
+    created = _put_in_chunks(tasks, batch_id, now)
+    assert created is not None  # no guard: never refused as a whole
+    if not any(created):
+        _touch(batch_id, now)  # every task existed: make sure the batch itself does
+    return created
+
+
+class GuardFailedError(CoworkerError):
+    """The guard of a guarded put no longer held: nothing of that chunk was written."""
+
+
+def put_guarded(tasks: Sequence[TaskModel], guard_key: str, guard: Condition,
+                now: datetime | None = None) -> list[bool]:
+    """Create ``tasks`` only while ``guard`` holds on the item ``guard_key`` (a worker's claim).
+
+    Each chunk is one transaction: the puts (each only if its key is new), the ``total`` of
+    their batch (tasks may carry one batch id, or none), and a check of ``guard``. Raises
+    :class:`GuardFailedError` when the guard fails; chunks written before stay (their keys make
+    a repeat idempotent). Returns, per task, whether it was created.
+    """
+    now = now or utcnow()
+    batch_ids = {task.batch_id for task in tasks}
+    if len(batch_ids) > 1:
+        raise ValueError("guarded puts take tasks of one batch (or none) at a time")
+    created = _put_in_chunks(tasks, next(iter(batch_ids), None), now, (guard_key, guard))
+    if created is None:
+        raise GuardFailedError(f"the condition on {guard_key!r} no longer holds")
+    return created
+
+
+def _put_in_chunks(tasks: Sequence[TaskModel], batch_id: str | None, now: datetime,
+                   guard: tuple[str, Condition] | None = None) -> list[bool] | None:
+    """Put ``tasks`` in transactions within DynamoDB's limits; ``None`` when the guard failed."""
     created = [False] * len(tasks)
+    room = MAX_TRANSACTION_ITEMS - (1 if batch_id else 0) - (1 if guard else 0)
     chunk: list[int] = []
     size = 0
     for index, task in enumerate(tasks):
-        if task.batch_id != batch_id:
-            raise ValueError(f"task {task.key!r} does not carry batch id {batch_id!r}")
         item_size = _item_size(task)
-        if chunk and (len(chunk) >= MAX_TRANSACTION_ITEMS - 1 or size + item_size > _PUT_CHUNK_BYTES):
-            _put_chunk(tasks, chunk, batch_id, now, created)
+        if chunk and (len(chunk) >= room or size + item_size > _PUT_CHUNK_BYTES):
+            if not _put_chunk(tasks, chunk, batch_id, now, created, guard):
+                return None
             chunk, size = [], 0
         chunk.append(index)
         size += item_size
-    if chunk:
-        _put_chunk(tasks, chunk, batch_id, now, created)
-    if not any(created):
-        _touch(batch_id, now)  # every task existed: make sure the batch itself does
+    if chunk and not _put_chunk(tasks, chunk, batch_id, now, created, guard):
+        return None
     return created
 
 
@@ -220,26 +255,36 @@ def _item_size(task: TaskModel) -> int:
     return sum(len(name.encode()) + len(repr(value).encode()) for name, value in serialized.items())
 
 
-def _put_chunk(tasks: Sequence[TaskModel], indexes: list[int], batch_id: str, now: datetime,
-               created: list[bool]) -> None:
+def _put_chunk(tasks: Sequence[TaskModel], indexes: list[int], batch_id: str | None, now: datetime,
+               created: list[bool], guard: tuple[str, Condition] | None = None) -> bool:
+    """One chunk; ``False`` when the guard failed (nothing of the chunk written)."""
     pending = list(indexes)
     while pending:
         def build(transaction: TransactWrite, pending: list[int] = pending) -> None:
             for index in pending:
                 transaction.save(tasks[index], condition=TaskModel.key.does_not_exist())
-            transaction.update(BatchModel(batch_key(batch_id)), actions=[
-                BatchModel.created_at.set(BatchModel.created_at | now),
-                BatchModel.updated_at.set(now),
-                BatchModel.total.add(len(pending)),
-            ])
+            if batch_id:
+                transaction.update(BatchModel(batch_key(batch_id)), actions=[
+                    BatchModel.created_at.set(BatchModel.created_at | now),
+                    BatchModel.updated_at.set(now),
+                    BatchModel.total.add(len(pending)),
+                ])
+            if guard is not None:
+                transaction.condition_check(TaskModel, guard[0], condition=guard[1])
 
-        reasons = _transact(build, f"put tasks of batch {batch_id!r}")
+        reasons = _transact(build, f"put {len(pending)} tasks" + (f" of batch {batch_id!r}" if batch_id else ""))
         if reasons is None:
             for index in pending:
                 created[index] = True
-            return
-        # Puts come first in the request, in order: drop the keys that exist and try again.
+            return True
+        # pynamodb sends condition checks first, then puts (in order), then updates.
+        if guard is not None:
+            if reasons[0] == _CONDITION_FAILED:
+                return False
+            reasons = reasons[1:]
+        # Drop the keys that exist and try again.
         pending = [index for index, code in zip(pending, reasons, strict=False) if code != _CONDITION_FAILED]
+    return True
 
 
 def _touch(batch_id: str, now: datetime) -> None:

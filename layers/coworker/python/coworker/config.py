@@ -77,6 +77,18 @@ class Settings(BaseModel):
                                  description="Comma-separated modules or packages that register task "
                                              "handlers (a package's submodules are imported too); the stack "
                                              "and the local runtime add your handlers package themselves.")
+    result_bucket: str | None = Field(None, alias="COWORKER_RESULT_BUCKET",
+                                      description="S3 bucket for results over the record's budget (set by the "
+                                                  "stack); unset means none.")
+    result_dir: str | None = Field(None, alias="COWORKER_RESULT_DIR",
+                                   description="Folder for results over the record's budget, where there is no "
+                                               "bucket (local runs).")
+    inline_result_bytes: int = Field(4096, ge=256, le=65536, alias="COWORKER_INLINE_RESULT_BYTES",
+                                     description="Results up to this size (compact JSON) stay on the task's "
+                                                 "record; larger ones go to the result store.")
+    max_result_bytes: int = Field(100 * 1024 * 1024, ge=1024, alias="COWORKER_MAX_RESULT_BYTES",
+                                  description="Largest result kept in the result store; above it the record "
+                                              "keeps a note and a preview.")
     example_handlers: bool = Field(True, alias="COWORKER_EXAMPLE_HANDLERS",
                                    description="Also register the example task types (quick, slow, flaky, "
                                                "always-fail) that the demo and the tests use.")

@@ -49,3 +49,33 @@ def flaky(payload: dict[str, Any] | None, context: TaskContext) -> dict[str, Any
 def always_fail(payload: dict[str, Any] | None, context: TaskContext) -> None:
     """A business failure on every attempt: ends ignored at the ceiling."""
     raise TaskFailed((payload or {}).get("reason", "the order references an unknown product"))
+
+
+def crawl_key(url: str, prefix: str = "crawl") -> str:
+    """The task key of a page of the example crawl: one key per URL (give the seed this key)."""
+    return f"{prefix}:{hashlib.sha256(url.encode()).hexdigest()[:20]}"
+
+
+@task_handler("crawl")
+def crawl(payload: dict[str, Any] | None, context: TaskContext) -> dict[str, Any]:
+    """Crawl one page of a made-up site and spawn a task per link found: a crawl in miniature.
+
+    The page at ``url`` (default ``/``) links to ``fanout`` (default 10) pages one level deeper,
+    until ``max_depth`` (default 3), and back to the home page and its own parent, as real pages
+    do. Each link's task key is :func:`crawl_key` of its URL, so a page linked from many others
+    (the home page, a parent) is crawled once; the follow-ups join the seed's batch. With the
+    defaults, one seed (key ``crawl_key("/")``) grows to 1 + 10 + 100 + 1,000 = 1,111 tasks.
+    """
+    payload = payload or {}
+    url = str(payload.get("url", "/"))
+    depth = int(payload.get("depth", 0))
+    max_depth = int(payload.get("max_depth", 3))
+    fanout = int(payload.get("fanout", 10))
+    prefix = str(payload.get("key_prefix", "crawl"))
+    parent = url.rsplit("/", 1)[0] or "/"
+    links = [url.rstrip("/") + f"/{n}" for n in range(fanout)] if depth < max_depth else []
+    seen_before = ["/", parent]  # already crawled (or being crawled): their keys exist
+    for link, link_depth in [*((link, depth + 1) for link in links), *((old, 0) for old in seen_before)]:
+        context.spawn("crawl", {**payload, "url": link, "depth": link_depth}, key=crawl_key(link, prefix),
+                      inherit_batch=True)
+    return {"url": url, "depth": depth, "links": len(links) + len(seen_before)}

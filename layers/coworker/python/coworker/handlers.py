@@ -22,10 +22,29 @@ import pkgutil
 import threading
 import time
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from coworker.errors import ConfigurationError, UnknownTaskTypeError
+
+# Most follow-up tasks one attempt may spawn (each is a transactional put when it finishes).
+MAX_FOLLOW_UPS = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class FollowUp:
+    """A task a handler asked for with :meth:`TaskContext.spawn`."""
+
+    key: str
+    type: str
+    payload: Any = None
+    max_attempts: int | None = None
+    run_at: datetime | None = None
+    priority: int | None = None
+    inherit_batch: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,8 +56,40 @@ class TaskContext:
     max_attempts: int
     fencing_token: str  # "<owner>:<attempt>": pass it to downstream systems that dedupe writes
     deadline: float  # time.monotonic() value by which the handler must return
+    batch_id: str | None = None  # the batch the task belongs to, if any
     # Set by the worker's heartbeat when this attempt's claim was taken over or cancelled.
     lost: threading.Event = dataclasses.field(default_factory=threading.Event, compare=False, repr=False)
+    # Follow-up tasks asked for by this attempt, put when it is recorded as finished.
+    follow_ups: list[FollowUp] = dataclasses.field(default_factory=list, compare=False, repr=False)
+
+    def spawn(self, task_type: str, payload: Any = None, *, key: str | None = None,
+              max_attempts: int | None = None, run_at: datetime | None = None, priority: int | None = None,
+              inherit_batch: bool = False) -> str:
+        """Ask for a follow-up task; returns its key.
+
+        Nothing is written until this attempt finishes: then the follow-ups are put, fenced by
+        this attempt's claim (a stale attempt puts none), before the task is recorded finished. A
+        failed attempt's follow-ups are dropped (its retry asks again). Keys make it idempotent:
+        a key that exists is left as it is, so a retried parent, or two parents naming the same
+        page, put it once. Default key ``<this key>/<n>``. ``inherit_batch`` puts it in this
+        task's batch (its total grows, so the batch is done when the follow-ups are).
+        Raises ``ValueError`` for a task the API would refuse, or past ``MAX_FOLLOW_UPS``.
+        """
+        from coworker.api_models import TaskIn  # the API's own rules for a task
+
+        if len(self.follow_ups) >= MAX_FOLLOW_UPS:
+            raise ValueError(f"one attempt may spawn at most {MAX_FOLLOW_UPS} follow-up tasks")
+        key = key if key is not None else f"{self.key}/{len(self.follow_ups) + 1}"
+        try:
+            spec = TaskIn(key=key, type=task_type, payload=payload, max_attempts=max_attempts,
+                          run_at=run_at, priority=priority)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'task'}: {e['msg']}" for e in exc.errors())
+            raise ValueError(f"follow-up task refused: {problems}") from None
+        self.follow_ups.append(FollowUp(key=key, type=spec.type, payload=spec.payload,
+                                        max_attempts=spec.max_attempts, run_at=spec.run_at,
+                                        priority=spec.priority, inherit_batch=inherit_batch))
+        return key
 
     def remaining_seconds(self) -> float:
         return max(0.0, self.deadline - time.monotonic())

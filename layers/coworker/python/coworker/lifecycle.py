@@ -26,6 +26,7 @@ import dataclasses
 import enum
 import random
 import traceback as tb
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -36,6 +37,7 @@ from pynamodb.expressions.condition import Condition
 from coworker import batches
 from coworker.config import Settings
 from coworker.errors import StorageError, TaskNotFoundError
+from coworker.handlers import FollowUp
 from coworker.model import ErrorKind, ErrorRecord, TaskModel, TaskStatus, utcnow
 
 MAX_MESSAGE_CHARS = 1000
@@ -54,6 +56,7 @@ class TaskSpec:
     run_at: datetime | None = None
     batch_id: str | None = None
     priority: int | None = None
+    parent: str | None = None  # the task that spawned this one (a follow-up)
 
 
 class PutOutcome(str, enum.Enum):
@@ -148,6 +151,7 @@ def new_task(spec: TaskSpec, settings: Settings, now: datetime) -> TaskModel:
         max_attempts=spec.max_attempts or settings.max_attempts,
         batch_id=spec.batch_id,
         priority=spec.priority,
+        parent=spec.parent,
     )
 
 
@@ -285,8 +289,41 @@ def _fenced_update(claim: Claim, actions: list, outcome: RecordOutcome,
     return outcome
 
 
-def complete(claim: Claim, settings: Settings, result: Any = None, now: datetime | None = None) -> RecordOutcome:
-    """Record success: finished, lock removed, task leaves the status index."""
+def put_follow_ups(claim: Claim, follow_ups: Sequence[FollowUp], settings: Settings,
+                   now: datetime | None = None) -> bool:
+    """Put the follow-up tasks an attempt asked for, each only if its key is new, while the
+    attempt's claim holds (every transaction checks it); ``False`` when the claim was lost.
+
+    Called before :func:`complete`: if the worker dies in between, the task runs again and its
+    retry asks for the same keys, which are then left as they are. A follow-up that inherits
+    the batch adds to the batch's total in the same transaction as its put.
+    """
+    now = now or utcnow()
+    groups: dict[str | None, list[TaskModel]] = {}
+    seen = {claim.key}  # a key asked for twice is put once; the task's own key always exists
+    for follow_up in follow_ups:
+        if follow_up.key in seen:
+            continue
+        seen.add(follow_up.key)
+        batch_id = claim.task.batch_id if follow_up.inherit_batch else None
+        spec = TaskSpec(key=follow_up.key, type=follow_up.type, payload=follow_up.payload,
+                        max_attempts=follow_up.max_attempts, run_at=follow_up.run_at, batch_id=batch_id,
+                        priority=follow_up.priority, parent=claim.key)
+        groups.setdefault(batch_id, []).append(new_task(spec, settings, now))
+    try:
+        for tasks in groups.values():
+            batches.put_guarded(tasks, claim.key, _fenced(claim), now)
+    except batches.GuardFailedError:
+        return False
+    return True
+
+
+def complete(claim: Claim, settings: Settings, result: Any = None, now: datetime | None = None,
+             result_ref: dict[str, Any] | None = None) -> RecordOutcome:
+    """Record success: finished, lock removed, task leaves the status index.
+
+    ``result`` is kept on the record; ``result_ref`` points at a result in the result store.
+    """
     now = now or utcnow()
     actions = [
         TaskModel.status.set(TaskStatus.FINISHED.value),
@@ -296,6 +333,8 @@ def complete(claim: Claim, settings: Settings, result: Any = None, now: datetime
     ]
     if result is not None:
         actions.append(TaskModel.result.set(result))
+    if result_ref is not None:
+        actions.append(TaskModel.result_ref.set(result_ref))
     if claim.took_over_lost_attempt:
         actions.append(TaskModel.errors.set(_history(claim, settings, now, [])))
     if settings.retention_days:

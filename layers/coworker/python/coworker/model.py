@@ -105,8 +105,12 @@ class TaskModel(Model):
     claimed_from = UnicodeAttribute(null=True)
     errors = ListAttribute(of=ErrorRecord, null=True)
     result = JSONAttribute(null=True)
+    # A result too large for the record: {"uri", "bytes", "sha256"} in the result store.
+    result_ref = JSONAttribute(null=True)
     batch_id = UnicodeAttribute(null=True)
     priority = NumberAttribute(null=True)
+    # The task whose handler spawned this one (a follow-up), if any.
+    parent = UnicodeAttribute(null=True)
     delete_after_epoch = TTLAttribute(null=True, attr_name=schema.TTL_ATTRIBUTE)
 
     status_index = StatusIndex()
@@ -128,8 +132,10 @@ class TaskModel(Model):
             "lock_owner": self.lock_owner,
             "lock_expires_at": iso(self.lock_expires_at),
             "batch_id": self.batch_id,
+            "parent": self.parent,
             "priority": int(self.priority) if self.priority is not None else None,
             "result": self.result,
+            "result_ref": self.result_ref,
             "errors": [
                 {
                     "attempt": int(e.attempt),

@@ -51,15 +51,20 @@ def run_handler(
     max_attempts: int = 3,
     timeout_seconds: float = 60.0,
     lose_claim_after: float | None = None,
+    context: TaskContext | None = None,
 ) -> Any:
-    """Run ``handler`` (a task type or the function itself) once and return what it returned.
+    """Run ``handler`` (a task type or the function itself) once and return its result as the
+    task's record would keep it (JSON; what JSON cannot hold becomes its text).
 
     The handler's own exception is raised as is (``TaskFailed`` is a business failure, anything
-    else a system error). The result must be JSON, as it is stored on the task's record: a
-    ``TypeError`` says so otherwise. Register a task type by importing its module first.
+    else a system error). Register a task type by importing its module first. The follow-up
+    tasks it asked for are in ``context.follow_ups``: pass a ``context`` from :func:`make_context`
+    to look at them (then ``key``, ``attempt``, ``max_attempts`` and ``timeout_seconds`` are its own).
     """
     function = get_handler(handler) if isinstance(handler, str) else handler
-    context = make_context(key, attempt=attempt, max_attempts=max_attempts, timeout_seconds=timeout_seconds)
+    if context is None:
+        context = make_context(key, attempt=attempt, max_attempts=max_attempts, timeout_seconds=timeout_seconds)
+    key, timeout_seconds = context.key, context.remaining_seconds()
     outcome: dict[str, Any] = {}
 
     def target() -> None:
@@ -79,9 +84,4 @@ def run_handler(
         raise HandlerTimeout(f"handler of {key!r} still running after {timeout_seconds:g} s")
     if "error" in outcome:
         raise outcome["error"]
-    result = outcome.get("result")
-    try:
-        json.dumps(result)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"the handler returned {type(result).__name__}, which is not JSON: {exc}") from exc
-    return result
+    return json.loads(json.dumps(outcome.get("result"), default=str))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
-import json
 import random
 import threading
 import time
@@ -24,15 +23,14 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from coworker import leases, lifecycle, queries
+from coworker import leases, lifecycle, queries, results
 from coworker.config import Settings
-from coworker.errors import InvalidEventError, TaskFailedError, UnknownTaskTypeError
+from coworker.errors import InvalidEventError, StorageError, TaskFailedError, UnknownTaskTypeError
 from coworker.handlers import TaskContext, get_handler
 from coworker.lifecycle import Claim, RecordOutcome
 from coworker.model import ErrorKind, ErrorRecord, TaskStatus, utcnow
 from coworker.observability import MetricName, logger, metrics, tracer
 
-MAX_RESULT_CHARS = 1000
 MAX_HINTS = 100
 # Work is looked for in this order: lost by dead workers, due retries, then new.
 FEED_ORDER = (TaskStatus.PROCESSING, TaskStatus.FAILED, TaskStatus.TODO)
@@ -98,19 +96,6 @@ class TaskReport:
     source: TaskSource = TaskSource.HINT
 
 
-def _summarise(result: Any) -> Any:
-    """Keep a handler's return value only if it is small JSON; else a note saying so."""
-    if result is None:
-        return None
-    try:
-        text = json.dumps(result, default=str)
-    except (TypeError, ValueError):
-        return {"note": f"result of type {type(result).__name__} is not JSON"}
-    if len(text) > MAX_RESULT_CHARS:
-        return {"note": f"result of {len(text)} characters not kept", "preview": text[:200]}
-    return json.loads(text)
-
-
 def _run_handler(claim: Claim, context: TaskContext) -> tuple[Any, ErrorRecord | None, bool]:
     """Run the task's handler in this thread: ``(result, error, retryable)``."""
     task = claim.task
@@ -129,11 +114,26 @@ def _run_handler(claim: Claim, context: TaskContext) -> tuple[Any, ErrorRecord |
         return None, lifecycle.error_from_exception(claim.attempt, ErrorKind.SYSTEM, exc, utcnow()), True
 
 
-def _record(claim: Claim, settings: Settings, result: Any, error: ErrorRecord | None,
+def _record(claim: Claim, settings: Settings, context: TaskContext, result: Any, error: ErrorRecord | None,
             retryable: bool) -> RecordOutcome:
+    if error is None and context.follow_ups:
+        try:
+            if not lifecycle.put_follow_ups(claim, context.follow_ups, settings):
+                return RecordOutcome.LOST
+        except StorageError as exc:  # the retry asks for the same keys again
+            logger.warning("could not put the follow-up tasks", extra={"error": str(exc)})
+            error = lifecycle.error_from_exception(claim.attempt, ErrorKind.SYSTEM, exc, utcnow())
+    if error is None:
+        try:
+            prepared = results.prepare(result, settings, results.store_for(settings), key=claim.key,
+                                       attempt=claim.attempt, owner=claim.owner)
+        except StorageError as exc:  # the store refused it: the retry runs the handler again
+            logger.warning("could not store the result", extra={"error": str(exc)})
+            error = lifecycle.error_from_exception(claim.attempt, ErrorKind.SYSTEM, exc, utcnow())
     if error is not None:
         return lifecycle.fail(claim, settings, error, retryable=retryable)
-    return lifecycle.complete(claim, settings, result=_summarise(result))
+    return lifecycle.complete(claim, settings, result=prepared.inline,
+                              result_ref=prepared.stored.to_dict() if prepared.stored else None)
 
 
 _OUTCOME_METRIC = {
@@ -427,6 +427,7 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float,
         max_attempts=int(claim.task.max_attempts),
         fencing_token=f"{claim.owner}:{claim.attempt}",
         deadline=handler_deadline,
+        batch_id=claim.task.batch_id,
     )
     started = time.monotonic()
     running = heartbeat.watch(claim, context) if heartbeat is not None else Running(claim, context)
@@ -438,7 +439,7 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float,
         if timed_out:  # the heartbeat recorded the timeout: this late result is discarded
             outcome = running.outcome or RecordOutcome.LOST
         else:
-            outcome = _record(claim, settings, result, error, retryable)
+            outcome = _record(claim, settings, context, result, error, retryable)
     finally:
         if heartbeat is not None:
             heartbeat.unwatch(key)

@@ -1,0 +1,210 @@
+"""Results of any size: small ones stay on the task's record, larger ones go to a result store.
+
+A handler's return value is serialised as JSON. Up to ``inline_result_bytes`` it is kept on the
+record (``result``); above, it is written to the result store (an S3 bucket on AWS,
+``COWORKER_RESULT_BUCKET``; a folder in local runs, ``COWORKER_RESULT_DIR``) and the record gets
+``result_ref``: where it is, its size and its SHA-256. ``GET /tasks/{key}/result`` returns it
+either way. Without a store, or above ``max_result_bytes``, the record keeps a note that says so
+and a preview; the result is never dropped without a word.
+
+Objects are named ``results/<sha256 of the key>/<attempt>-<owner>.json``: every attempt writes its
+own object, so a stale attempt can never overwrite the result of a newer one, and only the attempt
+that records ``finished`` (fenced) points the record at its object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+from coworker.config import Settings
+from coworker.errors import CoworkerError, StorageError
+
+RESULT_PREFIX = "results/"
+PREVIEW_CHARS = 200
+PRESIGNED_URL_SECONDS = 3600
+
+
+class ResultTooLargeError(CoworkerError):
+    """A stored result is too large to return in an API response (fetch it from its link)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredResult:
+    """What a record holds about a result in the store (its ``result_ref``)."""
+
+    uri: str
+    bytes: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, value: dict[str, Any]) -> StoredResult:
+        return cls(uri=str(value["uri"]), bytes=int(value["bytes"]), sha256=str(value["sha256"]))
+
+
+class ResultStore(Protocol):
+    """Where results larger than the record's budget go."""
+
+    def put(self, name: str, body: bytes) -> str:
+        """Store ``body`` under ``name``; return its URI."""
+
+    def get(self, uri: str) -> bytes: ...
+
+    def link(self, uri: str) -> str | None:
+        """A URL a client may fetch the object from directly (presigned), or None."""
+
+
+class S3ResultStore:
+    """Results in an S3 bucket (the stack's results bucket), through boto3."""
+
+    def __init__(self, bucket: str, region: str, client: Any = None) -> None:
+        import boto3
+
+        self.bucket = bucket
+        self._client = client or boto3.client("s3", region_name=region)
+
+    def put(self, name: str, body: bytes) -> str:
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=name, Body=body, ContentType="application/json")
+        except Exception as exc:  # noqa: BLE001 - botocore raises many kinds; all mean "not stored"
+            raise StorageError(f"could not store result {name!r} in bucket {self.bucket!r}: {exc}") from exc
+        return f"s3://{self.bucket}/{name}"
+
+    def get(self, uri: str) -> bytes:
+        bucket, key = self._split(uri)
+        try:
+            return self._client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except Exception as exc:  # noqa: BLE001
+            raise StorageError(f"could not read result {uri!r}: {exc}") from exc
+
+    def link(self, uri: str) -> str | None:
+        bucket, key = self._split(uri)
+        return self._client.generate_presigned_url(
+            "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=PRESIGNED_URL_SECONDS)
+
+    @staticmethod
+    def _split(uri: str) -> tuple[str, str]:
+        parsed = urlparse(uri)
+        if parsed.scheme != "s3":
+            raise StorageError(f"not an S3 result: {uri!r}")
+        return parsed.netloc, parsed.path.lstrip("/")
+
+
+class FolderResultStore:
+    """Results in a folder: the local runtime's stand-in for the bucket."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder).resolve()
+
+    def put(self, name: str, body: bytes) -> str:
+        path = self.folder / name
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(".partial")
+            partial.write_bytes(body)
+            partial.replace(path)  # readers never see half a result
+        except OSError as exc:
+            raise StorageError(f"could not store result {name!r} in {self.folder}: {exc}") from exc
+        return path.as_uri()
+
+    def get(self, uri: str) -> bytes:
+        path = Path(urlparse(uri).path)
+        if self.folder not in path.parents:
+            raise StorageError(f"result {uri!r} is outside the result folder")
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise StorageError(f"could not read result {uri!r}: {exc}") from exc
+
+    def link(self, uri: str) -> str | None:
+        return None
+
+
+def store_from_settings(settings: Settings) -> ResultStore | None:
+    """A new result store for ``settings``: the bucket, else the folder, else none."""
+    if settings.result_bucket:
+        return S3ResultStore(settings.result_bucket, settings.region)
+    if settings.result_dir:
+        return FolderResultStore(settings.result_dir)
+    return None
+
+
+_stores: dict[tuple[str | None, str | None, str], ResultStore | None] = {}
+_stores_lock = threading.Lock()
+
+
+def store_for(settings: Settings) -> ResultStore | None:
+    """The result store of ``settings``, built once per process and shared by its threads
+    (``bootstrap.configure`` builds it before any worker thread starts)."""
+    cache_key = (settings.result_bucket, settings.result_dir, settings.region)
+    with _stores_lock:
+        if cache_key not in _stores:
+            _stores[cache_key] = store_from_settings(settings)
+        return _stores[cache_key]
+
+
+def object_name(key: str, attempt: int, owner: str) -> str:
+    """Where one attempt's result goes (task keys may hold any character: hash them)."""
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    safe_owner = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in owner)[:64]
+    return f"{RESULT_PREFIX}{digest}/{attempt}-{safe_owner}.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedResult:
+    """What the record gets for a handler's return value: ``inline`` or ``stored`` (or a note)."""
+
+    inline: Any = None
+    stored: StoredResult | None = None
+
+
+def prepare(result: Any, settings: Settings, store: ResultStore | None, *, key: str, attempt: int,
+            owner: str) -> PreparedResult:
+    """Decide where ``result`` goes, writing it to the store if it is too large for the record.
+
+    Raises :class:`StorageError` when the store refuses it (the attempt is then retried).
+    """
+    if result is None:
+        return PreparedResult()
+    try:
+        body = json.dumps(result, default=str, ensure_ascii=False, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as exc:
+        return PreparedResult(inline={"note": f"result of type {type(result).__name__} is not JSON: {exc}"})
+    if len(body) <= settings.inline_result_bytes:
+        return PreparedResult(inline=json.loads(body))
+    preview = body[:PREVIEW_CHARS].decode(errors="ignore")
+    if store is None:
+        return PreparedResult(inline={
+            "note": f"result of {len(body)} bytes not kept: over the record's {settings.inline_result_bytes}-byte "
+                    "budget and no result store is configured (COWORKER_RESULT_BUCKET or COWORKER_RESULT_DIR)",
+            "preview": preview})
+    if len(body) > settings.max_result_bytes:
+        return PreparedResult(inline={
+            "note": f"result of {len(body)} bytes not kept: over COWORKER_MAX_RESULT_BYTES "
+                    f"({settings.max_result_bytes})", "preview": preview})
+    uri = store.put(object_name(key, attempt, owner), body)
+    return PreparedResult(stored=StoredResult(uri=uri, bytes=len(body), sha256=hashlib.sha256(body).hexdigest()))
+
+
+def load(ref: dict[str, Any], store: ResultStore | None) -> Any:
+    """The full result a record's ``result_ref`` points to, checked against its SHA-256."""
+    return json.loads(read(ref, store))
+
+
+def read(ref: dict[str, Any], store: ResultStore | None) -> bytes:
+    """The stored JSON of a record's ``result_ref``, as written, checked against its SHA-256."""
+    stored = StoredResult.from_dict(ref)
+    if store is None:
+        raise StorageError("this task's result is in a result store, and none is configured here")
+    body = store.get(stored.uri)
+    if hashlib.sha256(body).hexdigest() != stored.sha256:
+        raise StorageError(f"result {stored.uri!r} does not match its recorded checksum")
+    return body

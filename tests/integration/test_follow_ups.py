@@ -1,0 +1,143 @@
+"""Follow-up tasks: a handler's ``context.spawn`` puts new tasks with its completion, fenced by its
+claim, idempotent by key, in its batch when asked; the example crawl fans one seed out to 1,111."""
+
+from __future__ import annotations
+
+import pytest
+from coworker import batches, lifecycle
+from coworker.examples import crawl_key
+from coworker.handlers import MAX_FOLLOW_UPS, task_handler
+from coworker.model import TaskModel
+from coworker.testing import make_context
+from coworker.worker import TaskOutcome, process_task
+from coworker_local.testing import LocalTaskSystem
+
+_spawned_by: dict[str, list[str]] = {}
+
+
+@task_handler("test-spawn")
+def spawn_children(payload: dict, context) -> dict:
+    """Spawn ``children`` follow-ups (keys from the payload or by default), then maybe fail."""
+    keys = [context.spawn(payload.get("child_type", "quick"), {"n": n}, key=key,
+                          inherit_batch=payload.get("inherit", False))
+            for n, key in enumerate(payload.get("keys") or [None] * payload.get("children", 0))]
+    _spawned_by[context.key] = keys
+    if payload.get("fail"):
+        raise RuntimeError("the parent failed after spawning")
+    return {"spawned": len(keys)}
+
+
+@pytest.fixture
+def system(dynamodb_server):
+    with LocalTaskSystem(dynamodb_endpoint=dynamodb_server.endpoint) as system:
+        yield system
+
+
+def test_follow_ups_are_put_with_the_parents_success(system) -> None:
+    parent = system.put("test-spawn", {"children": 3})
+    system.drain()
+    assert system.get(parent)["status"] == "finished"
+    children = [system.get(key) for key in _spawned_by[parent]]
+    assert [key for key in _spawned_by[parent]] == [f"{parent}/1", f"{parent}/2", f"{parent}/3"]
+    assert {(c["status"], c["parent"], c["type"]) for c in children} == {("finished", parent, "quick")}
+
+
+def test_a_failed_attempt_puts_no_follow_ups(system) -> None:
+    parent = system.put("test-spawn", {"children": 2, "fail": True}, max_attempts=2)
+    system.drain()
+    assert system.get(parent)["status"] == "ignored"
+    for key in _spawned_by[parent]:
+        with pytest.raises(Exception, match="no task"):
+            system.get(key)
+
+
+def test_existing_keys_are_left_as_they_are_and_asked_twice_put_once(system) -> None:
+    existing = system.put("quick", {"original": True}, key="shared-page")
+    system.drain()
+    parent = system.put("test-spawn", {"keys": ["shared-page", "new-page", "new-page"]})
+    system.drain()
+    shared = system.get(existing)
+    assert (shared["payload"], shared["parent"], shared["attempts"]) == ({"original": True}, None, 1)
+    assert system.get("new-page")["status"] == "finished"
+    assert system.get(parent)["result"] == {"spawned": 3}
+
+
+def test_a_stale_attempt_puts_no_follow_ups(system) -> None:
+    """An attempt whose lock expired and was taken over must not add tasks: its puts are fenced."""
+    settings = system.settings
+    parent = system.put("test-spawn", {"children": 2})
+    stale = lifecycle.claim(parent, "stale-worker", settings)
+    assert stale is not None
+    # Another worker takes the task over (as after a lock expiry) before the stale one records.
+    TaskModel(parent).update(actions=[TaskModel.lock_owner.set("newer-worker"),
+                                      TaskModel.attempts.set(2)])
+    context = make_context(parent, attempt=stale.attempt)
+    for n in range(2):
+        context.spawn("quick", {"n": n})
+    assert lifecycle.put_follow_ups(stale, context.follow_ups, settings) is False
+    for follow_up in context.follow_ups:
+        with pytest.raises(Exception, match="no task"):
+            system.get(follow_up.key)
+
+
+def test_follow_ups_in_the_batch_keep_it_open_until_they_finish(system) -> None:
+    parent = system.put("test-spawn", {"children": 150, "inherit": True}, batch_id="wide")
+    system.drain()
+    progress = batches.get_batch("wide")
+    # 150 follow-ups need two transactions (at most 98 puts next to the counter and the check).
+    assert (progress.total, progress.finished, progress.ignored, progress.done) == (151, 151, 0, True)
+    assert system.get(f"{parent}/150")["batch_id"] == "wide"
+    other = system.put("test-spawn", {"children": 2}, batch_id="narrow")  # not inherited
+    system.drain()
+    assert batches.get_batch("narrow").total == 1
+    assert system.get(f"{other}/1")["batch_id"] is None
+
+
+def test_spawn_refuses_what_the_api_would_refuse() -> None:
+    context = make_context("k")
+    with pytest.raises(ValueError, match="reserved for batches"):
+        context.spawn("quick", key="batch#x")
+    with pytest.raises(ValueError, match="type"):
+        context.spawn("")
+    with pytest.raises(ValueError, match="max_attempts"):
+        context.spawn("quick", max_attempts=0)
+    for _ in range(MAX_FOLLOW_UPS - len(context.follow_ups)):
+        context.spawn("quick")
+    with pytest.raises(ValueError, match=f"at most {MAX_FOLLOW_UPS}"):
+        context.spawn("quick")
+
+
+def test_a_follow_up_that_cannot_be_stored_fails_the_attempt_and_its_retry_completes(system, monkeypatch) -> None:
+    parent = system.put("test-spawn", {"children": 2}, max_attempts=3)
+    calls = []
+    real = batches.put_guarded
+
+    def flaky_put(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise batches.StorageError("DynamoDB is throttling")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(batches, "put_guarded", flaky_put)
+    report = process_task(parent, "w-1", system.settings, deadline=float("inf"))
+    assert report.outcome is TaskOutcome.FAILED
+    record = system.get(parent)
+    assert record["errors"][0]["kind"] == "system" and "throttling" in record["errors"][0]["message"]
+    system.drain()
+    assert system.get(parent)["status"] == "finished" and system.get(f"{parent}/2")["status"] == "finished"
+
+
+@pytest.mark.slow
+def test_the_example_crawl_fans_one_seed_out_to_1111_pages_each_crawled_once(dynamodb_server) -> None:
+    with LocalTaskSystem(dynamodb_endpoint=dynamodb_server.endpoint, max_concurrency=20, batch_size=10) as system:
+        system.put("crawl", {"fanout": 10, "max_depth": 3}, key=crawl_key("/"), batch_id="crawl")
+        system.drain(timeout_seconds=300)
+        pages = [task for task in TaskModel.scan() if task.task_type == "crawl"]
+        urls = [task.payload.get("url", "/") for task in pages]
+        assert len(pages) == len(set(urls)) == 1 + 10 + 100 + 1000
+        assert {(task.status, int(task.attempts)) for task in pages} == {("finished", 1)}
+        assert sorted({task.payload.get("depth", 0) for task in pages}) == [0, 1, 2, 3]
+        progress = batches.get_batch("crawl")
+        assert (progress.total, progress.finished, progress.done) == (1111, 1111, True)
+        finished_reports = [r for r in system.reports if r.outcome is TaskOutcome.FINISHED]
+        assert len(finished_reports) == 1111  # no page ran twice
