@@ -105,14 +105,25 @@ def acknowledge_findings(system: TaskSystem) -> None:
             "exact actions); server access logs would cost more than the data they describe. "
             "Turn on CloudTrail S3 data events where an audit trail of reads is required.",
         )
-        objects = f"Resource::{_arn_of(bucket)}/results/*"
+        results = f"Resource::{_arn_of(bucket)}/results/*"
+        payloads = f"Resource::{_arn_of(bucket)}/payloads/*"
         acknowledge(
             system.processing.worker,
-            f"AwsSolutions-IAM5[{objects}]",
+            f"AwsSolutions-IAM5[{results}]",
             "s3:PutObject on the results/ prefix only: each attempt writes its own object there.",
         )
         acknowledge(
+            system.processing.worker,
+            f"AwsSolutions-IAM5[{payloads}]",
+            "s3:GetObject on the payloads/ prefix only: a large payload is read before the handler runs.",
+        )
+        acknowledge(
             system.api.handler,
-            f"AwsSolutions-IAM5[{objects}]",
+            f"AwsSolutions-IAM5[{results}]",
             "s3:GetObject on the results/ prefix only: GET /tasks/{key}/result reads a large result.",
+        )
+        acknowledge(
+            system.api.handler,
+            f"AwsSolutions-IAM5[{payloads}]",
+            "s3:PutObject on the payloads/ prefix only: a large payload is stored before its task is put.",
         )

@@ -20,7 +20,7 @@ from constructs import Construct
 
 from infra import constants as c
 from infra.components.function import LOG_RETENTION, CoworkerFunction
-from infra.components.results import grant_results
+from infra.components.results import PAYLOAD_PREFIX, RESULT_PREFIX, grant_objects
 from infra.config import StackConfig
 
 
@@ -76,8 +76,9 @@ class TaskApi(Construct):
         )
         table.grant_read_write_data(handler.function)
         worker.grant_invoke(handler.function)
-        if self._results_bucket is not None:  # GET /tasks/{key}/result reads large results
-            grant_results(self._results_bucket, handler.function, "s3:GetObject")
+        if self._results_bucket is not None:  # reads large results, writes large payloads
+            grant_objects(self._results_bucket, handler.function, "s3:GetObject", RESULT_PREFIX)
+            grant_objects(self._results_bucket, handler.function, "s3:PutObject", PAYLOAD_PREFIX)
         return handler
 
     def _build_rest_api(self, function: lambda_.IFunction) -> apigw.RestApi:

@@ -17,7 +17,7 @@ from constructs import Construct
 from infra import constants as c
 from infra.bundling import worker_code
 from infra.components.function import CoworkerFunction
-from infra.components.results import grant_results
+from infra.components.results import PAYLOAD_PREFIX, RESULT_PREFIX, grant_objects
 from infra.config import StackConfig
 
 # Least privilege on the table (no wildcards): what each role's library code calls.
@@ -106,8 +106,9 @@ class Processing(Construct):
             on_failure=destinations.SqsDestination(self.dead_letter_queue),
         )
         table.grant(worker.function, *WORKER_TABLE_ACTIONS)
-        if self._results_bucket is not None:  # writes large results, never reads or lists
-            grant_results(self._results_bucket, worker.function, "s3:PutObject")
+        if self._results_bucket is not None:  # writes large results, reads large payloads; never lists
+            grant_objects(self._results_bucket, worker.function, "s3:PutObject", RESULT_PREFIX)
+            grant_objects(self._results_bucket, worker.function, "s3:GetObject", PAYLOAD_PREFIX)
         return worker
 
     def _build_coordinator(

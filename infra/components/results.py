@@ -1,4 +1,4 @@
-"""The results bucket: where results too large for a task's record are kept."""
+"""The results bucket: where results and payloads too large for a task's record are kept."""
 
 from __future__ import annotations
 
@@ -7,14 +7,15 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-# Object prefix of the results (coworker.results.RESULT_PREFIX); grants are limited to it.
+# Object prefixes (coworker.offload.RESULT_PREFIX / PAYLOAD_PREFIX); grants are limited to them.
 RESULT_PREFIX = "results/"
+PAYLOAD_PREFIX = "payloads/"
 
 
-def grant_results(bucket: s3.IBucket, grantee: iam.IGrantable, action: str) -> None:
-    """Exactly ``action`` (``s3:PutObject`` or ``s3:GetObject``) on the results' objects."""
+def grant_objects(bucket: s3.IBucket, grantee: iam.IGrantable, action: str, prefix: str) -> None:
+    """Exactly ``action`` (``s3:PutObject`` or ``s3:GetObject``) on the objects under ``prefix``."""
     grantee.grant_principal.add_to_principal_policy(
-        iam.PolicyStatement(actions=[action], resources=[bucket.arn_for_objects(f"{RESULT_PREFIX}*")])
+        iam.PolicyStatement(actions=[action], resources=[bucket.arn_for_objects(f"{prefix}*")])
     )
 
 

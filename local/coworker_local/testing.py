@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from coworker import dispatch, leases, lifecycle, queries, results
+from coworker import dispatch, leases, lifecycle, offload, queries
 from coworker.bootstrap import configure
 from coworker.config import Settings
 from coworker.model import TaskStatus, utcnow
@@ -145,7 +145,7 @@ class LocalTaskSystem:
         record = lifecycle.get_task(key)
         if record.result_ref is None:
             return record.result
-        return results.load(record.result_ref, results.store_for(self._settings))
+        return offload.load(record.result_ref, offload.store_for(self._settings))
 
     def drain(self, timeout_seconds: float = 120.0) -> list[TaskReport]:
         """Run coordinator ticks and the workers they start until no task is due; returns what the

@@ -14,9 +14,11 @@ from urllib.parse import quote
 import pytest
 from coworker import dispatch, leases, lifecycle
 from coworker.api import create_app
-from coworker.api_models import MAX_BATCH_TASKS, MAX_KEY_CHARS, MAX_PAYLOAD_BYTES
+from coworker.api_models import MAX_BATCH_TASKS, MAX_KEY_CHARS
 from coworker.dispatch import InProcessInvoker
+from coworker.handlers import task_handler
 from coworker.lifecycle import TaskSpec
+from coworker.offload import MAX_RECORD_PAYLOAD_BYTES
 from coworker_local.database import dynamodb_client
 from coworker_local.gateway import LocalLambdaContext, build_proxy_event
 
@@ -148,7 +150,6 @@ def test_batch_without_id_gets_one(api):
 
 # Bad input: a clear 4xx and an unchanged table --------------------------------------------------
 
-BIG = "x" * (MAX_PAYLOAD_BYTES + 1)
 
 BAD_SUBMISSIONS = {
     "malformed JSON": (None, '{"type": "quick",', "body", "not valid JSON"),
@@ -164,8 +165,6 @@ BAD_SUBMISSIONS = {
     "over-long key": ({"key": "k" * (MAX_KEY_CHARS + 1), "type": "q"}, None, "body.key", "at most 512"),
     "control character in key": ({"key": "a\nb", "type": "q"}, None, "body.key", "control characters"),
     "reserved key": ({"key": "batch#x", "type": "q"}, None, "body.key", "reserved for batches"),
-    "payload too large": ({"type": "q", "payload": BIG}, None, "body.payload",
-                          f"limit is {MAX_PAYLOAD_BYTES}"),
     "bad run_at": ({"type": "q", "run_at": "next tuesday"}, None, "body.run_at", "datetime"),
     "empty batch": ({"tasks": []}, None, "body.tasks", "at least 1 item"),
     "batch over the limit": ({"tasks": [{"type": "q"}] * (MAX_BATCH_TASKS + 1)}, None, "body.tasks",
@@ -416,12 +415,12 @@ def result_settings(make_settings, tmp_path):
 
 
 def _finish_with(settings, key: str, value) -> None:
-    from coworker import results
+    from coworker import offload
     from coworker.worker import TaskOutcome, process_task  # noqa: F401
 
     lifecycle.put_task(TaskSpec(key=key, type="quick"), settings)
     claim = lifecycle.claim(key, "w-1", settings)
-    prepared = results.prepare(value, settings, results.store_for(settings), key=key, attempt=1, owner="w-1")
+    prepared = offload.prepare_result(value, settings, offload.store_for(settings), key=key, attempt=1, owner="w-1")
     lifecycle.complete(claim, settings, result=prepared.inline,
                        result_ref=prepared.stored.to_dict() if prepared.stored else None)
 
@@ -450,16 +449,61 @@ def test_a_task_without_a_result_yet_is_a_conflict_and_a_missing_one_not_found(r
 
 def test_a_result_too_large_for_a_response_redirects_to_its_link(result_settings, monkeypatch) -> None:
     from coworker import api as api_module
-    from coworker import results
+    from coworker import offload
 
-    class LinkingStore(results.FolderResultStore):
+    class LinkingStore(offload.FolderObjectStore):
         def link(self, uri: str) -> str:
             return "https://results.example.test/object?signed=1"
 
     monkeypatch.setattr(api_module, "MAX_RESULT_RESPONSE_BYTES", 1000)
-    monkeypatch.setattr(results, "store_for", lambda settings: LinkingStore(settings.result_dir))
+    monkeypatch.setattr(offload, "store_for", lambda settings: LinkingStore(settings.result_dir))
     _finish_with(result_settings, "huge", "x" * 5000)
     status, body, response = Api(result_settings).call("GET", "/tasks/huge/result")
     assert status == 303
     assert response["multiValueHeaders"].get("Location", [None])[0] or response["headers"]["Location"]
     assert body == {"location": "https://results.example.test/object?signed=1", "bytes": 5002}
+
+
+# Payloads over the record's budget ---------------------------------------------------------
+
+
+def test_a_payload_too_large_without_a_store_is_413_and_writes_nothing(api):
+    api.call("POST", "/tasks", {"key": "existing", "type": "quick"})
+    before = api.items()
+    # Counted as DynamoDB stores it: "é" takes 6 bytes as an escape, so this is far over 256 KB.
+    status, answer, _ = api.call("POST", "/tasks", {"type": "quick", "payload": "é" * 50_000})
+    assert (status, answer["error"]) == (413, "payload_too_large")
+    assert f"the limit is {MAX_RECORD_PAYLOAD_BYTES} bytes" in answer["message"]
+    batch = {"tasks": [{"key": "fine", "type": "quick"}, {"key": "huge", "type": "quick", "payload": "x" * 300_000}]}
+    status, answer, _ = api.call("POST", "/tasks", batch)
+    assert status == 413 and "task 2 (key 'huge')" in answer["message"]
+    assert api.items() == before
+
+
+def test_large_payloads_go_to_the_store_and_reach_the_handler_whole(make_settings, tmp_path):
+    settings = make_settings(result_dir=str(tmp_path / "objects"), inline_payload_bytes=1024,
+                             max_payload_bytes=3_000_000)
+    api = Api(settings)
+    payload = {"rows": ["é" * 50] * 20_000}  # about 2 MB of JSON
+    status, _, _ = api.call("POST", "/tasks", {"key": "big-payload", "type": "quick", "payload": payload})
+    assert status == 201
+    status, task, _ = api.call("GET", "/tasks/big-payload")
+    assert task["payload"] is None and task["payload_ref"]["bytes"] > 2_000_000
+    seen = []
+
+    @task_handler("test-payload-echo")
+    def echo(payload, context):
+        seen.append(payload)
+        return {"rows": len(payload["rows"])}
+
+    api.call("POST", "/tasks", {"tasks": [{"key": "echo", "type": "test-payload-echo", "payload": payload},
+                                          {"key": "echo-small", "type": "test-payload-echo",
+                                           "payload": {"rows": [1]}}]})
+    _run_all(settings)
+    assert seen and all(p in (payload, {"rows": [1]}) for p in seen) and len(seen) == 2
+    assert api.call("GET", "/tasks/echo")[1]["result"] == {"rows": 20_000}
+    # Over the maximum: refused, nothing written.
+    status, answer, _ = api.call("POST", "/tasks", {"key": "too-big", "type": "quick",
+                                                    "payload": "x" * 3_100_000})
+    assert status == 413 and "COWORKER_MAX_PAYLOAD_BYTES" in answer["message"]
+    assert api.call("GET", "/tasks/too-big")[0] == 404

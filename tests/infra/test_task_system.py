@@ -170,16 +170,20 @@ def test_large_results_go_to_a_private_bucket_the_worker_writes_and_the_api_read
         assert env["COWORKER_RESULT_BUCKET"] == {"Ref": bucket_id}, role
         assert env["COWORKER_INLINE_RESULT_BYTES"] == "1024", role
     assert "COWORKER_RESULT_BUCKET" not in functions["coordinator"]["Environment"]["Variables"]
-    s3_grants = {}
+    by_role: dict[str, set] = {}
     for resource in raw["Resources"].values():
         if resource["Type"] != "AWS::IAM::Policy":
             continue
+        name = resource["Properties"]["PolicyName"]
+        role = "worker" if "Worker" in name else "api" if "Api" in name else name
         for statement in resource["Properties"]["PolicyDocument"]["Statement"]:
             actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
             if any(a.startswith("s3:") for a in actions):
-                s3_grants[resource["Properties"]["PolicyName"]] = (actions, json.dumps(statement["Resource"]))
-    assert sorted(actions for actions, _ in s3_grants.values()) == [["s3:GetObject"], ["s3:PutObject"]]
-    assert all(bucket_id in resource and "/results/*" in resource for _, resource in s3_grants.values())
+                where = json.dumps(statement["Resource"])
+                assert bucket_id in where
+                by_role.setdefault(role, set()).update((action, where.split("/")[-2]) for action in actions)
+    assert by_role == {"worker": {("s3:PutObject", "results"), ("s3:GetObject", "payloads")},
+                       "api": {("s3:GetObject", "results"), ("s3:PutObject", "payloads")}}
 
 
 def test_without_the_bucket_no_bucket_and_no_setting(tmp_path) -> None:

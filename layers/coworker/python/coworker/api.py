@@ -36,7 +36,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValida
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from pydantic import BaseModel
 
-from coworker import batches, dispatch, lifecycle, results, schema
+from coworker import batches, dispatch, lifecycle, offload, schema
 from coworker.api_models import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
@@ -101,6 +101,7 @@ ERROR_STATUS: dict[type[CoworkerError], tuple[HTTPStatus, str]] = {
     TaskNotFoundError: (HTTPStatus.NOT_FOUND, "task_not_found"),
     batches.BatchNotFoundError: (HTTPStatus.NOT_FOUND, "batch_not_found"),
     TaskStateConflictError: (HTTPStatus.CONFLICT, "conflict"),
+    offload.PayloadTooLargeError: (HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "payload_too_large"),
     BadRequestError: (HTTPStatus.BAD_REQUEST, "bad_request"),
     StorageError: (HTTPStatus.SERVICE_UNAVAILABLE, "storage_unavailable"),
     ConfigurationError: (HTTPStatus.INTERNAL_SERVER_ERROR, "configuration_error"),
@@ -112,6 +113,7 @@ _ERROR_RESPONSES: dict[int, Any] = {
         (400, "Bad request"),
         (404, "Not found"),
         (409, "The task's state does not allow this"),
+        (413, "A payload is too large, even for the object store"),
         (422, "Invalid input: every problem is listed with its location"),
     )
 }
@@ -380,7 +382,7 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
             return _json(status, answer)
         assert isinstance(body, BatchIn)
         batch_id = body.batch_id or uuid.uuid4().hex
-        specs = [_spec(task, batch_id) for task in body.tasks]
+        specs = lifecycle.stage_payloads([_spec(task, batch_id) for task in body.tasks], settings)
         items = [lifecycle.new_task(spec, settings, now) for spec in specs]
         created = batches.put_tasks(items, batch_id, now)
         results = [PutResult(key=spec.key, outcome="created" if made else "exists")
@@ -398,7 +400,7 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
     def read_task(key: str) -> TaskOut:
         record = lifecycle.get_task(_task_key(key)).to_dict()
         if record["result_ref"] is not None:
-            store = results.store_for(settings)
+            store = offload.store_for(settings)
             link = store.link(record["result_ref"]["uri"]) if store is not None else None
             record["result_ref"] = {**record["result_ref"], "url": link}
         return TaskOut.model_validate(record)
@@ -418,14 +420,14 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
         if task.result_ref is None:
             return Response(status_code=200, content_type=content_types.APPLICATION_JSON,
                             body=json.dumps(task.result))
-        store = results.store_for(settings)
+        store = offload.store_for(settings)
         size = int(task.result_ref.get("bytes", 0))
         link = store.link(task.result_ref["uri"]) if store is not None else None
         if size > MAX_RESULT_RESPONSE_BYTES and link:
             return Response(status_code=303, content_type=content_types.APPLICATION_JSON, headers={"Location": link},
                             body=json.dumps({"location": link, "bytes": size}))
         return Response(status_code=200, content_type=content_types.APPLICATION_JSON,
-                        body=results.read(task.result_ref, store).decode())
+                        body=offload.read(task.result_ref, store).decode())
 
     @app.get("/tasks", summary="List tasks of one status (a page of the status index)", tags=["tasks"],
              responses=_ERROR_RESPONSES)

@@ -7,7 +7,6 @@ the limits below are what the document states and what the API enforces.
 from __future__ import annotations
 
 import enum
-import json
 import unicodedata
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
@@ -27,7 +26,6 @@ from coworker.batches import BATCH_KEY_PREFIX
 MAX_BATCH_TASKS = 1000
 MAX_KEY_CHARS = 512  # DynamoDB allows 2048 bytes; 512 characters of UTF-8 always fit
 MAX_TYPE_CHARS = 128
-MAX_PAYLOAD_BYTES = 256 * 1024  # serialized JSON; a DynamoDB item holds 400 KB in all
 MAX_ATTEMPTS_CEILING = 100
 MAX_PRIORITY = 2**31 - 1
 BATCH_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -77,7 +75,9 @@ class TaskIn(_Strict):
     )
     type: str = Field(min_length=1, max_length=MAX_TYPE_CHARS,
                       description="Task type: selects the registered handler.")
-    payload: Any = Field(None, description=f"Any JSON value, at most {MAX_PAYLOAD_BYTES} bytes serialized.")
+    payload: Any = Field(None, description="Any JSON value. Up to COWORKER_INLINE_PAYLOAD_BYTES (16 KB as "
+                                           "stored) it stays on the record; larger ones are kept in the object "
+                                           "store, up to COWORKER_MAX_PAYLOAD_BYTES (5 MB of JSON); above: 413.")
     max_attempts: int | None = Field(None, ge=1, le=MAX_ATTEMPTS_CEILING,
                                      description="Attempt ceiling; default COWORKER_MAX_ATTEMPTS.")
     run_at: datetime | None = Field(None, description="ISO-8601 time before which the task is not run "
@@ -100,14 +100,6 @@ class TaskIn(_Strict):
     @classmethod
     def _type_is_usable(cls, value: str) -> str:
         return _no_control_characters(value, "type")
-
-    @field_validator("payload")
-    @classmethod
-    def _payload_fits(cls, value: Any) -> Any:
-        size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
-        if size > MAX_PAYLOAD_BYTES:
-            raise ValueError(f"payload is {size} bytes serialized; the limit is {MAX_PAYLOAD_BYTES} bytes")
-        return value
 
     @field_validator("run_at")
     @classmethod

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coworker import batches, handlers, model, results
+from coworker import batches, handlers, model, offload
 from coworker.config import Settings
 
 
@@ -12,6 +12,6 @@ def configure(settings: Settings | None = None) -> Settings:
     model.bind(settings)
     model.build_clients()  # once per process, before any worker thread needs one
     batches.build_client()
-    results.store_for(settings)
+    offload.store_for(settings)
     handlers.load_handler_modules(settings.handler_module_list)
     return settings

@@ -86,12 +86,18 @@ class Settings(BaseModel):
     inline_result_bytes: int = Field(4096, ge=256, le=65536, alias="COWORKER_INLINE_RESULT_BYTES",
                                      description="Results up to this size (compact JSON) stay on the task's "
                                                  "record; larger ones go to the result store.")
+    inline_payload_bytes: int = Field(16384, ge=256, le=262144, alias="COWORKER_INLINE_PAYLOAD_BYTES",
+                                      description="Payloads up to this size (as stored) stay on the task's "
+                                                  "record; larger ones go to the object store.")
+    max_payload_bytes: int = Field(5 * 1024 * 1024, ge=1024, alias="COWORKER_MAX_PAYLOAD_BYTES",
+                                   description="Largest payload accepted (compact JSON), kept in the object "
+                                               "store; an API request body holds at most about 6 MB.")
     max_result_bytes: int = Field(100 * 1024 * 1024, ge=1024, alias="COWORKER_MAX_RESULT_BYTES",
                                   description="Largest result kept in the result store; above it the record "
                                               "keeps a note and a preview.")
     example_handlers: bool = Field(True, alias="COWORKER_EXAMPLE_HANDLERS",
                                    description="Also register the example task types (quick, slow, flaky, "
-                                               "always-fail) that the demo and the tests use.")
+                                               "always-fail, crawl) that the demo and the tests use.")
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

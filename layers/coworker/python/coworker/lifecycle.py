@@ -34,7 +34,7 @@ from pynamodb.constants import NONE
 from pynamodb.exceptions import DoesNotExist, PutError, UpdateError
 from pynamodb.expressions.condition import Condition
 
-from coworker import batches
+from coworker import batches, offload
 from coworker.config import Settings
 from coworker.errors import StorageError, TaskNotFoundError
 from coworker.handlers import FollowUp
@@ -57,6 +57,24 @@ class TaskSpec:
     batch_id: str | None = None
     priority: int | None = None
     parent: str | None = None  # the task that spawned this one (a follow-up)
+    payload_ref: dict[str, Any] | None = None  # set by stage_payloads: the payload is in the store
+
+
+def stage_payloads(specs: Sequence[TaskSpec], settings: Settings) -> list[TaskSpec]:
+    """Check every payload's size (raises ``PayloadTooLargeError`` naming the task, before anything
+    is written), then move the large ones to the object store; returns the specs to put."""
+    store = offload.store_for(settings)
+    for number, spec in enumerate(specs, start=1):
+        try:
+            offload.check_payload(spec.payload, settings, store is not None)
+        except offload.PayloadTooLargeError as exc:
+            where = f"task {number} (key {spec.key!r})" if len(specs) > 1 else f"task {spec.key!r}"
+            raise offload.PayloadTooLargeError(f"{where}: {exc}") from None
+    staged = []
+    for spec in specs:
+        payload, ref = offload.stage_payload(spec.payload, settings, store, key=spec.key)
+        staged.append(dataclasses.replace(spec, payload=payload, payload_ref=ref.to_dict()) if ref else spec)
+    return staged
 
 
 class PutOutcome(str, enum.Enum):
@@ -143,6 +161,7 @@ def new_task(spec: TaskSpec, settings: Settings, now: datetime) -> TaskModel:
         spec.key,
         task_type=spec.type,
         payload=spec.payload,
+        payload_ref=spec.payload_ref,
         status=TaskStatus.TODO.value,
         due_at=first_due_at(spec, now),
         created_at=now,
@@ -158,9 +177,12 @@ def new_task(spec: TaskSpec, settings: Settings, now: datetime) -> TaskModel:
 def put_task(spec: TaskSpec, settings: Settings, now: datetime | None = None) -> PutOutcome:
     """Create a task in ``todo``; a task whose key exists is left exactly as it is.
 
-    A task with a ``batch_id`` is put together with its batch's total (one transaction).
+    A task with a ``batch_id`` is put together with its batch's total (one transaction). A large
+    payload goes to the object store first (:func:`stage_payloads`); one too large for any store
+    raises ``offload.PayloadTooLargeError`` and nothing is written.
     """
     now = now or utcnow()
+    (spec,) = stage_payloads([spec], settings)
     task = new_task(spec, settings, now)
     if spec.batch_id:
         created = batches.put_tasks([task], spec.batch_id, now)[0]
@@ -309,9 +331,10 @@ def put_follow_ups(claim: Claim, follow_ups: Sequence[FollowUp], settings: Setti
         spec = TaskSpec(key=follow_up.key, type=follow_up.type, payload=follow_up.payload,
                         max_attempts=follow_up.max_attempts, run_at=follow_up.run_at, batch_id=batch_id,
                         priority=follow_up.priority, parent=claim.key)
-        groups.setdefault(batch_id, []).append(new_task(spec, settings, now))
+        groups.setdefault(batch_id, []).append(spec)
     try:
-        for tasks in groups.values():
+        for specs in groups.values():
+            tasks = [new_task(spec, settings, now) for spec in stage_payloads(specs, settings)]
             batches.put_guarded(tasks, claim.key, _fenced(claim), now)
     except batches.GuardFailedError:
         return False

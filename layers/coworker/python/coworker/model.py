@@ -92,6 +92,8 @@ class TaskModel(Model):
     key = UnicodeAttribute(hash_key=True, attr_name=schema.PARTITION_KEY)
     task_type = UnicodeAttribute(attr_name="type")
     payload = JSONAttribute(null=True)
+    # A payload too large for the record: {"uri", "bytes", "sha256"} in the object store.
+    payload_ref = JSONAttribute(null=True)
     status = UnicodeAttribute(attr_name=schema.STATUS_INDEX_PARTITION_KEY)
     due_at = UTCDateTimeAttribute(null=True, attr_name=schema.STATUS_INDEX_SORT_KEY)
     created_at = UTCDateTimeAttribute()
@@ -123,6 +125,7 @@ class TaskModel(Model):
             "type": self.task_type,
             "status": self.status,
             "payload": self.payload,
+            "payload_ref": self.payload_ref,
             "attempts": int(self.attempts or 0),
             "max_attempts": int(self.max_attempts),
             "created_at": iso(self.created_at),

@@ -23,7 +23,7 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from coworker import leases, lifecycle, queries, results
+from coworker import leases, lifecycle, offload, queries
 from coworker.config import Settings
 from coworker.errors import InvalidEventError, StorageError, TaskFailedError, UnknownTaskTypeError
 from coworker.handlers import TaskContext, get_handler
@@ -96,12 +96,18 @@ class TaskReport:
     source: TaskSource = TaskSource.HINT
 
 
-def _run_handler(claim: Claim, context: TaskContext) -> tuple[Any, ErrorRecord | None, bool]:
-    """Run the task's handler in this thread: ``(result, error, retryable)``."""
+def _run_handler(claim: Claim, context: TaskContext, settings: Settings) -> tuple[Any, ErrorRecord | None, bool]:
+    """Run the task's handler in this thread: ``(result, error, retryable)``.
+
+    A payload kept in the object store is read first; failing to read it is a system error.
+    """
     task = claim.task
     try:
         handler = get_handler(task.task_type)
-        return handler(task.payload, context), None, True
+        payload = task.payload
+        if task.payload_ref is not None:
+            payload = offload.load(task.payload_ref, offload.store_for(settings))
+        return handler(payload, context), None, True
     except UnknownTaskTypeError as exc:
         logger.error("unknown task type", extra={"task_type": task.task_type})
         return None, lifecycle.error_record(claim.attempt, ErrorKind.UNKNOWN_TYPE, str(exc), utcnow()), True
@@ -123,9 +129,13 @@ def _record(claim: Claim, settings: Settings, context: TaskContext, result: Any,
         except StorageError as exc:  # the retry asks for the same keys again
             logger.warning("could not put the follow-up tasks", extra={"error": str(exc)})
             error = lifecycle.error_from_exception(claim.attempt, ErrorKind.SYSTEM, exc, utcnow())
+        except offload.PayloadTooLargeError as exc:  # a retry would ask for the same payload
+            error = lifecycle.error_record(claim.attempt, ErrorKind.SYSTEM,
+                                           f"a follow-up task was refused: {exc}", utcnow())
+            retryable = False
     if error is None:
         try:
-            prepared = results.prepare(result, settings, results.store_for(settings), key=claim.key,
+            prepared = offload.prepare_result(result, settings, offload.store_for(settings), key=claim.key,
                                        attempt=claim.attempt, owner=claim.owner)
         except StorageError as exc:  # the store refused it: the retry runs the handler again
             logger.warning("could not store the result", extra={"error": str(exc)})
@@ -432,7 +442,7 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float,
     started = time.monotonic()
     running = heartbeat.watch(claim, context) if heartbeat is not None else Running(claim, context)
     try:
-        result, error, retryable = _run_handler(claim, context)
+        result, error, retryable = _run_handler(claim, context, settings)
         with running.lock:
             running.done = True
             timed_out = running.timed_out

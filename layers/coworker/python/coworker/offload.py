@@ -1,5 +1,10 @@
-"""Results of any size: small ones stay on the task's record, larger ones go to a result store.
+"""Results and payloads of any size: small ones stay on the task's record, larger ones go to an
+object store (an S3 bucket on AWS, ``COWORKER_RESULT_BUCKET``; a folder in local runs,
+``COWORKER_RESULT_DIR``). Every write to a task item costs a write unit per KB of the whole item,
+and a task is written four times or more (put, claim, heartbeats, finish), so keeping records
+small is what keeps DynamoDB cheap; an S3 PUT and GET cost about as much as 4 write units.
 
+**Results.**
 A handler's return value is serialised as JSON. Up to ``inline_result_bytes`` it is kept on the
 record (``result``); above, it is written to the result store (an S3 bucket on AWS,
 ``COWORKER_RESULT_BUCKET``; a folder in local runs, ``COWORKER_RESULT_DIR``) and the record gets
@@ -10,6 +15,13 @@ and a preview; the result is never dropped without a word.
 Objects are named ``results/<sha256 of the key>/<attempt>-<owner>.json``: every attempt writes its
 own object, so a stale attempt can never overwrite the result of a newer one, and only the attempt
 that records ``finished`` (fenced) points the record at its object.
+
+**Payloads.** A payload larger than ``inline_payload_bytes`` (counted as DynamoDB stores it) is
+written to ``payloads/<sha256 of the key>/<sha256 of the payload>.json`` before the task is put,
+and the record gets ``payload_ref``; the worker reads it before it calls the handler. A re-submit
+of an existing key with another payload writes another object and leaves the task as it was.
+Above ``max_payload_bytes``, or above ``MAX_RECORD_PAYLOAD_BYTES`` where there is no store, the
+put is refused with :class:`PayloadTooLargeError` before anything is written.
 """
 
 from __future__ import annotations
@@ -26,17 +38,21 @@ from coworker.config import Settings
 from coworker.errors import CoworkerError, StorageError
 
 RESULT_PREFIX = "results/"
+PAYLOAD_PREFIX = "payloads/"
+# Without an object store, payloads stay on the record up to this size (as stored): a DynamoDB
+# item holds 400 KB, and the record needs room for its error history and result.
+MAX_RECORD_PAYLOAD_BYTES = 256 * 1024
 PREVIEW_CHARS = 200
 PRESIGNED_URL_SECONDS = 3600
 
 
-class ResultTooLargeError(CoworkerError):
-    """A stored result is too large to return in an API response (fetch it from its link)."""
+class PayloadTooLargeError(CoworkerError):
+    """A payload is larger than Coworker accepts (see :func:`check_payload`)."""
 
 
 @dataclasses.dataclass(frozen=True)
-class StoredResult:
-    """What a record holds about a result in the store (its ``result_ref``)."""
+class StoredObject:
+    """What a record holds about an object in the store (its ``result_ref`` or ``payload_ref``)."""
 
     uri: str
     bytes: int
@@ -46,11 +62,11 @@ class StoredResult:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, value: dict[str, Any]) -> StoredResult:
+    def from_dict(cls, value: dict[str, Any]) -> StoredObject:
         return cls(uri=str(value["uri"]), bytes=int(value["bytes"]), sha256=str(value["sha256"]))
 
 
-class ResultStore(Protocol):
+class ObjectStore(Protocol):
     """Where results larger than the record's budget go."""
 
     def put(self, name: str, body: bytes) -> str:
@@ -62,7 +78,7 @@ class ResultStore(Protocol):
         """A URL a client may fetch the object from directly (presigned), or None."""
 
 
-class S3ResultStore:
+class S3ObjectStore:
     """Results in an S3 bucket (the stack's results bucket), through boto3."""
 
     def __init__(self, bucket: str, region: str, client: Any = None) -> None:
@@ -98,7 +114,7 @@ class S3ResultStore:
         return parsed.netloc, parsed.path.lstrip("/")
 
 
-class FolderResultStore:
+class FolderObjectStore:
     """Results in a folder: the local runtime's stand-in for the bucket."""
 
     def __init__(self, folder: str | Path) -> None:
@@ -128,20 +144,20 @@ class FolderResultStore:
         return None
 
 
-def store_from_settings(settings: Settings) -> ResultStore | None:
+def store_from_settings(settings: Settings) -> ObjectStore | None:
     """A new result store for ``settings``: the bucket, else the folder, else none."""
     if settings.result_bucket:
-        return S3ResultStore(settings.result_bucket, settings.region)
+        return S3ObjectStore(settings.result_bucket, settings.region)
     if settings.result_dir:
-        return FolderResultStore(settings.result_dir)
+        return FolderObjectStore(settings.result_dir)
     return None
 
 
-_stores: dict[tuple[str | None, str | None, str], ResultStore | None] = {}
+_stores: dict[tuple[str | None, str | None, str], ObjectStore | None] = {}
 _stores_lock = threading.Lock()
 
 
-def store_for(settings: Settings) -> ResultStore | None:
+def store_for(settings: Settings) -> ObjectStore | None:
     """The result store of ``settings``, built once per process and shared by its threads
     (``bootstrap.configure`` builds it before any worker thread starts)."""
     cache_key = (settings.result_bucket, settings.result_dir, settings.region)
@@ -163,10 +179,10 @@ class PreparedResult:
     """What the record gets for a handler's return value: ``inline`` or ``stored`` (or a note)."""
 
     inline: Any = None
-    stored: StoredResult | None = None
+    stored: StoredObject | None = None
 
 
-def prepare(result: Any, settings: Settings, store: ResultStore | None, *, key: str, attempt: int,
+def prepare_result(result: Any, settings: Settings, store: ObjectStore | None, *, key: str, attempt: int,
             owner: str) -> PreparedResult:
     """Decide where ``result`` goes, writing it to the store if it is too large for the record.
 
@@ -191,19 +207,62 @@ def prepare(result: Any, settings: Settings, store: ResultStore | None, *, key: 
             "note": f"result of {len(body)} bytes not kept: over COWORKER_MAX_RESULT_BYTES "
                     f"({settings.max_result_bytes})", "preview": preview})
     uri = store.put(object_name(key, attempt, owner), body)
-    return PreparedResult(stored=StoredResult(uri=uri, bytes=len(body), sha256=hashlib.sha256(body).hexdigest()))
+    return PreparedResult(stored=StoredObject(uri=uri, bytes=len(body), sha256=hashlib.sha256(body).hexdigest()))
 
 
-def load(ref: dict[str, Any], store: ResultStore | None) -> Any:
+def stored_size(value: Any) -> int:
+    """Bytes ``value`` takes on the record: pynamodb stores JSON with ASCII escapes and spaces."""
+    return len(json.dumps(value).encode())
+
+
+def check_payload(payload: Any, settings: Settings, has_store: bool) -> int:
+    """The payload's size as stored on the record; raises :class:`PayloadTooLargeError` when no
+    put could take it (checked for a whole batch before anything is written)."""
+    if payload is None:
+        return 0
+    size = stored_size(payload)
+    if size <= settings.inline_payload_bytes:
+        return size
+    if not has_store:
+        if size <= MAX_RECORD_PAYLOAD_BYTES:
+            return size
+        raise PayloadTooLargeError(
+            f"payload is {size} bytes as stored; without an object store (COWORKER_RESULT_BUCKET or "
+            f"COWORKER_RESULT_DIR) the limit is {MAX_RECORD_PAYLOAD_BYTES} bytes")
+    compact = len(_compact(payload))
+    if compact > settings.max_payload_bytes:
+        raise PayloadTooLargeError(
+            f"payload is {compact} bytes of JSON; the limit is {settings.max_payload_bytes} bytes "
+            "(COWORKER_MAX_PAYLOAD_BYTES): put the data somewhere else and pass its address")
+    return size
+
+
+def stage_payload(payload: Any, settings: Settings, store: ObjectStore | None, *, key: str
+                  ) -> tuple[Any, StoredObject | None]:
+    """``(payload for the record, reference)``: a payload over ``inline_payload_bytes`` is written to
+    the store (when there is one) and replaced by its reference. Call :func:`check_payload` first."""
+    if payload is None or store is None or stored_size(payload) <= settings.inline_payload_bytes:
+        return payload, None
+    body = _compact(payload)
+    digest = hashlib.sha256(body).hexdigest()
+    name = f"{PAYLOAD_PREFIX}{hashlib.sha256(key.encode()).hexdigest()}/{digest}.json"
+    return None, StoredObject(uri=store.put(name, body), bytes=len(body), sha256=digest)
+
+
+def _compact(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def load(ref: dict[str, Any], store: ObjectStore | None) -> Any:
     """The full result a record's ``result_ref`` points to, checked against its SHA-256."""
     return json.loads(read(ref, store))
 
 
-def read(ref: dict[str, Any], store: ResultStore | None) -> bytes:
+def read(ref: dict[str, Any], store: ObjectStore | None) -> bytes:
     """The stored JSON of a record's ``result_ref``, as written, checked against its SHA-256."""
-    stored = StoredResult.from_dict(ref)
+    stored = StoredObject.from_dict(ref)
     if store is None:
-        raise StorageError("this task's result is in a result store, and none is configured here")
+        raise StorageError(f"{stored.uri!r} is in an object store, and none is configured here")
     body = store.get(stored.uri)
     if hashlib.sha256(body).hexdigest() != stored.sha256:
         raise StorageError(f"result {stored.uri!r} does not match its recorded checksum")
