@@ -74,7 +74,7 @@ def test_a_stale_attempt_puts_no_follow_ups(system) -> None:
     context = make_context(parent, attempt=stale.attempt)
     for n in range(2):
         context.spawn("quick", {"n": n})
-    assert lifecycle.put_follow_ups(stale, context.follow_ups, settings) is False
+    assert lifecycle.complete(stale, settings, follow_ups=context.follow_ups) is lifecycle.RecordOutcome.LOST
     for follow_up in context.follow_ups:
         with pytest.raises(Exception, match="no task"):
             system.get(follow_up.key)
@@ -107,24 +107,42 @@ def test_spawn_refuses_what_the_api_would_refuse() -> None:
         context.spawn("quick")
 
 
-def test_a_follow_up_that_cannot_be_stored_fails_the_attempt_and_its_retry_completes(system, monkeypatch) -> None:
-    parent = system.put("test-spawn", {"children": 2}, max_attempts=3)
+@pytest.mark.parametrize("children", [2, 150], ids=["folded", "chunked-then-folded"])
+def test_a_completion_that_cannot_be_written_fails_the_attempt_and_its_retry_puts_each_once(
+        system, monkeypatch, children) -> None:
+    """Up to 98 follow-ups are put in the completion's own transaction: all or nothing. More are
+    put first (fenced); if the completion then fails, the retry finds them and counts none twice."""
+    parent = system.put("test-spawn", {"children": children, "inherit": True}, max_attempts=3,
+                        batch_id=f"b-{children}")
     calls = []
-    real = batches.put_guarded
+    real = batches.update_task_and_put
 
-    def flaky_put(*args, **kwargs):
+    def failing_once(*args, **kwargs):
         calls.append(1)
         if len(calls) == 1:
             raise batches.StorageError("DynamoDB is throttling")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(batches, "put_guarded", flaky_put)
+    monkeypatch.setattr(batches, "update_task_and_put", failing_once)
     report = process_task(parent, "w-1", system.settings, deadline=float("inf"))
     assert report.outcome is TaskOutcome.FAILED
     record = system.get(parent)
     assert record["errors"][0]["kind"] == "system" and "throttling" in record["errors"][0]["message"]
+    written_before = [key for key in _spawned_by[parent] if _exists(key)]
+    assert len(written_before) == max(0, children - 98)  # the folded ones went with the failed write
     system.drain()
-    assert system.get(parent)["status"] == "finished" and system.get(f"{parent}/2")["status"] == "finished"
+    assert system.get(parent)["status"] == "finished"
+    assert all(system.get(key)["status"] == "finished" for key in _spawned_by[parent])
+    progress = batches.get_batch(f"b-{children}")
+    assert (progress.total, progress.finished, progress.done) == (children + 1, children + 1, True)
+
+
+def _exists(key: str) -> bool:
+    try:
+        lifecycle.get_task(key)
+    except Exception:  # noqa: BLE001 - TaskNotFoundError
+        return False
+    return True
 
 
 @pytest.mark.slow

@@ -42,7 +42,7 @@ BATCH_KEY_PREFIX = "batch#"
 MAX_TRANSACTION_ITEMS = 100
 MAX_TRANSACTION_BYTES = 4 * 1024 * 1024
 # Leave room for the counter update and request overhead.
-_PUT_CHUNK_BYTES = MAX_TRANSACTION_BYTES - 256 * 1024
+PUT_CHUNK_BYTES = MAX_TRANSACTION_BYTES - 256 * 1024
 CONFLICT_ATTEMPTS = 10
 _RETRIED_REASONS = frozenset({"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"})
 _CONDITION_FAILED = "ConditionalCheckFailed"
@@ -188,6 +188,45 @@ def update_task(task: TaskModel, actions: list, condition: Condition, delta: Bat
     return True
 
 
+def update_task_and_put(task: TaskModel, actions: list, condition: Condition, delta: BatchDelta | None,
+                        new_tasks: Sequence[TaskModel], now: datetime | None = None) -> bool:
+    """Apply a conditional task update and create ``new_tasks`` (each only if its key is new), in
+    one transaction; ``False`` (nothing written) when ``condition`` does not hold.
+
+    New tasks may carry the updated task's batch id (its ``total`` grows by those created, in the
+    same counter update as ``delta``) or none. At most :func:`fold_room` new tasks fit.
+    """
+    now = now or utcnow()
+    batch_id = task.batch_id
+    if any(new.batch_id not in (None, batch_id) for new in new_tasks):
+        raise ValueError("new tasks may only join the updated task's batch")
+    pending = list(range(len(new_tasks)))
+    while True:
+        def build(transaction: TransactWrite, pending: list[int] = pending) -> None:
+            for index in pending:
+                transaction.save(new_tasks[index], condition=TaskModel.key.does_not_exist())
+            transaction.update(task, actions=actions, condition=condition)
+            joining = sum(1 for index in pending if new_tasks[index].batch_id)
+            if batch_id and (delta is not None or joining):
+                counters = _counter_actions(delta or BatchDelta(), now)
+                if joining:
+                    counters.append(BatchModel.total.add(joining))
+                transaction.update(BatchModel(batch_key(batch_id)), actions=counters)
+
+        reasons = _transact(build, f"update task {task.key!r} with {len(pending)} new tasks")
+        if reasons is None:
+            return True
+        # Puts come first (in order), then the task's update, then the counter's.
+        if reasons[len(pending)] == _CONDITION_FAILED:
+            return False
+        pending = [index for index, code in zip(pending, reasons, strict=False) if code != _CONDITION_FAILED]
+
+
+def fold_room(batch_id: str | None) -> int:
+    """How many new tasks fit in one transaction next to a task's update and its batch counter."""
+    return MAX_TRANSACTION_ITEMS - 1 - (1 if batch_id else 0)
+
+
 def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = None) -> list[bool]:
     """Create ``tasks`` (all with ``batch_id``) and add the created ones to the batch's total.
 
@@ -237,20 +276,20 @@ def _put_in_chunks(tasks: Sequence[TaskModel], batch_id: str | None, now: dateti
     chunk: list[int] = []
     size = 0
     for index, task in enumerate(tasks):
-        item_size = _item_size(task)
-        if chunk and (len(chunk) >= room or size + item_size > _PUT_CHUNK_BYTES):
+        size_of_task = item_size(task)
+        if chunk and (len(chunk) >= room or size + size_of_task > PUT_CHUNK_BYTES):
             if not _put_chunk(tasks, chunk, batch_id, now, created, guard):
                 return None
             chunk, size = [], 0
         chunk.append(index)
-        size += item_size
+        size += size_of_task
     if chunk and not _put_chunk(tasks, chunk, batch_id, now, created, guard):
         return None
     return created
 
 
-def _item_size(task: TaskModel) -> int:
-    # Attribute names plus values; a close upper bound of DynamoDB's own item size.
+def item_size(task: TaskModel) -> int:
+    """Attribute names plus values: a close upper bound of DynamoDB's own item size."""
     serialized = task.serialize()
     return sum(len(name.encode()) + len(repr(value).encode()) for name, value in serialized.items())
 

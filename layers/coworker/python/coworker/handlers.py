@@ -67,9 +67,10 @@ class TaskContext:
               inherit_batch: bool = False) -> str:
         """Ask for a follow-up task; returns its key.
 
-        Nothing is written until this attempt finishes: then the follow-ups are put, fenced by
-        this attempt's claim (a stale attempt puts none), before the task is recorded finished. A
-        failed attempt's follow-ups are dropped (its retry asks again). Keys make it idempotent:
+        Nothing is written until this attempt finishes: then the follow-ups are put with the
+        task's completion, in its transaction as far as DynamoDB's limits allow, fenced by this
+        attempt's claim (a stale attempt puts none). A failed attempt's follow-ups are dropped
+        (its retry asks again). Keys make it idempotent:
         a key that exists is left as it is, so a retried parent, or two parents naming the same
         page, put it once. Default key ``<this key>/<n>``. ``inherit_batch`` puts it in this
         task's batch (its total grows, so the batch is done when the follow-ups are).

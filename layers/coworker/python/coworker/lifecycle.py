@@ -311,41 +311,47 @@ def _fenced_update(claim: Claim, actions: list, outcome: RecordOutcome,
     return outcome
 
 
-def put_follow_ups(claim: Claim, follow_ups: Sequence[FollowUp], settings: Settings,
-                   now: datetime | None = None) -> bool:
-    """Put the follow-up tasks an attempt asked for, each only if its key is new, while the
-    attempt's claim holds (every transaction checks it); ``False`` when the claim was lost.
-
-    Called before :func:`complete`: if the worker dies in between, the task runs again and its
-    retry asks for the same keys, which are then left as they are. A follow-up that inherits
-    the batch adds to the batch's total in the same transaction as its put.
-    """
-    now = now or utcnow()
-    groups: dict[str | None, list[TaskModel]] = {}
-    seen = {claim.key}  # a key asked for twice is put once; the task's own key always exists
+def _follow_up_tasks(claim: Claim, follow_ups: Sequence[FollowUp], settings: Settings,
+                     now: datetime) -> list[TaskModel]:
+    """The items of an attempt's follow-ups: each key once (the task's own key always exists),
+    in the task's batch when they inherit it, large payloads moved to the object store."""
+    specs = []
+    seen = {claim.key}
     for follow_up in follow_ups:
         if follow_up.key in seen:
             continue
         seen.add(follow_up.key)
-        batch_id = claim.task.batch_id if follow_up.inherit_batch else None
-        spec = TaskSpec(key=follow_up.key, type=follow_up.type, payload=follow_up.payload,
-                        max_attempts=follow_up.max_attempts, run_at=follow_up.run_at, batch_id=batch_id,
-                        priority=follow_up.priority, parent=claim.key)
-        groups.setdefault(batch_id, []).append(spec)
-    try:
-        for specs in groups.values():
-            tasks = [new_task(spec, settings, now) for spec in stage_payloads(specs, settings)]
-            batches.put_guarded(tasks, claim.key, _fenced(claim), now)
-    except batches.GuardFailedError:
-        return False
-    return True
+        specs.append(TaskSpec(key=follow_up.key, type=follow_up.type, payload=follow_up.payload,
+                              max_attempts=follow_up.max_attempts, run_at=follow_up.run_at,
+                              batch_id=claim.task.batch_id if follow_up.inherit_batch else None,
+                              priority=follow_up.priority, parent=claim.key))
+    return [new_task(spec, settings, now) for spec in stage_payloads(specs, settings)]
+
+
+def _split_for_fold(tasks: list[TaskModel], batch_id: str | None) -> tuple[list[TaskModel], list[TaskModel]]:
+    """``(put before, put with the completion)``: as many as fit in the completion's transaction."""
+    room, budget = batches.fold_room(batch_id), batches.PUT_CHUNK_BYTES
+    folded: list[TaskModel] = []
+    for task in reversed(tasks):
+        size = batches.item_size(task)
+        if len(folded) >= room or size > budget:
+            break
+        folded.append(task)
+        budget -= size
+    folded.reverse()
+    return tasks[:len(tasks) - len(folded)], folded
 
 
 def complete(claim: Claim, settings: Settings, result: Any = None, now: datetime | None = None,
-             result_ref: dict[str, Any] | None = None) -> RecordOutcome:
+             result_ref: dict[str, Any] | None = None, follow_ups: Sequence[FollowUp] = ()) -> RecordOutcome:
     """Record success: finished, lock removed, task leaves the status index.
 
     ``result`` is kept on the record; ``result_ref`` points at a result in the result store.
+    ``follow_ups`` (asked for by the handler) are put with the completion, in the same
+    transaction as far as DynamoDB's limits allow (98 tasks, 4 MB); more are put first, in
+    transactions that check the claim, so a stale attempt adds nothing. Each is put only if its
+    key is new: if the worker dies after those first puts, the retry asks for the same keys.
+    Raises ``offload.PayloadTooLargeError`` for a follow-up payload no store takes.
     """
     now = now or utcnow()
     actions = [
@@ -362,7 +368,18 @@ def complete(claim: Claim, settings: Settings, result: Any = None, now: datetime
         actions.append(TaskModel.errors.set(_history(claim, settings, now, [])))
     if settings.retention_days:
         actions.append(TaskModel.delete_after_epoch.set(now + timedelta(days=settings.retention_days)))
-    return _fenced_update(claim, actions, RecordOutcome.FINISHED, batches.FINISHED)
+    if not follow_ups:
+        return _fenced_update(claim, actions, RecordOutcome.FINISHED, batches.FINISHED)
+    before, folded = _split_for_fold(_follow_up_tasks(claim, follow_ups, settings, now), claim.task.batch_id)
+    try:
+        for batch_id in dict.fromkeys(task.batch_id for task in before):
+            batches.put_guarded([t for t in before if t.batch_id == batch_id], claim.key, _fenced(claim), now)
+    except batches.GuardFailedError:
+        return RecordOutcome.LOST
+    delta = batches.FINISHED if claim.task.batch_id else None
+    if not batches.update_task_and_put(claim.task, actions, _fenced(claim), delta, folded, now):
+        return RecordOutcome.LOST
+    return RecordOutcome.FINISHED
 
 
 def fail(

@@ -122,28 +122,21 @@ def _run_handler(claim: Claim, context: TaskContext, settings: Settings) -> tupl
 
 def _record(claim: Claim, settings: Settings, context: TaskContext, result: Any, error: ErrorRecord | None,
             retryable: bool) -> RecordOutcome:
-    if error is None and context.follow_ups:
+    if error is None:
         try:
-            if not lifecycle.put_follow_ups(claim, context.follow_ups, settings):
-                return RecordOutcome.LOST
-        except StorageError as exc:  # the retry asks for the same keys again
-            logger.warning("could not put the follow-up tasks", extra={"error": str(exc)})
+            prepared = offload.prepare_result(result, settings, offload.store_for(settings), key=claim.key,
+                                              attempt=claim.attempt, owner=claim.owner)
+            return lifecycle.complete(claim, settings, result=prepared.inline,
+                                      result_ref=prepared.stored.to_dict() if prepared.stored else None,
+                                      follow_ups=context.follow_ups)
+        except StorageError as exc:  # result or follow-ups not stored: the retry runs the handler again
+            logger.warning("could not record the result", extra={"error": str(exc)})
             error = lifecycle.error_from_exception(claim.attempt, ErrorKind.SYSTEM, exc, utcnow())
         except offload.PayloadTooLargeError as exc:  # a retry would ask for the same payload
             error = lifecycle.error_record(claim.attempt, ErrorKind.SYSTEM,
                                            f"a follow-up task was refused: {exc}", utcnow())
             retryable = False
-    if error is None:
-        try:
-            prepared = offload.prepare_result(result, settings, offload.store_for(settings), key=claim.key,
-                                       attempt=claim.attempt, owner=claim.owner)
-        except StorageError as exc:  # the store refused it: the retry runs the handler again
-            logger.warning("could not store the result", extra={"error": str(exc)})
-            error = lifecycle.error_from_exception(claim.attempt, ErrorKind.SYSTEM, exc, utcnow())
-    if error is not None:
-        return lifecycle.fail(claim, settings, error, retryable=retryable)
-    return lifecycle.complete(claim, settings, result=prepared.inline,
-                              result_ref=prepared.stored.to_dict() if prepared.stored else None)
+    return lifecycle.fail(claim, settings, error, retryable=retryable)
 
 
 _OUTCOME_METRIC = {
