@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 import mimetypes
+import sys
 import threading
 import time
 import traceback
@@ -30,6 +32,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 # API Gateway refuses request bodies over 10 MB with 413.
 MAX_REQUEST_BYTES = 10 * 1024 * 1024
+# What the API's proxy resource accepts (API Gateway's ANY method).
+ALLOWED_METHODS = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"
 PROXY_RESOURCE = "/{proxy+}"
 
 LambdaHandler = Callable[[dict, Any], Mapping[str, Any]]
@@ -210,7 +214,7 @@ class LocalGateway:
             pass
 
         Handler.gateway = gateway
-        self._server = ThreadingHTTPServer((self.host, self.port), Handler)
+        self._server = _Server((self.host, self.port), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="local-gateway", daemon=True)
         self._thread.start()
@@ -303,9 +307,39 @@ class LocalGateway:
         return GatewayResponse(int(result["statusCode"]), headers, body)
 
 
+# Errors of a client that went away mid-request: nothing to answer, nothing to report.
+_CLIENT_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+
+
+class _Server(ThreadingHTTPServer):
+    """A threading HTTP server with a listen backlog for bursts of clients (the default of 5
+    resets connections when a batch of clients connects at once), quiet about clients that
+    disconnect."""
+
+    request_queue_size = 256
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], _CLIENT_GONE):
+            return
+        super().handle_error(request, client_address)
+
+
 class _RequestHandler(BaseHTTPRequestHandler):
     gateway: LocalGateway
     protocol_version = "HTTP/1.1"
+
+    def __getattr__(self, name: str) -> Any:
+        # Methods API Gateway has no route for (TRACE, CONNECT, PROPFIND...): 405 in the API's
+        # error shape, rather than http.server's HTML 501.
+        if name.startswith("do_"):
+            return self._method_not_allowed
+        raise AttributeError(name)
+
+    def _method_not_allowed(self) -> None:
+        body = json.dumps({"statusCode": 405, "error": "method_not_allowed",
+                           "message": f"method {self.command} is not allowed"})
+        self._send(GatewayResponse(405, {"Content-Type": "application/json", "Allow": ALLOWED_METHODS}, body))
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         pass  # quiet: the handler logs through Powertools
@@ -338,8 +372,11 @@ class _RequestHandler(BaseHTTPRequestHandler):
             if name.lower() not in ("content-length", "connection", "transfer-encoding"):
                 self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if not head:
-            self.wfile.write(body)
+        try:
+            self.end_headers()
+            if not head:
+                self.wfile.write(body)
+        except _CLIENT_GONE:
+            self.close_connection = True  # the client went away: nobody to answer
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _handle

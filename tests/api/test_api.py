@@ -507,3 +507,51 @@ def test_large_payloads_go_to_the_store_and_reach_the_handler_whole(make_setting
                                                     "payload": "x" * 3_100_000})
     assert status == 413 and "COWORKER_MAX_PAYLOAD_BYTES" in answer["message"]
     assert api.call("GET", "/tasks/too-big")[0] == 404
+
+
+# Hostile bodies: every one a 4xx in the documented shape, nothing written ------------------------
+
+HOSTILE = {
+    "max_attempts as text": ({"type": "quick", "max_attempts": "5"}, None, None, 422, "valid integer"),
+    "max_attempts as bool": ({"type": "quick", "max_attempts": True}, None, None, 422, "valid integer"),
+    "max_attempts as float": ({"type": "quick", "max_attempts": 2.0}, None, None, 422, "valid integer"),
+    "priority as bool": ({"type": "quick", "priority": True}, None, None, 422, "valid integer"),
+    "run_at as a number": ({"type": "quick", "run_at": 0}, None, None, 422, "ISO-8601 time as a string"),
+    "run_at past year 9999 in UTC": ({"type": "quick", "run_at": "9999-12-31T23:59:59-14:00"}, None, None,
+                                     422, "out of range"),
+    "run_at before year 1 in UTC": ({"type": "quick", "run_at": "0001-01-01T00:00:00+14:00"}, None, None,
+                                    422, "out of range"),
+    "NaN": (None, '{"type": "quick", "payload": NaN}', None, 422, "NaN is not a JSON number"),
+    "Infinity": (None, '{"type": "quick", "payload": [-Infinity]}', None, 422, "-Infinity is not a JSON number"),
+    "1e400": (None, '{"type": "quick", "payload": 1e400}', None, 422, "too large"),
+    "5,000-digit integer": (None, '{"type": "quick", "payload": ' + "9" * 5000 + "}", None, 422, "digits"),
+    "nesting 5,000 deep": (None, '{"type": "quick", "payload": ' + "[" * 5000 + "]" * 5000 + "}", None, 422,
+                           "nested too deeply"),
+    "text/plain": ({"type": "quick"}, None, {"Content-Type": "text/plain"}, 415, "Content-Type: application/json"),
+    "form": (None, "type=quick", {"Content-Type": "application/x-www-form-urlencoded"}, 415, "must be JSON"),
+    "multipart without boundary": (None, "--x\r\n", {"Content-Type": "multipart/form-data"}, 415, "must be JSON"),
+    "latin-1 charset": ({"type": "quick"}, None, {"Content-Type": "application/json; charset=latin-1"}, 415,
+                        "UTF-8"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE), ids=list(HOSTILE))
+def test_hostile_bodies_get_a_4xx_in_the_documented_shape_and_change_nothing(api, case):
+    api.call("POST", "/tasks", {"key": "existing", "type": "quick"})
+    before = api.items()
+    body, raw, headers, expected, words = HOSTILE[case]
+    status, answer, _ = api.call("POST", "/tasks", body, headers=headers, raw=raw)
+    assert status == expected, answer
+    assert answer["statusCode"] == expected and answer["error"] and words in answer["message"], answer
+    assert api.items() == before
+
+
+def test_a_body_that_is_not_utf8_is_400(api):
+    import base64
+
+    event = build_proxy_event("POST", "/tasks", {"Content-Type": "application/json"}, b'{"type": "\xff\xfe"}')
+    assert event["isBase64Encoded"] and base64.b64decode(event["body"]) == b'{"type": "\xff\xfe"}'
+    response = api.app.resolve(event, LocalLambdaContext())
+    body = json.loads(response["body"])
+    assert (response["statusCode"], body["error"]) == (400, "bad_request")
+    assert body["message"] == "the body is not UTF-8 text"

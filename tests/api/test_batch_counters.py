@@ -59,8 +59,8 @@ def test_complete_fail_cancel_retry_and_reap_move_the_counters(settings):
     assert lifecycle.fail(claim, settings, error) is RecordOutcome.IGNORED
     assert _progress() == (5, 1, 1, 3, False)
 
-    assert lifecycle.cancel("cancelled").status == TaskStatus.IGNORED.value
-    assert lifecycle.cancel("cancelled") is None  # already ignored: nothing moves
+    assert lifecycle.cancel("cancelled", settings).status == TaskStatus.IGNORED.value
+    assert lifecycle.cancel("cancelled", settings) is None  # already ignored: nothing moves
     assert _progress() == (5, 1, 2, 2, False)
 
     claim = lifecycle.claim("lost", "w", settings, now=past)
@@ -75,7 +75,7 @@ def test_complete_fail_cancel_retry_and_reap_move_the_counters(settings):
     for key in ("bad", "plain"):
         claim = lifecycle.claim(key, "w", settings)
         lifecycle.complete(claim, settings)
-    lifecycle.cancel("solo")
+    lifecycle.cancel("solo", settings)
     assert _progress() == (5, 3, 2, 0, True)
 
 
@@ -94,3 +94,48 @@ def test_missing_batch(settings):
     with pytest.raises(batches.BatchNotFoundError):
         batches.get_batch("nope")
     assert list(BatchModel.scan(BatchModel.key.startswith("batch#"))) == []
+
+
+def test_a_redrive_racing_a_move_to_ignored_still_takes_it_back_from_the_ignored_count(settings, monkeypatch):
+    """retry reads the status, then writes: a task that moved failed -> processing -> ignored in
+    between must be taken back from the batch's ignored count, or the batch never completes."""
+    _put(settings, "r", max_attempts=2)
+    error = lifecycle.error_record(1, ErrorKind.SYSTEM, "boom", utcnow())
+    assert lifecycle.fail(lifecycle.claim("r", "w", settings), settings, error) is RecordOutcome.FAILED
+    real_membership = batches.membership
+    reads = []
+
+    def read_then_race(key):
+        answer = real_membership(key)
+        if not reads:  # the first read says "failed"; the task is ignored right after it
+            last = lifecycle.error_record(2, ErrorKind.SYSTEM, "boom", utcnow())
+            assert lifecycle.fail(lifecycle.claim("r", "w2", settings), settings, last) is RecordOutcome.IGNORED
+        reads.append(answer)
+        return answer
+
+    monkeypatch.setattr(batches, "membership", read_then_race)
+    assert _progress() == (1, 0, 0, 1, False)
+    redriven = lifecycle.retry("r")
+    assert redriven is not None and redriven.status == "todo"
+    assert [status for _, status in reads] == ["failed", "ignored"]
+    assert _progress() == (1, 0, 0, 1, False)  # ignored went 1 -> 0 with the redrive
+    claim = lifecycle.claim("r", "w3", settings)
+    assert lifecycle.complete(claim, settings) is RecordOutcome.FINISHED
+    assert _progress() == (1, 1, 0, 0, True)
+
+
+def test_a_redriven_attempt_1_is_not_the_old_attempt_1(settings):
+    """Attempts restart at 1 after a redrive; the generation keeps the fencing token unique, even
+    for a worker that reuses its owner id."""
+    _put(settings, "g", max_attempts=1)
+    old = lifecycle.claim("g", "same-owner", settings)
+    timeout = lifecycle.error_record(1, ErrorKind.TIMEOUT, "too slow", utcnow())
+    assert lifecycle.fail(old, settings, timeout) is RecordOutcome.IGNORED  # its handler still runs
+    lifecycle.retry("g")
+    new = lifecycle.claim("g", "same-owner", settings)
+    assert (new.attempt, new.generation, old.attempt, old.generation) == (1, 1, 1, 0)
+    assert new.fencing_token == "same-owner:1.r1" and old.fencing_token == "same-owner:1"
+    assert lifecycle.complete(old, settings, result={"from": "old"}) is RecordOutcome.LOST
+    assert lifecycle.extend_lock(old, settings) is False
+    assert lifecycle.complete(new, settings, result={"from": "new"}) is RecordOutcome.FINISHED
+    assert lifecycle.get_task("g").result == {"from": "new"}

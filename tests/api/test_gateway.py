@@ -73,3 +73,59 @@ def test_extra_routes_and_static_files(echo_gateway):
     connection.request("GET", "/ui/../../etc/passwd")  # http.client sends the path as written
     assert connection.getresponse().status == 404
     assert seen == []  # none of these reached the Lambda handler
+
+
+def test_a_burst_of_simultaneous_clients_is_served_without_resets(echo_gateway):
+    """Listen backlog: 200 clients connecting at the same moment all get their answer."""
+    CLIENTS = 200
+    import socket
+    import threading
+
+    gateway, _ = echo_gateway
+    host, port = gateway.host, int(gateway.url.rsplit(":", 1)[1])
+    start = threading.Barrier(CLIENTS)
+    answers: list[str] = []
+
+    def client() -> None:
+        start.wait()
+        try:
+            with socket.create_connection((host, port), timeout=10) as sock:
+                sock.sendall(b"GET /x HTTP/1.1\r\nHost: local\r\nConnection: close\r\n\r\n")
+                answers.append(sock.recv(64).decode(errors="replace"))
+        except OSError as exc:
+            answers.append(f"error: {exc!r}")
+
+    threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(answers) == CLIENTS and all(a.startswith("HTTP/1.1 201") for a in answers), answers
+
+
+def test_a_client_that_disconnects_leaves_no_traceback(echo_gateway, capfd):
+    import socket
+
+    gateway, _ = echo_gateway
+    host, port = gateway.host, int(gateway.url.rsplit(":", 1)[1])
+    for _ in range(5):
+        sock = socket.create_connection((host, port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        sock.sendall(b"GET /x HTTP/1.1\r\nHost: local\r\n\r\n")
+        sock.close()  # gone (with a reset) before the answer is written
+    assert requests.get(gateway.url + "/x", timeout=10).status_code == 201
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "BrokenPipe" not in err and "ConnectionReset" not in err
+
+
+@pytest.mark.parametrize("method", ["TRACE", "CONNECT", "PROPFIND"])
+def test_methods_without_a_route_get_405_in_the_api_error_shape(echo_gateway, method):
+    gateway, seen = echo_gateway
+    host, port = gateway.host, int(gateway.url.rsplit(":", 1)[1])
+    connection = http.client.HTTPConnection(host, port, timeout=10)
+    connection.request(method, "/tasks")
+    response = connection.getresponse()
+    body = json.loads(response.read())
+    assert response.status == 405 and response.getheader("Allow")
+    assert body == {"statusCode": 405, "error": "method_not_allowed", "message": f"method {method} is not allowed"}
+    assert seen == []  # the API handler never saw it

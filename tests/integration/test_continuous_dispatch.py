@@ -111,7 +111,7 @@ def test_a_heartbeat_that_finds_its_claim_taken_tells_the_handler(make_settings)
         if lifecycle.get_task("c").status == "processing":
             break
         time.sleep(0.05)
-    lifecycle.cancel("c", reason="operator")
+    lifecycle.cancel("c", settings, reason="operator")
     worker.join(timeout=15)
     assert _handler_saw_lost.is_set()
     assert [r.outcome for r in result] == [TaskOutcome.LOST]

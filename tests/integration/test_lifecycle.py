@@ -285,6 +285,52 @@ def test_worker_with_no_time_left_does_not_claim(settings):
     assert lifecycle.get_task("k1").status == "todo"
 
 
+def test_a_claim_that_used_up_the_time_left_is_given_back_without_burning_the_attempt(settings, monkeypatch):
+    """The deadline is checked again after the claim: a slow claim must not start a handler that
+    would be recorded as a timeout at once."""
+    _put(settings)
+    deadline = time.monotonic() + settings.timeout_margin_seconds + 0.3
+    real_claim = lifecycle.claim
+
+    def slow_claim(*args, **kwargs):
+        claimed = real_claim(*args, **kwargs)
+        time.sleep(0.5)  # the claim's answer arrives after the handlers' deadline
+        return claimed
+
+    monkeypatch.setattr(lifecycle, "claim", slow_claim)
+    report = process_task("k1", "w", settings, deadline)
+    assert report.outcome is TaskOutcome.SKIPPED
+    task = lifecycle.get_task("k1")
+    assert (task.status, int(task.attempts), task.lock_owner, task.errors) == ("todo", 0, None, None)
+    assert task.due_at <= utcnow()  # due again at once
+    monkeypatch.setattr(lifecycle, "claim", real_claim)
+    assert process_task("k1", "w2", settings, _deadline()).outcome is TaskOutcome.FINISHED
+
+
+def test_every_writer_of_the_error_history_keeps_it_at_the_limit(make_settings):
+    """Cancel, and reaping a task lost on its last attempt, trim the history like fail does,
+    including over cancel -> retry cycles."""
+    settings = make_settings(error_history=2)
+    _put(settings, key="cycled", type_="always-fail", max_attempts=1)
+    process_task("cycled", "w", settings, _deadline())
+    for _ in range(4):
+        lifecycle.retry("cycled")
+        assert lifecycle.cancel("cycled", settings, "again") is not None
+    errors = lifecycle.get_task("cycled").errors
+    assert [(e.kind, e.message) for e in errors] == [("cancelled", "again"), ("cancelled", "again")]
+
+    _put(settings, key="lost", type_="always-fail", max_attempts=3)
+    process_task("lost", "w", settings, _deadline())
+    process_task("lost", "w", settings, _deadline())  # two business errors: the history is full
+    claim = lifecycle.claim("lost", "w", settings)  # its worker dies: the lock expires
+    assert claim is not None and claim.attempt == 3
+    later = utcnow() + timedelta(seconds=settings.effective_lock_seconds + 1)
+    assert lifecycle.reap_lost("lost", 3, None, settings, now=later) is True
+    task = lifecycle.get_task("lost")
+    assert task.status == "ignored" and [e.kind for e in task.errors] == ["business", "worker_lost"]
+    assert lifecycle.cancel("lost", settings) is None  # already ignored: nothing written
+
+
 # 5. Stale locks ------------------------------------------------------------------------------------
 
 def test_cancel_while_running_is_not_hidden_by_the_late_result(settings):
@@ -296,7 +342,7 @@ def test_cancel_while_running_is_not_hidden_by_the_late_result(settings):
         if lifecycle.get_task("c").status == "processing":
             break
         time.sleep(0.05)
-    assert lifecycle.cancel("c", "operator changed their mind") is not None
+    assert lifecycle.cancel("c", settings, "operator changed their mind") is not None
     RELEASE.set()
     worker.join(timeout=30)
     task = lifecycle.get_task("c")

@@ -23,14 +23,16 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from http import HTTPStatus
 from typing import Annotated, Any
 from urllib.parse import unquote
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
+from aws_lambda_powertools.event_handler.api_gateway import ResponseBuilder
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
@@ -114,6 +116,7 @@ _ERROR_RESPONSES: dict[int, Any] = {
         (404, "Not found"),
         (409, "The task's state does not allow this"),
         (413, "A payload is too large, even for the object store"),
+        (415, "The body is not JSON (Content-Type must be application/json)"),
         (422, "Invalid input: every problem is listed with its location"),
     )
 }
@@ -160,7 +163,9 @@ def _readable(error: dict[str, Any]) -> dict[str, Any]:
     message = str(error.get("msg", "invalid value"))
     if kind == "json_invalid":
         detail = (error.get("ctx") or {}).get("error", "")
-        location, message = "body", f"the body is not valid JSON ({detail} at character {error['loc'][-1]})"
+        position = error["loc"][-1]
+        where = f" at character {position}" if isinstance(position, int) and position > 0 else ""
+        location, message = "body", f"the body is not valid JSON ({detail}{where})"
     elif kind == "extra_forbidden":
         message = "unknown field"
     elif kind == "missing":
@@ -313,13 +318,78 @@ def _spec(task: TaskIn, batch_id: str | None) -> TaskSpec:
 
 # -- the application ---------------------------------------------------------------------------
 
+# -- the request body: JSON only, UTF-8, numbers DynamoDB and JSON can both keep -----------------
+
+_BODY_METHODS = {"POST", "PUT", "PATCH"}
+
+
+def parse_json_strictly(text: str) -> Any:
+    """``json.loads`` that refuses what is not portable JSON: NaN and Infinity, numbers too large
+    for a float (``1e400``), integers too long to read, nesting deeper than Python can parse.
+    Each becomes a ``JSONDecodeError``, which the API answers with 422 and the reason."""
+
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+
+    def finite(number: str) -> float:
+        value = float(number)
+        if not math.isfinite(value):
+            raise ValueError(f"the number {number[:20]} is too large")
+        return value
+
+    try:
+        return json.loads(text, parse_constant=constant, parse_float=finite)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise json.JSONDecodeError("arrays or objects nested too deeply", text, 0) from None
+    except ValueError as exc:  # NaN, 1e400, or an integer of thousands of digits
+        raise json.JSONDecodeError(str(exc).split(";")[0], text, 0) from None
+
+
+def body_problem(event: Mapping[str, Any]) -> tuple[HTTPStatus, str, str] | None:
+    """Why a request's body cannot be read as the API's input, before anything parses it."""
+    if str(event.get("httpMethod", "")).upper() not in _BODY_METHODS or not event.get("body"):
+        return None
+    headers = {str(k).lower(): str(v) for k, v in (event.get("headers") or {}).items()}
+    content_type = headers.get("content-type", "").strip()
+    media_type, _, parameters = content_type.partition(";")
+    if content_type and media_type.strip().lower() != content_types.APPLICATION_JSON:
+        return (HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type",
+                f"the body must be JSON with Content-Type: application/json, not {content_type[:100]!r}")
+    charset = parameters.lower().replace(" ", "").partition("charset=")[2].split(";")[0]
+    if charset and charset.strip('"') not in ("utf-8", "utf8"):
+        return (HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type",
+                f"the body must be UTF-8 JSON, not charset {charset[:40]!r}")
+    if event.get("isBase64Encoded"):
+        try:
+            base64.b64decode(str(event["body"]).encode(), validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            return HTTPStatus.BAD_REQUEST, "bad_request", "the body is not UTF-8 text"
+    return None
+
+
+class TaskApiResolver(APIGatewayRestResolver):
+    """Powertools' REST resolver with the body checked first: JSON only (415 otherwise, in the
+    API's error shape), UTF-8, parsed strictly (see :func:`parse_json_strictly`)."""
+
+    def __init__(self) -> None:
+        super().__init__(enable_validation=True, json_body_deserializer=parse_json_strictly)
+
+    def _resolve(self) -> ResponseBuilder:
+        problem = body_problem(self.current_event.raw_event)
+        if problem is not None:
+            return ResponseBuilder(error_response(*problem))
+        return super()._resolve()
+
+
 def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> APIGatewayRestResolver:
     """The task API for ``settings`` (the model must already be bound: see ``bootstrap.configure``).
 
     With an ``invoker``, tasks due now that a submit creates start at once on free worker slots
     (dispatch on submit); without one they wait for the coordinator.
     """
-    app = APIGatewayRestResolver(enable_validation=True)
+    app = TaskApiResolver()
 
     def start_due(specs: Sequence[TaskSpec], now: datetime) -> None:
         due = [spec.key for spec in specs if lifecycle.first_due_at(spec, now) <= now]
@@ -464,7 +534,7 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
               responses=_ERROR_RESPONSES)
     def cancel_task(key: str) -> TaskOut:
         key = _task_key(key)
-        task = lifecycle.cancel(key, reason="cancelled through the API")
+        task = lifecycle.cancel(key, settings, reason="cancelled through the API")
         if task is None:
             current = lifecycle.get_task(key)
             raise TaskStateConflictError(f"task {key!r} is already {current.status}; "

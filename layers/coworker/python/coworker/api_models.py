@@ -16,6 +16,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    StrictInt,
     Tag,
     field_validator,
     model_validator,
@@ -78,11 +79,11 @@ class TaskIn(_Strict):
     payload: Any = Field(None, description="Any JSON value. Up to COWORKER_INLINE_PAYLOAD_BYTES (16 KB as "
                                            "stored) it stays on the record; larger ones are kept in the object "
                                            "store, up to COWORKER_MAX_PAYLOAD_BYTES (5 MB of JSON); above: 413.")
-    max_attempts: int | None = Field(None, ge=1, le=MAX_ATTEMPTS_CEILING,
+    max_attempts: StrictInt | None = Field(None, ge=1, le=MAX_ATTEMPTS_CEILING,
                                      description="Attempt ceiling; default COWORKER_MAX_ATTEMPTS.")
     run_at: datetime | None = Field(None, description="ISO-8601 time before which the task is not run "
                                                       "(no zone means UTC).")
-    priority: int | None = Field(None, ge=-MAX_PRIORITY, le=MAX_PRIORITY,
+    priority: StrictInt | None = Field(None, ge=-MAX_PRIORITY, le=MAX_PRIORITY,
                                  description="Seconds of head start in the oldest-first queue "
                                              "(negative: held back that long); ignored when run_at is set.")
 
@@ -101,12 +102,22 @@ class TaskIn(_Strict):
     def _type_is_usable(cls, value: str) -> str:
         return _no_control_characters(value, "type")
 
+    @field_validator("run_at", mode="before")
+    @classmethod
+    def _run_at_is_text(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, str | datetime):
+            raise ValueError("run_at must be an ISO-8601 time as a string, e.g. \"2026-12-01T09:00:00Z\"")
+        return value
+
     @field_validator("run_at")
     @classmethod
     def _aware(cls, value: datetime | None) -> datetime | None:
-        if value is not None and value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value.astimezone(UTC) if value is not None else None
+        if value is None:
+            return None
+        try:
+            return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError("run_at is out of range once converted to UTC (years 1 to 9999)") from None
 
 
 class BatchIn(_Strict):

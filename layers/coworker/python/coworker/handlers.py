@@ -54,7 +54,9 @@ class TaskContext:
     key: str
     attempt: int
     max_attempts: int
-    fencing_token: str  # "<owner>:<attempt>": pass it to downstream systems that dedupe writes
+    # "<owner>:<attempt>" (".r<n>" added after n redrives): unique per attempt; pass it to downstream
+    # systems that refuse writes from an attempt that is no longer current.
+    fencing_token: str
     deadline: float  # time.monotonic() value by which the handler must return
     batch_id: str | None = None  # the batch the task belongs to, if any
     # Set by the worker's heartbeat when this attempt's claim was taken over or cancelled.

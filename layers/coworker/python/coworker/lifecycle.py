@@ -16,8 +16,10 @@ Lock and fencing timeline (``A``, ``B`` are workers; ``n`` is the attempt number
     t3  A wakes and tries to record: condition "status=processing & owner=A & attempts=n" fails
         -> A is told LOST and logs it; B's attempt is untouched.
 
-The fencing token is the pair (owner, attempt): attempts only ever grow, so even a worker that
-reused an owner id cannot overwrite a newer attempt.
+The fencing token is (owner, attempt, generation). Attempts grow with every claim, and a redrive
+(:func:`retry`) resets them to 0 but moves the task to a new ``generation``: so a redriven task's
+new attempt 1 can never be mistaken for an old attempt 1 still running, even one whose worker
+reused an owner id.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ class RecordOutcome(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Claim:
-    """A task held by one worker. ``attempt`` and ``owner`` are the fencing token."""
+    """A task held by one worker. ``owner``, ``attempt`` and ``generation`` are the fencing token."""
 
     task: TaskModel
     owner: str
@@ -102,6 +104,17 @@ class Claim:
     @property
     def key(self) -> str:
         return self.task.key
+
+    @property
+    def generation(self) -> int:
+        """How many times the task had been redriven when it was claimed."""
+        return int(self.task.generation or 0)
+
+    @property
+    def fencing_token(self) -> str:
+        """``<owner>:<attempt>``, and ``.r<generation>`` after a redrive: unique per attempt."""
+        suffix = f".r{self.generation}" if self.generation else ""
+        return f"{self.owner}:{self.attempt}{suffix}"
 
     @property
     def took_over_lost_attempt(self) -> bool:
@@ -238,12 +251,31 @@ def claim(key: str, owner: str, settings: Settings, now: datetime | None = None)
     return Claim(task=task, owner=owner, attempt=int(task.attempts))
 
 
+def release_unstarted(claim: Claim, now: datetime | None = None) -> bool:
+    """Give back a claim whose handler never started (the worker had no time left): the task
+    returns to the status it was claimed from, due now, and the attempt does not count. Fenced;
+    ``False`` when the claim was no longer this worker's."""
+    now = now or utcnow()
+    actions = [
+        TaskModel.status.set(claim.task.claimed_from or TaskStatus.TODO.value),
+        TaskModel.due_at.set(now),
+        TaskModel.attempts.add(-1),
+        *_release_lock_actions(now),
+    ]
+    return _write(TaskModel(claim.key), actions, _fenced(claim), None, "release")
+
+
 def _fenced(claim: Claim) -> Condition:
     """Condition that holds only while ``claim`` is still the task's current attempt."""
+    generation = (
+        TaskModel.generation == claim.generation if claim.generation
+        else TaskModel.generation.does_not_exist() | (TaskModel.generation == 0)
+    )
     return (
         (TaskModel.status == TaskStatus.PROCESSING.value)
         & (TaskModel.lock_owner == claim.owner)
         & (TaskModel.attempts == claim.attempt)
+        & generation
     )
 
 
@@ -406,60 +438,101 @@ def fail(
     return _fenced_update(claim, actions, outcome, batches.IGNORED if give_up else None)
 
 
+# A read-then-write is tried again this often when the record changed between the two.
+RACE_RETRIES = 5
+
+
+def _write_with_error(task: TaskModel, entry: ErrorRecord, settings: Settings, actions: list,
+                      condition: Condition, delta: batches.BatchDelta | None, what: str,
+                      refresh: bool = False) -> bool:
+    """A state change that adds ``entry`` to the task's error history, kept at the last
+    ``error_history`` entries like every other writer of it.
+
+    Reads the history (consistent), writes the trimmed list under ``condition`` and on the
+    record being unchanged since the read (``updated_at``); if the record changed in between,
+    reads again. ``False`` when ``condition`` does not hold (or the task does not exist).
+    """
+    for _ in range(RACE_RETRIES):
+        try:
+            current = TaskModel.get(task.key, consistent_read=True, attributes_to_get=["errors", "updated_at"])
+        except DoesNotExist:
+            return False
+        history = [*(current.errors or []), entry][-settings.error_history:]
+        unchanged = TaskModel.updated_at == current.updated_at
+        if _write(task, [*actions, TaskModel.errors.set(history)], condition & unchanged, delta, what,
+                  refresh=refresh):
+            return True
+        try:
+            after = TaskModel.get(task.key, consistent_read=True, attributes_to_get=["updated_at"])
+        except DoesNotExist:
+            return False
+        if after.updated_at == current.updated_at:
+            return False  # nothing changed in between: the condition itself does not hold
+    raise StorageError(f"could not {what} task {task.key!r}: it kept changing")
+
+
 def reap_lost(key: str, attempt: int, batch_id: str | None, settings: Settings,
               now: datetime | None = None) -> bool:
     """Ignore a task whose worker was lost on its last allowed attempt.
 
-    ``batch_id`` comes with the task from the status index (it is projected there), so reaping
-    costs no read. Conditional on the task still being that expired attempt, so it races safely
-    with anything else. Returns whether this call changed the task.
+    ``batch_id`` comes with the task from the status index (it is projected there). Conditional
+    on the task still being that expired attempt, so it races safely with anything else.
+    Returns whether this call changed the task.
     """
     now = now or utcnow()
     lost = error_record(attempt, ErrorKind.WORKER_LOST,
                         "the worker's lock expired on the last allowed attempt", now)
-    task = TaskModel(key, batch_id=batch_id)
-    return _write(
-        task,
-        [
-            TaskModel.status.set(TaskStatus.IGNORED.value),
-            TaskModel.due_at.set(now),
-            TaskModel.errors.set((TaskModel.errors | []).append([lost])),
-            *_release_lock_actions(now),
-        ],
-        (
-            (TaskModel.status == TaskStatus.PROCESSING.value)
-            & (TaskModel.attempts == attempt)
-            & (TaskModel.attempts >= TaskModel.max_attempts)
-            & (TaskModel.due_at <= now)
-        ),
-        batches.IGNORED,
-        "reap",
+    actions = [
+        TaskModel.status.set(TaskStatus.IGNORED.value),
+        TaskModel.due_at.set(now),
+        *_release_lock_actions(now),
+    ]
+    condition = (
+        (TaskModel.status == TaskStatus.PROCESSING.value)
+        & (TaskModel.attempts == attempt)
+        & (TaskModel.attempts >= TaskModel.max_attempts)
+        & (TaskModel.due_at <= now)
     )
+    return _write_with_error(TaskModel(key, batch_id=batch_id), lost, settings, actions, condition,
+                             batches.IGNORED, "reap")
+
+
+REDRIVABLE = (TaskStatus.FAILED.value, TaskStatus.IGNORED.value)
 
 
 def retry(key: str, now: datetime | None = None) -> TaskModel | None:
-    """Redrive a failed or ignored task: todo now, attempts reset, history kept.
+    """Redrive a failed or ignored task: todo now, attempts reset (in a new generation, so the
+    fencing token of the next attempts is new too), history kept.
 
-    Returns the updated task, or ``None`` if it is not failed or ignored.
+    A task of a batch is written under the exact status just read, so that leaving ``ignored``
+    always takes it back from the batch's ignored count (a task that moved failed -> ignored in
+    between is read again). Returns the updated task, or ``None`` if it is not failed or ignored.
     """
     now = now or utcnow()
-    batch_id, status = batches.membership(key)
-    task = TaskModel(key, batch_id=batch_id)
-    condition = TaskModel.status.is_in(TaskStatus.FAILED.value, TaskStatus.IGNORED.value)
-    delta = None
-    if batch_id and status == TaskStatus.IGNORED.value:
-        # Leaving ignored takes the task back from its batch's ignored count: pin the status read.
-        condition, delta = TaskModel.status == TaskStatus.IGNORED.value, batches.UNIGNORED
     actions = [
         TaskModel.status.set(TaskStatus.TODO.value),
         TaskModel.due_at.set(now),
         TaskModel.attempts.set(0),
+        TaskModel.generation.add(1),
         TaskModel.updated_at.set(now),
     ]
-    return task if _write(task, actions, condition, delta, "retry", refresh=True) else None
+    for _ in range(RACE_RETRIES):
+        batch_id, status = batches.membership(key)
+        if status not in REDRIVABLE:
+            return None
+        task = TaskModel(key, batch_id=batch_id)
+        if not batch_id:
+            condition, delta = TaskModel.status.is_in(*REDRIVABLE), None
+        else:
+            ignored = status == TaskStatus.IGNORED.value
+            condition, delta = TaskModel.status == status, (batches.UNIGNORED if ignored else None)
+        if _write(task, actions, condition, delta, "retry", refresh=True):
+            return task
+    raise StorageError(f"could not retry task {key!r}: it kept changing")
 
 
-def cancel(key: str, reason: str = "cancelled", now: datetime | None = None) -> TaskModel | None:
+def cancel(key: str, settings: Settings, reason: str = "cancelled", now: datetime | None = None
+           ) -> TaskModel | None:
     """Stop handing out a task that is not finished: it becomes ignored with a ``cancelled`` error.
 
     A worker still running it loses its fencing condition, so its late result cannot hide the
@@ -471,8 +544,8 @@ def cancel(key: str, reason: str = "cancelled", now: datetime | None = None) -> 
     actions = [
         TaskModel.status.set(TaskStatus.IGNORED.value),
         TaskModel.due_at.set(now),
-        TaskModel.errors.set((TaskModel.errors | []).append([entry])),
         *_release_lock_actions(now),
     ]
     condition = TaskModel.status.is_in(*(s.value for s in TaskStatus.open()))
-    return task if _write(task, actions, condition, batches.IGNORED, "cancel", refresh=True) else None
+    changed = _write_with_error(task, entry, settings, actions, condition, batches.IGNORED, "cancel", refresh=True)
+    return task if changed else None

@@ -100,6 +100,8 @@ class TaskModel(Model):
     updated_at = UTCDateTimeAttribute()
     finished_at = UTCDateTimeAttribute(null=True)
     attempts = NumberAttribute(default=0)
+    # Redrives so far: part of the fencing token, since a redrive resets the attempts.
+    generation = NumberAttribute(null=True)
     max_attempts = NumberAttribute()
     lock_owner = UnicodeAttribute(null=True)
     lock_expires_at = UTCDateTimeAttribute(null=True)

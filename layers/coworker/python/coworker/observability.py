@@ -9,13 +9,51 @@ lines out of a local terminal.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.logging.formatter import LambdaPowertoolsFormatter
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME", "coworker")
 NAMESPACE = os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Coworker")
+# A log line keeps at most this much of any one field (a handler's exception message can be
+# megabytes); tracebacks get more room. The task record clips errors the same way.
+MAX_LOG_FIELD_CHARS = 2000
+MAX_LOG_EXCEPTION_CHARS = 8000
 
-logger = Logger(service=SERVICE)
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... [{len(text) - limit} more characters not logged]"
+
+
+def _clip_all(value: Any, limit: int) -> Any:
+    """Every string inside ``value`` (dicts and lists included) clipped to ``limit``."""
+    if isinstance(value, str):
+        return clip(value, limit)
+    if isinstance(value, dict):
+        return {key: _clip_all(item, limit) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clip_all(item, limit) for item in value]
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return clip(str(value), limit)  # e.g. the exception object in a stack trace
+
+
+class ClippingFormatter(LambdaPowertoolsFormatter):
+    """Powertools' JSON log format, with every text field clipped (see MAX_LOG_FIELD_CHARS)."""
+
+    def serialize(self, log: dict[str, Any]) -> str:
+        clipped = {
+            name: _clip_all(value, MAX_LOG_EXCEPTION_CHARS if name == "exception" else MAX_LOG_FIELD_CHARS)
+            for name, value in log.items()
+        }
+        return super().serialize(clipped)
+
+
+logger = Logger(service=SERVICE, logger_formatter=ClippingFormatter())
 metrics = Metrics(service=SERVICE, namespace=NAMESPACE)
 tracer = Tracer(service=SERVICE)
 

@@ -422,13 +422,19 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float,
         metrics.add_metric(name=MetricName.NOT_CLAIMED, unit=MetricUnit.Count, value=1)
         logger.debug("task not claimed: taken or not due", extra={"task_key": key})
         return TaskReport(key, TaskOutcome.NOT_CLAIMED, source=source)
+    if handler_deadline - time.monotonic() <= 0:
+        # The claim itself took the time that was left: give the task back untouched rather
+        # than start a handler that would be recorded as timed out at once (an attempt burnt).
+        lifecycle.release_unstarted(claim)
+        logger.info("no time left after the claim; task given back", extra={"task_key": key})
+        return TaskReport(key, TaskOutcome.SKIPPED, source=source)
     logger.thread_safe_append_keys(task_key=key, attempt=claim.attempt)
     metrics.add_metric(name=MetricName.CLAIMED, unit=MetricUnit.Count, value=1)
     context = TaskContext(
         key=key,
         attempt=claim.attempt,
         max_attempts=int(claim.task.max_attempts),
-        fencing_token=f"{claim.owner}:{claim.attempt}",
+        fencing_token=claim.fencing_token,
         deadline=handler_deadline,
         batch_id=claim.task.batch_id,
     )
