@@ -158,10 +158,11 @@ def layer_bundling(source_dir: Path, requirements: Path, *, install_dependencies
                          dependency_cache=dependency_cache)
 
 
-def worker_bundling(function_dir: Path, handlers_dir: Path | None, *, install_dependencies: bool,
+def function_bundling(function_dir: Path, handlers_dir: Path | None, *, install_dependencies: bool,
                     dependency_cache: Path = c.LAYER_DEPENDENCY_CACHE) -> LocalBundling:
-    """The worker: its handler module, your handlers package (as ``<name>/``) and the wheels of
-    the package's ``requirements.txt``, all at the root of the function's code."""
+    """A function that imports your handlers (the worker, and the API, which checks task types):
+    its handler module, your handlers package (as ``<name>/``) and the wheels of the package's
+    ``requirements.txt``, all at the root of the function's code."""
     parts = [(function_dir, ".")]
     requirements = None
     if handlers_dir is not None:
@@ -176,7 +177,7 @@ def layer_code(source_dir: Path, requirements: Path, *, install_dependencies: bo
     return layer_bundling(source_dir, requirements, install_dependencies=install_dependencies).code(source_dir)
 
 
-def worker_code(function_dir: Path, handlers_dir: Path | None, *, install_dependencies: bool) -> lambda_.Code:
-    """Asset code of the worker, bundled on this machine."""
-    bundling = worker_bundling(function_dir, handlers_dir, install_dependencies=install_dependencies)
+def function_code(function_dir: Path, handlers_dir: Path | None, *, install_dependencies: bool) -> lambda_.Code:
+    """Asset code of a function with your handlers package, bundled on this machine."""
+    bundling = function_bundling(function_dir, handlers_dir, install_dependencies=install_dependencies)
     return bundling.code(function_dir)

@@ -96,8 +96,8 @@ class StackConfig:
         return self.handlers_dir.name if self.handlers_dir is not None else None
 
     @property
-    def worker_settings(self) -> Settings:
-        """The worker's settings: it also imports the handlers package bundled into its code."""
+    def handler_settings(self) -> Settings:
+        """Settings of a function whose code has the handlers package (worker, API): it imports it."""
         if self.handlers_package is None:
             return self.settings
         modules = ",".join(filter(None, [self.settings.handler_modules, self.handlers_package]))
@@ -125,15 +125,18 @@ class StackConfig:
         age = self.settings.reservation_seconds
         return max(c.MIN_EVENT_AGE_SECONDS, min(c.MAX_EVENT_AGE_SECONDS, age))
 
-    def function_environment(self, *, worker: bool = False, **overrides: Any) -> dict[str, str]:
+    def function_environment(self, *, with_handlers: bool = False, **overrides: Any) -> dict[str, str]:
         """Environment of a function: the library settings plus Powertools settings.
 
         ``overrides`` are Settings fields known only at deploy time (table name, worker name);
-        ``worker`` adds the handlers package, whose code only the worker has.
+        ``with_handlers`` adds the handlers package, for the functions whose code has it.
         """
-        settings = (self.worker_settings if worker else self.settings).model_copy(update=overrides)
+        settings = (self.handler_settings if with_handlers else self.settings).model_copy(update=overrides)
         env = {k: v for k, v in settings.as_environment().items() if k not in _NOT_IN_LAMBDA_ENV}
         env.update(
+            # X-Ray keeps neither responses (task payloads, results) nor exception bodies.
+            POWERTOOLS_TRACER_CAPTURE_RESPONSE="false",
+            POWERTOOLS_TRACER_CAPTURE_ERROR="false",
             POWERTOOLS_SERVICE_NAME=c.SERVICE_NAME,
             POWERTOOLS_METRICS_NAMESPACE=c.METRICS_NAMESPACE,
             POWERTOOLS_LOG_LEVEL=self.log_level,

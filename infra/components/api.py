@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aws_cdk import RemovalPolicy
+from aws_cdk import Aws, RemovalPolicy
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_lambda as lambda_
@@ -19,9 +19,15 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from infra import constants as c
+from infra.bundling import function_code
 from infra.components.function import LOG_RETENTION, CoworkerFunction
 from infra.components.results import PAYLOAD_PREFIX, RESULT_PREFIX, grant_objects
 from infra.config import StackConfig
+
+# What the API's library code calls on the table, nothing more: tasks and batch counters are put
+# (PutItem; a batch is a transaction of puts and a counter update), read (GetItem), listed and
+# counted on the index (Query), redriven or cancelled and worker slots reserved (UpdateItem).
+API_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query")
 
 
 class TaskApi(Construct):
@@ -62,11 +68,16 @@ class TaskApi(Construct):
             self,
             "Handler",
             code_dir=code_dir,
+            # Your handlers package too: the API refuses task types that have no handler.
+            code=function_code(code_dir, self._config.handlers_dir,
+                               install_dependencies=self._config.install_layer_dependencies),
             layer=layer,
             # The worker's name: put tasks start a worker at once when a slot is free
             # (dispatch on submit, COWORKER_DISPATCH_ON_SUBMIT).
             environment=self._config.function_environment(
-                table_name=table.table_name, worker_function=worker.function_name,
+                with_handlers=True, table_name=table.table_name, worker_function=worker.function_name,
+                # Signs listing cursors: the stack's id (an ARN with a UUID) is unknown to API clients.
+                cursor_secret=Aws.STACK_ID,
                 result_bucket=self._results_bucket.bucket_name if self._results_bucket else None,
             ),
             timeout_seconds=c.API_TIMEOUT_SECONDS,
@@ -74,7 +85,7 @@ class TaskApi(Construct):
             removal_policy=self._removal_policy,
             description="Coworker API: submit, list and inspect tasks",
         )
-        table.grant_read_write_data(handler.function)
+        table.grant(handler.function, *API_TABLE_ACTIONS)
         worker.grant_invoke(handler.function)
         if self._results_bucket is not None:  # reads large results, writes large payloads
             grant_objects(self._results_bucket, handler.function, "s3:GetObject", RESULT_PREFIX)

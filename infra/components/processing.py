@@ -15,20 +15,30 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from infra import constants as c
-from infra.bundling import worker_code
+from infra.bundling import function_code
 from infra.components.function import CoworkerFunction
 from infra.components.results import PAYLOAD_PREFIX, RESULT_PREFIX, grant_objects
 from infra.config import StackConfig
 
 # Least privilege on the table (no wildcards): what each role's library code calls.
-# Workers claim, heartbeat and record tasks and their slot lease by UpdateItem, read a task by
-# GetItem and feed themselves more due work from the index (Query).
-WORKER_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query")
+# Workers claim, heartbeat and record tasks and their slot lease by UpdateItem and feed
+# themselves more due work from the index (Query). Follow-up tasks are put (PutItem) in
+# transactions that check the claim (ConditionCheckItem); a task too large to claim is ended
+# after reading its batch (GetItem).
+WORKER_TABLE_ACTIONS = (
+    "dynamodb:GetItem",
+    "dynamodb:UpdateItem",
+    "dynamodb:Query",
+    "dynamodb:PutItem",
+    "dynamodb:ConditionCheckItem",
+)
 # The coordinator finds free slots and due or lost tasks on the index (Query), takes its lease,
-# reserves slots and reaps lost tasks (UpdateItem), and creates missing worker-slot items at
-# the start of each run (BatchGetItem, then a conditional PutItem per missing slot).
+# reserves slots and reaps lost tasks (UpdateItem, after reading the error history: GetItem),
+# and creates missing worker-slot items at the start of each run (BatchGetItem, then a
+# conditional PutItem per missing slot).
 COORDINATOR_TABLE_ACTIONS = (
     "dynamodb:Query",
+    "dynamodb:GetItem",
     "dynamodb:UpdateItem",
     "dynamodb:BatchGetItem",
     "dynamodb:PutItem",
@@ -83,10 +93,10 @@ class Processing(Construct):
             "Worker",
             code_dir=code_dir,
             # The worker's handler module plus your handlers package and its requirements.
-            code=worker_code(code_dir, config.handlers_dir, install_dependencies=config.install_layer_dependencies),
+            code=function_code(code_dir, config.handlers_dir, install_dependencies=config.install_layer_dependencies),
             layer=layer,
             environment=config.function_environment(
-                worker=True, table_name=table.table_name,
+                with_handlers=True, table_name=table.table_name,
                 result_bucket=self._results_bucket.bucket_name if self._results_bucket else None,
             ),
             timeout_seconds=config.settings.worker_timeout_seconds,

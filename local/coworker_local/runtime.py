@@ -23,6 +23,7 @@ import dataclasses
 import importlib
 import math
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -225,6 +226,8 @@ class LocalRuntime:
             os.environ.setdefault(name, value)
         if self.handlers_path is not None and str(self.handlers_path) not in sys.path:
             sys.path.insert(0, str(self.handlers_path))
+        if self.settings.cursor_secret is None:  # listing cursors are valid for this run only
+            self.settings = self.settings.model_copy(update={"cursor_secret": secrets.token_hex(16)})
         if self.settings.result_bucket is None and self.settings.result_dir is None:
             # The results bucket's stand-in: kept with the data folder, else for this run only.
             if self.data_dir is not None:

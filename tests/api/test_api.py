@@ -165,6 +165,8 @@ BAD_SUBMISSIONS = {
     "over-long key": ({"key": "k" * (MAX_KEY_CHARS + 1), "type": "q"}, None, "body.key", "at most 512"),
     "control character in key": ({"key": "a\nb", "type": "q"}, None, "body.key", "control characters"),
     "reserved key": ({"key": "batch#x", "type": "q"}, None, "body.key", "reserved for batches"),
+    "worker-slot key": ({"key": "slot#0001", "type": "q"}, None, "body.key", "reserved for Coworker's own items"),
+    "lease key": ({"key": "lease#coordinator", "type": "q"}, None, "body.key", "reserved for Coworker's own"),
     "bad run_at": ({"type": "q", "run_at": "next tuesday"}, None, "body.run_at", "datetime"),
     "empty batch": ({"tasks": []}, None, "body.tasks", "at least 1 item"),
     "batch over the limit": ({"tasks": [{"type": "q"}] * (MAX_BATCH_TASKS + 1)}, None, "body.tasks",
@@ -281,12 +283,33 @@ def test_bad_listing_queries(api, query, status, words):
     assert code == status and words in answer["message"], answer
 
 
-def test_cursor_of_another_status_is_refused(api):
+def test_cursor_of_another_listing_is_refused(api):
     for i in range(3):
         api.call("POST", "/tasks", {"key": f"t{i}", "type": "quick"})
     cursor = api.call("GET", "/tasks?status=todo&limit=1")[1]["cursor"]
-    code, answer, _ = api.call("GET", f"/tasks?status=ignored&cursor={cursor}")
-    assert code == 400 and "another status" in answer["message"]
+    assert api.call("GET", f"/tasks?status=todo&limit=1&cursor={cursor}")[0] == 200
+    for other in ("status=ignored", "status=todo&type=slow", "status=todo&order=newest", "status=todo&batch=b"):
+        code, answer, _ = api.call("GET", f"/tasks?{other}&cursor={cursor}")
+        assert code == 400 and "belongs to another listing" in answer["message"], other
+
+
+def test_a_tampered_cursor_is_refused_before_it_reaches_the_database(api, make_settings):
+    import base64
+
+    for i in range(3):
+        api.call("POST", "/tasks", {"key": f"t{i}", "type": "quick"})
+    cursor = api.call("GET", "/tasks?status=todo&limit=1")[1]["cursor"]
+    encoded, _, signature = cursor.partition(".")
+    data = json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
+    data["k"]["key"]["S"] = "t2"  # well-formed, pointing somewhere else
+    forged = base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
+    for bad in (f"{forged}.{signature}", encoded, f"{encoded}.AAAA"):
+        code, answer, _ = api.call("GET", f"/tasks?status=todo&cursor={bad}")
+        assert code == 400 and "cursor is not valid" in answer["message"], bad
+    # Another deployment (another secret) does not take this one's cursors.
+    other = Api(make_settings(cursor_secret="another deployment"))
+    code, answer, _ = other.call("GET", f"/tasks?status=todo&cursor={cursor}")
+    assert code == 400 and "cursor is not valid" in answer["message"]
 
 
 # Cancel and retry ----------------------------------------------------------------------------
@@ -555,3 +578,62 @@ def test_a_body_that_is_not_utf8_is_400(api):
     body = json.loads(response["body"])
     assert (response["statusCode"], body["error"]) == (400, "bad_request")
     assert body["message"] == "the body is not UTF-8 text"
+
+
+# Task types -----------------------------------------------------------------------------------
+
+
+def test_a_type_without_a_handler_is_refused_with_the_known_ones(api):
+    before = api.items()
+    status, answer, _ = api.call("POST", "/tasks", {"type": "no-such-type"})
+    assert status == 422 and answer["errors"][0]["location"] == "body.type"
+    assert "no handler is registered for task type 'no-such-type'" in answer["message"]
+    assert "quick" in answer["message"] and "always-fail" in answer["message"]
+    batch = {"tasks": [{"type": "quick"}, {"type": "quick"}, {"type": "qiuck"}]}
+    status, answer, _ = api.call("POST", "/tasks", batch)
+    assert status == 422 and [(e["location"], e["entry"]) for e in answer["errors"]] == [("body.tasks[2].type", 2)]
+    assert api.items() == before
+
+
+def test_type_checking_can_be_turned_off_and_the_worker_still_guards(make_settings):
+    settings = make_settings(validate_task_types=False)
+    api = Api(settings)
+    status, _, _ = api.call("POST", "/tasks", {"key": "later", "type": "deployed-next-week", "max_attempts": 1})
+    assert status == 201
+    _run_all(settings)
+    task = api.call("GET", "/tasks/later")[1]
+    assert task["status"] == "ignored" and task["errors"][0]["kind"] == "unknown_type"
+
+
+def test_a_storage_failure_mid_batch_names_what_was_stored_and_a_resend_completes_it(api, monkeypatch):
+    from coworker import batches
+
+    tasks = [{"key": f"part-{n:03d}", "type": "quick"} for n in range(150)]  # two transactions: 99 + 51
+    real = batches._transact
+    calls = []
+
+    def second_fails(build, what):
+        calls.append(what)
+        if len(calls) == 2:
+            raise batches.StorageError("DynamoDB is unavailable")
+        return real(build, what)
+
+    monkeypatch.setattr(batches, "_transact", second_fails)
+    status, answer, _ = api.call("POST", "/tasks", {"batch_id": "halfway", "tasks": tasks})
+    assert (status, answer["error"]) == (503, "storage_unavailable")
+    assert answer["stored"] == [task["key"] for task in tasks[:99]]
+    assert "99 of 150 tasks were stored" in answer["message"] and "re-send the same request" in answer["message"]
+    assert api.call("GET", "/batches/halfway")[1]["total"] == 99
+    monkeypatch.setattr(batches, "_transact", real)
+    status, answer, _ = api.call("POST", "/tasks", {"batch_id": "halfway", "tasks": tasks})
+    assert (status, answer["created"], answer["existing"]) == (201, 51, 99)
+    assert api.call("GET", "/batches/halfway")[1]["total"] == 150
+
+
+def test_stats_cost_is_bounded_per_request(api):
+    from coworker.api import MAX_STATS_CAP
+
+    assert api.call("GET", f"/stats?cap={MAX_STATS_CAP}")[0] == 200
+    code, answer, _ = api.call("GET", f"/stats?cap={MAX_STATS_CAP + 1}")
+    assert code == 422 and "query.cap" in answer["message"]
+    assert MAX_STATS_CAP * 4 <= 10_000  # four indexed statuses: at most 10,000 index entries read

@@ -197,10 +197,10 @@ def test_environment_carries_the_settings_from_context(template: Template, funct
         env = functions[role]["Environment"]["Variables"]
         assert env["COWORKER_WORKER_FUNCTION"] == {"Ref": functions["worker"]["id"]}, role
     assert "COWORKER_WORKER_FUNCTION" not in functions["worker"]["Environment"]["Variables"]
-    # Only the worker has the handlers package (handlers/ of this repository) in its code.
-    assert functions["worker"]["Environment"]["Variables"]["COWORKER_HANDLER_MODULES"] == "handlers"
-    for role in ("coordinator", "api"):
-        assert functions[role]["Environment"]["Variables"]["COWORKER_HANDLER_MODULES"] == "", role
+    # The worker and the API (which checks task types) have the handlers package in their code.
+    for role in ("worker", "api"):
+        assert functions[role]["Environment"]["Variables"]["COWORKER_HANDLER_MODULES"] == "handlers", role
+    assert functions["coordinator"]["Environment"]["Variables"]["COWORKER_HANDLER_MODULES"] == ""
 
 
 def test_worker_limits_come_from_context(functions) -> None:
@@ -334,6 +334,7 @@ def role_of(fn: dict) -> str:
 def test_least_privilege_on_the_table(template: Template, functions) -> None:
     assert table_actions(template, role_of(functions["coordinator"])) == {
         "dynamodb:Query",
+        "dynamodb:GetItem",  # reaping reads the error history it trims
         "dynamodb:UpdateItem",
         "dynamodb:BatchGetItem",  # worker-slot items are created at the start of a run
         "dynamodb:PutItem",
@@ -342,10 +343,25 @@ def test_least_privilege_on_the_table(template: Template, functions) -> None:
         "dynamodb:GetItem",
         "dynamodb:UpdateItem",
         "dynamodb:Query",
+        "dynamodb:PutItem",  # follow-up tasks
+        "dynamodb:ConditionCheckItem",  # ... in transactions that check the parent's claim
     }
-    api_actions = table_actions(template, role_of(functions["api"]))
-    assert {"dynamodb:PutItem", "dynamodb:GetItem", "dynamodb:Query", "dynamodb:UpdateItem"} <= api_actions
-    assert all(a.startswith("dynamodb:") and a != "dynamodb:*" for a in api_actions)
+    # The API puts, reads, lists, redrives and cancels; it never scans or deletes.
+    assert table_actions(template, role_of(functions["api"])) == {
+        "dynamodb:PutItem", "dynamodb:GetItem", "dynamodb:Query", "dynamodb:UpdateItem"}
+
+
+def test_only_the_api_signs_cursors_with_the_stack_id(functions) -> None:
+    assert functions["api"]["Environment"]["Variables"]["COWORKER_CURSOR_SECRET"] == {"Ref": "AWS::StackId"}
+    for role in ("worker", "coordinator"):
+        assert "COWORKER_CURSOR_SECRET" not in functions[role]["Environment"]["Variables"]
+
+
+def test_x_ray_keeps_no_responses_or_error_bodies(functions) -> None:
+    for role, fn in functions.items():
+        env = fn["Environment"]["Variables"]
+        assert env["POWERTOOLS_TRACER_CAPTURE_RESPONSE"] == "false", role
+        assert env["POWERTOOLS_TRACER_CAPTURE_ERROR"] == "false", role
 
 
 def test_only_the_coordinator_and_the_api_may_invoke_the_worker(template: Template, functions) -> None:

@@ -11,20 +11,26 @@ from aws_cdk.assertions import Template
 from coworker.errors import ConfigurationError
 
 from infra import constants as c
-from infra.bundling import worker_bundling
+from infra.bundling import function_bundling
 from infra.config import StackConfig
 from infra.task_system import TaskSystem
 from tests.infra.test_stack import fake_pip, functions_by_role
 from tests.support.handler_packages import write_handler_package
 
 
-def worker_asset(assembly_dir: str, template: dict) -> Path:
-    """The bundled code folder of the worker function in a synthesized assembly."""
+def function_asset(assembly_dir: str | Path, template: dict, role: str = "worker") -> Path:
+    """The bundled code folder of a function ("worker", "api"...) in a synthesized assembly."""
     for resource in template["Resources"].values():
-        if resource["Type"] == "AWS::Lambda::Function" and "worker" in resource["Properties"]["Description"]:
-            asset_hash = resource["Properties"]["Code"]["S3Key"].removesuffix(".zip")
+        properties = resource["Properties"]
+        if resource["Type"] == "AWS::Lambda::Function" and properties["Description"].lower().startswith(
+                f"coworker {role}"):
+            asset_hash = properties["Code"]["S3Key"].removesuffix(".zip")
             return Path(assembly_dir) / f"asset.{asset_hash}"
-    raise AssertionError("no worker function in the template")
+    raise AssertionError(f"no {role} function in the template")
+
+
+def worker_asset(assembly_dir: str, template: dict) -> Path:
+    return function_asset(assembly_dir, template, "worker")
 
 
 def synth_system(tmp_path: Path, **options) -> tuple[Template, dict, Path]:
@@ -36,7 +42,7 @@ def synth_system(tmp_path: Path, **options) -> tuple[Template, dict, Path]:
     return Template.from_json(template), template, worker_asset(assembly.directory, template)
 
 
-def test_your_handlers_package_is_in_the_worker_code_and_imported_by_it(tmp_path) -> None:
+def test_your_handlers_package_is_in_the_function_code_and_imported_by_it(tmp_path) -> None:
     package, name, _ = write_handler_package(tmp_path / "src")
     template, raw, asset = synth_system(tmp_path, handlers=str(package), max_concurrency=40, batch_size=10)
     assert (asset / "handler.py").is_file()  # the worker's own Lambda handler
@@ -46,8 +52,11 @@ def test_your_handlers_package_is_in_the_worker_code_and_imported_by_it(tmp_path
     worker_env = functions["worker"]["Environment"]["Variables"]
     assert worker_env["COWORKER_HANDLER_MODULES"] == name
     assert worker_env["COWORKER_EXAMPLE_HANDLERS"] == "True"
-    for role in ("coordinator", "api"):  # their code has no handlers package: they must not import it
-        assert name not in functions[role]["Environment"]["Variables"]["COWORKER_HANDLER_MODULES"]
+    assert functions["api"]["Environment"]["Variables"]["COWORKER_HANDLER_MODULES"] == name  # checks types
+    # The coordinator's code has no handlers package: it must not import it.
+    assert name not in functions["coordinator"]["Environment"]["Variables"]["COWORKER_HANDLER_MODULES"]
+    api_asset = function_asset(tmp_path / "cdk.out", raw, "api")
+    assert (api_asset / name / "math_tasks.py").is_file() and (api_asset / "handler.py").is_file()
     assert functions["worker"]["ReservedConcurrentExecutions"] == 4  # options reach the settings
 
 
@@ -81,7 +90,7 @@ def test_handler_requirements_are_installed_as_lambda_wheels_next_to_the_package
     calls: list = []
     monkeypatch.setattr("infra.bundling.subprocess.run", fake_pip(calls))
     package, name, _ = write_handler_package(tmp_path, requirements="# parsing\nlxml==5.3.0\n")
-    bundler = worker_bundling(c.FUNCTIONS_DIR / c.WORKER_DIR_NAME, package, install_dependencies=True,
+    bundler = function_bundling(c.FUNCTIONS_DIR / c.WORKER_DIR_NAME, package, install_dependencies=True,
                               dependency_cache=tmp_path / "cache")
     out = tmp_path / "out"
     assert bundler.try_bundle(str(out), image=None) is True
@@ -96,7 +105,7 @@ def test_requirements_with_only_comments_run_no_pip(tmp_path, monkeypatch) -> No
     calls: list = []
     monkeypatch.setattr("infra.bundling.subprocess.run", fake_pip(calls))
     package, _, _ = write_handler_package(tmp_path, requirements="# nothing yet\n\n")
-    bundler = worker_bundling(c.FUNCTIONS_DIR / c.WORKER_DIR_NAME, package, install_dependencies=True,
+    bundler = function_bundling(c.FUNCTIONS_DIR / c.WORKER_DIR_NAME, package, install_dependencies=True,
                               dependency_cache=tmp_path / "cache")
     bundler.try_bundle(str(tmp_path / "out"), image=None)
     assert calls == []
@@ -105,9 +114,9 @@ def test_requirements_with_only_comments_run_no_pip(tmp_path, monkeypatch) -> No
 def test_the_asset_hash_follows_the_handlers_code(tmp_path) -> None:
     package, _, _ = write_handler_package(tmp_path)
     worker_dir = c.FUNCTIONS_DIR / c.WORKER_DIR_NAME
-    before = worker_bundling(worker_dir, package, install_dependencies=False).asset_hash()
+    before = function_bundling(worker_dir, package, install_dependencies=False).asset_hash()
     (package / "math_tasks.py").write_text((package / "math_tasks.py").read_text() + "\n# changed\n")
-    assert worker_bundling(worker_dir, package, install_dependencies=False).asset_hash() != before
+    assert function_bundling(worker_dir, package, install_dependencies=False).asset_hash() != before
 
 
 @pytest.mark.parametrize(

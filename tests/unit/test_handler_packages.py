@@ -6,6 +6,7 @@ import sys
 import threading
 import time
 
+import coworker.examples  # noqa: F401  (registers the example types that follow-ups name)
 import pytest
 from coworker import TaskFailed, handlers
 from coworker.config import EXAMPLE_HANDLER_MODULE, Settings
@@ -135,10 +136,10 @@ def test_make_context_uses_the_workers_token_format() -> None:
 def test_run_handler_shows_the_follow_ups_a_handler_asked_for() -> None:
     def crawl(payload, context):
         for url in payload["links"]:
-            context.spawn("crawl-page", {"url": url}, key=f"page:{url}")
+            context.spawn("quick", {"url": url}, key=f"page:{url}")
         return len(payload["links"])
 
     context = make_context("page:/")
     assert run_handler(crawl, {"links": ["/a", "/b"]}, context=context) == 2
     assert [(f.key, f.type, f.payload) for f in context.follow_ups] == [
-        ("page:/a", "crawl-page", {"url": "/a"}), ("page:/b", "crawl-page", {"url": "/b"})]
+        ("page:/a", "quick", {"url": "/a"}), ("page:/b", "quick", {"url": "/b"})]

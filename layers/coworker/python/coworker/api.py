@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 import json
 import math
 import uuid
@@ -38,7 +40,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValida
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from pydantic import BaseModel
 
-from coworker import batches, dispatch, lifecycle, offload, schema
+from coworker import batches, dispatch, handlers, lifecycle, offload, schema
 from coworker.api_models import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
@@ -81,7 +83,9 @@ MAX_SCANNED_PER_REQUEST = 1000
 # a Lambda response holds at most 6 MB, and base64 or escaping can grow a body.
 MAX_RESULT_RESPONSE_BYTES = 4 * 1024 * 1024
 DEFAULT_STATS_CAP = 1000
-MAX_STATS_CAP = 10_000
+# At most 4 statuses x 2,500 index entries (a few hundred bytes each): about 10,000 entries and a
+# few hundred read units per request, whatever the backlog.
+MAX_STATS_CAP = 2_500
 INDEXED_STATUSES = (TaskStatus.TODO, TaskStatus.PROCESSING, TaskStatus.FAILED, TaskStatus.IGNORED)
 FINISHED_NOT_LISTED = (
     "finished tasks leave the status index (that keeps the coordinator's queries and the index "
@@ -192,32 +196,52 @@ _BAD_CURSOR = "the cursor is not valid: pass back the cursor of a previous answe
 _CURSOR_KEYS = {schema.PARTITION_KEY, schema.STATUS_INDEX_PARTITION_KEY, schema.STATUS_INDEX_SORT_KEY}
 
 
-def encode_cursor(last_evaluated_key: dict[str, Any] | None) -> str | None:
-    """Opaque cursor: URL-safe base64 of the index's LastEvaluatedKey."""
-    if not last_evaluated_key:
-        return None
-    raw = json.dumps(last_evaluated_key, separators=(",", ":"), sort_keys=True).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+class CursorCodec:
+    """Opaque, tamper-evident cursors: URL-safe base64 of the index's LastEvaluatedKey and of the
+    listing it belongs to, plus an HMAC-SHA256 of both under ``secret``. A cursor that was edited,
+    comes from another deployment, or belongs to another listing (status, filters, order) is
+    refused with 400 before it reaches DynamoDB."""
+
+    def __init__(self, secret: str) -> None:
+        self._key = hashlib.sha256(b"coworker-cursor|" + secret.encode()).digest()
+
+    def _sign(self, data: bytes) -> str:
+        return _b64(hmac.new(self._key, data, hashlib.sha256).digest()[:16])
+
+    def encode(self, last_evaluated_key: dict[str, Any] | None, listing: Sequence[Any]) -> str | None:
+        if not last_evaluated_key:
+            return None
+        data = json.dumps({"k": last_evaluated_key, "q": list(listing)}, separators=(",", ":"),
+                          sort_keys=True).encode()
+        return f"{_b64(data)}.{self._sign(data)}"
+
+    def decode(self, cursor: str | None, listing: Sequence[Any]) -> dict[str, Any] | None:
+        """The LastEvaluatedKey a cursor stands for; :class:`BadRequestError` if it is not one of
+        ours, or not for this listing."""
+        if not cursor:
+            return None
+        encoded, _, signature = cursor.partition(".")
+        try:
+            data = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+        except (binascii.Error, ValueError):
+            raise BadRequestError(_BAD_CURSOR) from None
+        if not signature or not hmac.compare_digest(signature, self._sign(data)):
+            raise BadRequestError(_BAD_CURSOR)
+        value = json.loads(data)
+        if value.get("q") != list(listing):
+            raise BadRequestError("the cursor belongs to another listing (status, filters or order): "
+                                  "start again without a cursor")
+        return value["k"]
 
 
-def decode_cursor(cursor: str | None, status: str) -> dict[str, Any] | None:
-    """The LastEvaluatedKey a cursor stands for; :class:`BadRequestError` if it is not one of ours."""
-    if not cursor:
-        return None
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        value = json.loads(raw)
-    except (binascii.Error, ValueError, UnicodeDecodeError):
-        raise BadRequestError(_BAD_CURSOR) from None
-    well_formed = (
-        isinstance(value, dict) and set(value) == _CURSOR_KEYS
-        and all(isinstance(v, dict) and set(v) == {"S"} and isinstance(v["S"], str) for v in value.values())
-    )
-    if not well_formed:
-        raise BadRequestError(_BAD_CURSOR)
-    if value[schema.STATUS_INDEX_PARTITION_KEY]["S"] != status:
-        raise BadRequestError(f"the cursor belongs to a listing of another status, not {status!r}")
-    return value
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def cursor_secret(settings: Settings) -> str:
+    """The cursor signing secret: the setting (the stack sets one per deployment), else one
+    derived from the table name (tamper-evident, not secret)."""
+    return settings.cursor_secret or f"table:{settings.table_name}"
 
 
 # -- index reads (bounded) ---------------------------------------------------------------------
@@ -316,6 +340,20 @@ def _spec(task: TaskIn, batch_id: str | None) -> TaskSpec:
                     priority=task.priority)
 
 
+def check_task_types(tasks: Sequence[TaskIn], batch: bool) -> None:
+    """Refuse tasks whose type has no registered handler (422, each entry named, the known types
+    listed): the API imports the same handler modules as the workers."""
+    known = handlers.registered_types()
+    errors = [
+        {"type": "unknown_task_type", "loc": ("body", "tasks", index, "type") if batch else ("body", "type"),
+         "msg": f"no handler is registered for task type {task.type!r}; known types: {', '.join(known) or 'none'}",
+         "input": task.type}
+        for index, task in enumerate(tasks) if task.type not in known
+    ]
+    if errors:
+        raise RequestValidationError(errors)
+
+
 # -- the application ---------------------------------------------------------------------------
 
 # -- the request body: JSON only, UTF-8, numbers DynamoDB and JSON can both keep -----------------
@@ -390,6 +428,7 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
     (dispatch on submit); without one they wait for the coordinator.
     """
     app = TaskApiResolver()
+    cursors = CursorCodec(cursor_secret(settings))
 
     def start_due(specs: Sequence[TaskSpec], now: datetime) -> None:
         due = [spec.key for spec in specs if lifecycle.first_due_at(spec, now) <= now]
@@ -400,6 +439,16 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
     @app.exception_handler(RequestValidationError)
     def _invalid(exc: RequestValidationError) -> Response:
         return validation_error_response(exc)
+
+    @app.exception_handler(batches.PartialPutError)
+    def _partly_stored(exc: batches.PartialPutError) -> Response:
+        logger.exception("batch partly stored", extra={"stored": len(exc.stored)})
+        body = ErrorOut(statusCode=503, error="storage_unavailable",
+                        message=f"{exc}: re-send the same request to store the rest (tasks already stored are "
+                                "reported as existing, and the batch total counts each task once)",
+                        stored=exc.stored)
+        return Response(status_code=503, content_type=content_types.APPLICATION_JSON,
+                        body=body.model_dump_json(exclude_none=True))
 
     @app.exception_handler(CoworkerError)
     def _domain_error(exc: CoworkerError) -> Response:
@@ -442,6 +491,8 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
     def submit(body: Annotated[Submission, Body(description="A task, or {\"tasks\": [...]} for a batch")]
                ) -> Response[SubmitTaskOut | SubmitBatchOut]:
         now = utcnow()
+        if settings.validate_task_types:
+            check_task_types([body] if isinstance(body, TaskIn) else body.tasks, batch=isinstance(body, BatchIn))
         if isinstance(body, TaskIn):
             spec = _spec(body, None)
             outcome = lifecycle.put_task(spec, settings, now=now)
@@ -513,11 +564,12 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
     ) -> TaskPage:
         if status is IndexedStatus.FINISHED:
             raise BadRequestError(FINISHED_NOT_LISTED)
-        start = decode_cursor(cursor, status.value)
+        listing = ("tasks", status.value, type, batch, order.value)
+        start = cursors.decode(cursor, listing)
         tasks, last_key, scanned = read_index(status.value, want=limit, start=start,
                                               forward=order is Order.OLDEST, batch_id=batch, task_type=type)
         return TaskPage(items=[TaskSummary(**_summary(t)) for t in tasks], count=len(tasks),
-                        cursor=encode_cursor(last_key), scanned=scanned)
+                        cursor=cursors.encode(last_key, listing), scanned=scanned)
 
     @app.post("/tasks/<key>/retry", summary="Redrive a failed or ignored task", tags=["tasks"],
               responses=_ERROR_RESPONSES)
@@ -556,13 +608,14 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
     ) -> RedriveOut:
         batch_id = unquote(batch_id)
         batches.get_batch(batch_id)  # BatchNotFoundError -> 404
-        start = decode_cursor(cursor, status.value)
+        listing = ("redrive", status.value, batch_id)
+        start = cursors.decode(cursor, listing)
         tasks, last_key, scanned = read_index(status.value, want=limit, start=start, batch_id=batch_id)
         redriven = sum(1 for task in tasks if lifecycle.retry(task.key) is not None)
         logger.info("batch redrive", extra={"batch_id": batch_id, "status": status.value,
                                             "redriven": redriven})
         return RedriveOut(batch_id=batch_id, status=status, redriven=redriven, skipped=len(tasks) - redriven,
-                          scanned=scanned, cursor=encode_cursor(last_key))
+                          scanned=scanned, cursor=cursors.encode(last_key, listing))
 
     @app.get("/stats", summary="Counts by status (bounded)", tags=["stats"], responses=_ERROR_RESPONSES)
     def stats(

@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from coworker.batches import BATCH_KEY_PREFIX
+from coworker.leases import LEASE_KEY_PREFIX, SLOT_KEY_PREFIX
 
 MAX_BATCH_TASKS = 1000
 MAX_KEY_CHARS = 512  # DynamoDB allows 2048 bytes; 512 characters of UTF-8 always fit
@@ -95,6 +96,9 @@ class TaskIn(_Strict):
         _no_control_characters(value, "key")
         if value.startswith(BATCH_KEY_PREFIX):
             raise ValueError(f"keys starting with '{BATCH_KEY_PREFIX}' are reserved for batches")
+        for prefix in (SLOT_KEY_PREFIX, LEASE_KEY_PREFIX):
+            if value.startswith(prefix):
+                raise ValueError(f"keys starting with '{prefix}' are reserved for Coworker's own items")
         return value
 
     @field_validator("type")
@@ -188,6 +192,9 @@ class ErrorOut(BaseModel):
     error: str = Field(description="Short machine-readable error name.")
     message: str = Field(description="What went wrong, for a person.")
     errors: list[ErrorDetail] | None = None
+    stored: list[str] | None = Field(
+        None, description="Only when storage failed part-way through a batch: the keys that were stored. "
+                          "Re-send the same request (puts are idempotent by key) to store the rest.")
 
 
 class ResultRefOut(BaseModel):

@@ -34,7 +34,7 @@ from pynamodb.exceptions import DoesNotExist, GetError, PynamoDBException, Trans
 from pynamodb.expressions.condition import Condition
 from pynamodb.transactions import TransactWrite
 
-from coworker.errors import CoworkerError, StorageError
+from coworker.errors import CoworkerError, RecordTooLargeError, StorageError
 from coworker.model import BatchModel, TaskModel, iso_utc, utcnow
 
 BATCH_KEY_PREFIX = "batch#"
@@ -157,6 +157,9 @@ def _transact(build: Callable[[TransactWrite], None], what: str) -> list[str | N
             reasons = _reasons(exc)
             if _CONDITION_FAILED in reasons:
                 return reasons
+            texts = [exc.cause_response_message or "", *(r.message or "" for r in exc.cancellation_reasons or [] if r)]
+            if any("maximum allowed size" in text for text in texts):
+                raise RecordTooLargeError(f"could not {what}: an item would pass DynamoDB's 400 KB limit") from exc
             if any(code in _RETRIED_REASONS for code in reasons) and attempt < CONFLICT_ATTEMPTS - 1:
                 time.sleep(random.uniform(0, min(1.0, 0.02 * 2 ** attempt)))
                 continue
@@ -238,11 +241,25 @@ def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = 
     for task in tasks:
         if task.batch_id != batch_id:
             raise ValueError(f"task {task.key!r} does not carry batch id {batch_id!r}")
-    created = _put_in_chunks(tasks, batch_id, now)
-    assert created is not None  # no guard: never refused as a whole
+    created = [False] * len(tasks)
+    try:
+        written = _put_in_chunks(tasks, batch_id, now, progress=created)
+    except StorageError as exc:
+        stored = [task.key for task, made in zip(tasks, created, strict=True) if made]
+        raise PartialPutError(f"{exc}; {len(stored)} of {len(tasks)} tasks were stored before it", stored) from exc
+    assert written is not None  # no guard: never refused as a whole
     if not any(created):
         _touch(batch_id, now)  # every task existed: make sure the batch itself does
     return created
+
+
+class PartialPutError(StorageError):
+    """Storage failed part-way through putting a batch: ``stored`` are the keys that went in
+    (each with the batch's total), the others did not."""
+
+    def __init__(self, message: str, stored: list[str]) -> None:
+        super().__init__(message)
+        self.stored = stored
 
 
 class GuardFailedError(CoworkerError):
@@ -269,9 +286,13 @@ def put_guarded(tasks: Sequence[TaskModel], guard_key: str, guard: Condition,
 
 
 def _put_in_chunks(tasks: Sequence[TaskModel], batch_id: str | None, now: datetime,
-                   guard: tuple[str, Condition] | None = None) -> list[bool] | None:
-    """Put ``tasks`` in transactions within DynamoDB's limits; ``None`` when the guard failed."""
-    created = [False] * len(tasks)
+                   guard: tuple[str, Condition] | None = None, progress: list[bool] | None = None
+                   ) -> list[bool] | None:
+    """Put ``tasks`` in transactions within DynamoDB's limits; ``None`` when the guard failed.
+
+    ``progress`` (one flag per task) is filled in as chunks commit, so a caller that sees an
+    exception knows exactly which tasks were stored before it."""
+    created = progress if progress is not None else [False] * len(tasks)
     room = MAX_TRANSACTION_ITEMS - (1 if batch_id else 0) - (1 if guard else 0)
     chunk: list[int] = []
     size = 0

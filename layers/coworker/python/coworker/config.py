@@ -95,6 +95,13 @@ class Settings(BaseModel):
     max_result_bytes: int = Field(100 * 1024 * 1024, ge=1024, alias="COWORKER_MAX_RESULT_BYTES",
                                   description="Largest result kept in the result store; above it the record "
                                               "keeps a note and a preview.")
+    cursor_secret: str | None = Field(None, alias="COWORKER_CURSOR_SECRET",
+                                      description="Key that signs listing cursors (the stack sets one per "
+                                                  "deployment; the local runtime one per run).")
+    validate_task_types: bool = Field(True, alias="COWORKER_VALIDATE_TASK_TYPES",
+                                      description="The API refuses a task whose type has no registered handler "
+                                                  "(422, listing the known types); the worker still guards "
+                                                  "types removed after a submit.")
     example_handlers: bool = Field(True, alias="COWORKER_EXAMPLE_HANDLERS",
                                    description="Also register the example task types (quick, slow, flaky, "
                                                "always-fail, crawl) that the demo and the tests use.")

@@ -15,6 +15,10 @@ class StorageError(CoworkerError):
     """DynamoDB answered with an error that is not part of the lifecycle (throttling, outage)."""
 
 
+class RecordTooLargeError(StorageError):
+    """A write would make the task's item larger than DynamoDB's 400 KB limit."""
+
+
 class TaskNotFoundError(CoworkerError):
     """No task has the given key."""
 

@@ -80,6 +80,8 @@ class TaskContext:
         """
         from coworker.api_models import TaskIn  # the API's own rules for a task
 
+        if task_type not in _registry:
+            raise ValueError(f"follow-up task refused: no handler is registered for task type {task_type!r}")
         if len(self.follow_ups) >= MAX_FOLLOW_UPS:
             raise ValueError(f"one attempt may spawn at most {MAX_FOLLOW_UPS} follow-up tasks")
         key = key if key is not None else f"{self.key}/{len(self.follow_ups) + 1}"

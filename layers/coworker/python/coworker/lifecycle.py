@@ -38,7 +38,7 @@ from pynamodb.expressions.condition import Condition
 
 from coworker import batches, offload
 from coworker.config import Settings
-from coworker.errors import StorageError, TaskNotFoundError
+from coworker.errors import RecordTooLargeError, StorageError, TaskNotFoundError
 from coworker.handlers import FollowUp
 from coworker.model import ErrorKind, ErrorRecord, TaskModel, TaskStatus, utcnow
 
@@ -124,6 +124,12 @@ class Claim:
 
 def _condition_failed(exc: PutError | UpdateError) -> bool:
     return exc.cause_response_code == CONDITION_FAILED
+
+
+def _too_large(exc: PutError | UpdateError) -> bool:
+    """DynamoDB refused the write because the item would pass its 400 KB limit."""
+    return (exc.cause_response_code == "ValidationException"
+            and "maximum allowed size" in (exc.cause_response_message or ""))
 
 
 def backoff_delay(attempt: int, settings: Settings, rng: random.Random | None = None) -> float:
@@ -247,6 +253,10 @@ def claim(key: str, owner: str, settings: Settings, now: datetime | None = None)
     except UpdateError as exc:
         if _condition_failed(exc):
             return None
+        if _too_large(exc):
+            # Not even the lock fits: end the task rather than have it handed out for ever.
+            _end_too_large(TaskModel(key, batch_id=batches.membership(key)[0]), claimable, None, now)
+            return None
         raise StorageError(f"could not claim task {key!r}: {exc.cause_response_message}") from exc
     return Claim(task=task, owner=owner, attempt=int(task.attempts))
 
@@ -332,8 +342,43 @@ def _write(task: TaskModel, actions: list, condition: Condition, delta: batches.
     except UpdateError as exc:
         if _condition_failed(exc):
             return False
+        if _too_large(exc):
+            raise RecordTooLargeError(f"could not {what} task {task.key!r}: its record would pass 400 KB") from exc
         raise StorageError(f"could not {what} task {task.key!r}: {exc.cause_response_message}") from exc
     return True
+
+
+def _end_too_large(task: TaskModel, condition: Condition, kept: ErrorRecord | None, now: datetime) -> bool:
+    """End a task whose record cannot take the write it needs: ``ignored`` with a
+    ``record_too_large`` error, its result and older history dropped (the entry ``kept`` stays,
+    without its traceback), so that it never loops on a write DynamoDB refuses. If even that does
+    not fit, the payload goes too (the error says so). Under ``condition`` (the caller's own);
+    ``False`` when it does not hold."""
+    attempt = int(kept.attempt) if kept is not None else 0
+    history = [error_record(attempt, ErrorKind(kept.kind), kept.message, kept.at)] if kept else []
+    dropped = "its result and older error history were dropped"
+    for drop_payload in (False, True):
+        if drop_payload:
+            dropped = "its payload, result and older error history were dropped"
+        note = error_record(attempt, ErrorKind.RECORD_TOO_LARGE,
+                            f"the task's record would pass DynamoDB's 400 KB item limit, so it was ended: "
+                            f"{dropped} (make the payload smaller, or let large payloads go to the object "
+                            "store)", now)
+        actions = [
+            TaskModel.status.set(TaskStatus.IGNORED.value),
+            TaskModel.due_at.set(now),
+            TaskModel.errors.set([*history, note]),
+            TaskModel.result.remove(),
+            *_release_lock_actions(now),
+        ]
+        if drop_payload:
+            actions.append(TaskModel.payload.remove())
+        try:
+            return _write(task, actions, condition, batches.IGNORED, "end (record too large)")
+        except RecordTooLargeError:
+            if drop_payload:
+                raise
+    return False  # pragma: no cover - the loop returns or raises
 
 
 def _fenced_update(claim: Claim, actions: list, outcome: RecordOutcome,
@@ -435,7 +480,11 @@ def fail(
         TaskModel.errors.set(_history(claim, settings, now, [error])),
         *_release_lock_actions(now),
     ]
-    return _fenced_update(claim, actions, outcome, batches.IGNORED if give_up else None)
+    try:
+        return _fenced_update(claim, actions, outcome, batches.IGNORED if give_up else None)
+    except RecordTooLargeError:
+        ended = _end_too_large(claim.task, _fenced(claim), error, now)
+        return RecordOutcome.IGNORED if ended else RecordOutcome.LOST
 
 
 # A read-then-write is tried again this often when the record changed between the two.
@@ -459,9 +508,15 @@ def _write_with_error(task: TaskModel, entry: ErrorRecord, settings: Settings, a
             return False
         history = [*(current.errors or []), entry][-settings.error_history:]
         unchanged = TaskModel.updated_at == current.updated_at
-        if _write(task, [*actions, TaskModel.errors.set(history)], condition & unchanged, delta, what,
-                  refresh=refresh):
-            return True
+        try:
+            if _write(task, [*actions, TaskModel.errors.set(history)], condition & unchanged, delta, what,
+                      refresh=refresh):
+                return True
+        except RecordTooLargeError:
+            if _end_too_large(task, condition & unchanged, entry, utcnow()):
+                if refresh:
+                    task.refresh(consistent_read=True)
+                return True
         try:
             after = TaskModel.get(task.key, consistent_read=True, attributes_to_get=["updated_at"])
         except DoesNotExist:

@@ -50,6 +50,7 @@ class ErrorKind(str, enum.Enum):
     WORKER_LOST = "worker_lost"  # the lock expired: the worker died without recording anything
     UNKNOWN_TYPE = "unknown_type"  # no handler registered for the task type
     CANCELLED = "cancelled"  # cancelled through the API
+    RECORD_TOO_LARGE = "record_too_large"  # the record hit DynamoDB's 400 KB item limit: ended
 
 
 def utcnow() -> datetime:
