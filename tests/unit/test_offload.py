@@ -56,7 +56,7 @@ def test_a_tampered_or_foreign_result_is_refused(tmp_path) -> None:
     with pytest.raises(StorageError, match="checksum"):
         offload.load(stored.to_dict(), store)
     (tmp_path / "secret.json").write_text("1")
-    with pytest.raises(StorageError, match="outside the result folder"):
+    with pytest.raises(StorageError, match="outside the object store.s folder"):
         store.get((tmp_path / "secret.json").as_uri())
     with pytest.raises(StorageError, match="none is configured"):
         offload.load(stored.to_dict(), None)

@@ -91,7 +91,7 @@ class S3ObjectStore:
         try:
             self._client.put_object(Bucket=self.bucket, Key=name, Body=body, ContentType="application/json")
         except Exception as exc:  # noqa: BLE001 - botocore raises many kinds; all mean "not stored"
-            raise StorageError(f"could not store result {name!r} in bucket {self.bucket!r}: {exc}") from exc
+            raise StorageError(f"could not store {name!r} in bucket {self.bucket!r}: {exc}") from exc
         return f"s3://{self.bucket}/{name}"
 
     def get(self, uri: str) -> bytes:
@@ -99,7 +99,7 @@ class S3ObjectStore:
         try:
             return self._client.get_object(Bucket=bucket, Key=key)["Body"].read()
         except Exception as exc:  # noqa: BLE001
-            raise StorageError(f"could not read result {uri!r}: {exc}") from exc
+            raise StorageError(f"could not read {uri!r}: {exc}") from exc
 
     def link(self, uri: str) -> str | None:
         bucket, key = self._split(uri)
@@ -110,7 +110,7 @@ class S3ObjectStore:
     def _split(uri: str) -> tuple[str, str]:
         parsed = urlparse(uri)
         if parsed.scheme != "s3":
-            raise StorageError(f"not an S3 result: {uri!r}")
+            raise StorageError(f"not an S3 object: {uri!r}")
         return parsed.netloc, parsed.path.lstrip("/")
 
 
@@ -128,17 +128,17 @@ class FolderObjectStore:
             partial.write_bytes(body)
             partial.replace(path)  # readers never see half a result
         except OSError as exc:
-            raise StorageError(f"could not store result {name!r} in {self.folder}: {exc}") from exc
+            raise StorageError(f"could not store {name!r} in {self.folder}: {exc}") from exc
         return path.as_uri()
 
     def get(self, uri: str) -> bytes:
         path = Path(urlparse(uri).path)
         if self.folder not in path.parents:
-            raise StorageError(f"result {uri!r} is outside the result folder")
+            raise StorageError(f"{uri!r} is outside the object store's folder")
         try:
             return path.read_bytes()
         except OSError as exc:
-            raise StorageError(f"could not read result {uri!r}: {exc}") from exc
+            raise StorageError(f"could not read {uri!r}: {exc}") from exc
 
     def link(self, uri: str) -> str | None:
         return None
@@ -194,8 +194,9 @@ def prepare_result(result: Any, settings: Settings, store: ObjectStore | None, *
         body = json.dumps(result, default=str, ensure_ascii=False, separators=(",", ":")).encode()
     except (TypeError, ValueError) as exc:
         return PreparedResult(inline={"note": f"result of type {type(result).__name__} is not JSON: {exc}"})
-    if len(body) <= settings.inline_result_bytes:
-        return PreparedResult(inline=json.loads(body))
+    value = json.loads(body)
+    if stored_size(value) <= settings.inline_result_bytes:  # counted as the record would store it
+        return PreparedResult(inline=value)
     preview = body[:PREVIEW_CHARS].decode(errors="ignore")
     if store is None:
         return PreparedResult(inline={
