@@ -337,6 +337,11 @@ class _RequestHandler(BaseHTTPRequestHandler):
         raise AttributeError(name)
 
     def _method_not_allowed(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if 0 < length <= MAX_REQUEST_BYTES:
+            self.rfile.read(length)  # the next request on this connection starts after it
+        else:
+            self.close_connection = length > 0
         body = json.dumps({"statusCode": 405, "error": "method_not_allowed",
                            "message": f"method {self.command} is not allowed"})
         self._send(GatewayResponse(405, {"Content-Type": "application/json", "Allow": ALLOWED_METHODS}, body))

@@ -122,8 +122,15 @@ _ERROR_RESPONSES: dict[int, Any] = {
         (413, "A payload is too large, even for the object store"),
         (415, "The body is not JSON (Content-Type must be application/json)"),
         (422, "Invalid input: every problem is listed with its location"),
+        (503, "DynamoDB or the object store refused or failed (throttling, outage): retry later; a batch "
+              "stored part-way lists the keys stored"),
     )
 }
+
+
+def _responses(ok: str, status: int = 200, **extra: Any) -> dict[int, Any]:
+    """A route's documented answers: its success (schema from the return type) and every error."""
+    return {status: {"description": ok}, **_ERROR_RESPONSES, **{int(k): v for k, v in extra.items()}}
 
 
 def error_response(status: int, error: str, message: str, errors: list[dict] | None = None,
@@ -517,7 +524,7 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
                                               "tasks_existing": len(specs) - made_count})
         return _json(201 if made_count else 200, answer)
 
-    @app.get("/tasks/<key>", summary="Read a task", tags=["tasks"], responses=_ERROR_RESPONSES)
+    @app.get("/tasks/<key>", summary="Read a task", tags=["tasks"], responses=_responses("The task's record"))
     def read_task(key: str) -> TaskOut:
         record = lifecycle.get_task(_task_key(key)).to_dict()
         if record["result_ref"] is not None:
@@ -551,7 +558,7 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
                         body=offload.read(task.result_ref, store).decode())
 
     @app.get("/tasks", summary="List tasks of one status (a page of the status index)", tags=["tasks"],
-             responses=_ERROR_RESPONSES)
+             responses=_responses("A page of tasks, oldest (or newest) due first"))
     def list_tasks(
         status: Annotated[IndexedStatus, Query(description="todo, processing, failed or ignored. "
                                                            "finished tasks are not in the index: 400.")],
@@ -572,7 +579,7 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
                         cursor=cursors.encode(last_key, listing), scanned=scanned)
 
     @app.post("/tasks/<key>/retry", summary="Redrive a failed or ignored task", tags=["tasks"],
-              responses=_ERROR_RESPONSES)
+              responses=_responses("The redriven task"))
     def retry_task(key: str) -> TaskOut:
         key = _task_key(key)
         task = lifecycle.retry(key)
@@ -583,7 +590,7 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
         return TaskOut.model_validate(task.to_dict())
 
     @app.post("/tasks/<key>/cancel", summary="Cancel a task that is not finished", tags=["tasks"],
-              responses=_ERROR_RESPONSES)
+              responses=_responses("The cancelled task"))
     def cancel_task(key: str) -> TaskOut:
         key = _task_key(key)
         task = lifecycle.cancel(key, settings, reason="cancelled through the API")
@@ -594,12 +601,12 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
         return TaskOut.model_validate(task.to_dict())
 
     @app.get("/batches/<batch_id>", summary="A batch's progress", tags=["batches"],
-             responses=_ERROR_RESPONSES)
+             responses=_responses("The batch's counters"))
     def read_batch(batch_id: str) -> BatchOut:
         return BatchOut(**batches.get_batch(unquote(batch_id)).to_dict())
 
     @app.post("/batches/<batch_id>/retry", summary="Redrive a batch's ignored or failed tasks",
-              tags=["batches"], responses=_ERROR_RESPONSES)
+              tags=["batches"], responses=_responses("What this slice of the batch redrove"))
     def retry_batch(
         batch_id: str,
         status: Annotated[RedriveStatus, Query()] = RedriveStatus.IGNORED,
@@ -617,7 +624,8 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
         return RedriveOut(batch_id=batch_id, status=status, redriven=redriven, skipped=len(tasks) - redriven,
                           scanned=scanned, cursor=cursors.encode(last_key, listing))
 
-    @app.get("/stats", summary="Counts by status (bounded)", tags=["stats"], responses=_ERROR_RESPONSES)
+    @app.get("/stats", summary="Counts by status (bounded)", tags=["stats"],
+             responses=_responses("Counts by status"))
     def stats(
         cap: Annotated[int, Query(ge=1, le=MAX_STATS_CAP,
                                   description="Most entries counted per status.")] = DEFAULT_STATS_CAP,
