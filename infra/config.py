@@ -43,6 +43,7 @@ _SETTINGS_CONTEXT: dict[str, str] = {
 _DEPLOY_CONTEXT: dict[str, str] = {
     c.CTX_HANDLERS_DIR: "handlers",
     c.CTX_RESULTS_BUCKET: "results_bucket",
+    c.CTX_API_AUTH: "api_auth",
     c.CTX_REMOVAL_POLICY: "removal_policy",
     c.CTX_LAYER_DEPENDENCIES: "layer_dependencies",
     c.CTX_WORKER_MEMORY: "worker_memory_mb",
@@ -89,6 +90,7 @@ class StackConfig:
     alarm_topic_arn: str | None
     handlers_dir: Path | None = None  # your handlers package, bundled into the worker
     results_bucket: bool = True  # an S3 bucket for results too large for the record
+    api_auth: str = c.API_AUTH_KEY  # how API callers authenticate: an API key, or IAM (SigV4)
 
     @property
     def handlers_package(self) -> str | None:
@@ -204,6 +206,7 @@ class StackConfig:
             alarm_topic_arn=options.get("alarm_topic_arn"),
             handlers_dir=_handlers_dir(options.get("handlers", DEFAULT_HANDLERS)),
             results_bucket=_as_bool(options.get("results_bucket", True)),
+            api_auth=choice("api_auth", c.API_AUTH_KEY, (c.API_AUTH_KEY, c.API_AUTH_IAM)),
         )
 
 

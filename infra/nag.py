@@ -75,20 +75,34 @@ def acknowledge_findings(system: TaskSystem) -> None:
     )
 
     rest_api = system.api.rest_api
-    acknowledge(
-        rest_api,
-        "AwsSolutions-APIG4",
-        "Callers authenticate with an API key on every method (api_key_required); see docs/deploy.md.",
-    )
-    acknowledge(
-        rest_api,
-        "AwsSolutions-COG4",
-        "No Cognito user pool: clients are machines holding API keys of a usage plan.",
-    )
+    if system.api.invoke_policy is None:  # API keys
+        acknowledge(
+            rest_api,
+            "AwsSolutions-APIG4",
+            "Callers authenticate with an API key on every method (api_key_required); deploy with "
+            "apiAuth=iam for SigV4 authorization (docs/deploy.md).",
+        )
+        acknowledge(
+            rest_api,
+            "AwsSolutions-COG4",
+            "No Cognito user pool: clients are machines holding API keys of a usage plan.",
+        )
+    else:  # IAM
+        acknowledge(
+            rest_api,
+            "AwsSolutions-COG4",
+            "No Cognito user pool: every method uses IAM authorization (SigV4-signed requests).",
+        )
+        acknowledge(
+            system.api.invoke_policy,
+            "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:execute-api:<AWS::Region>:<AWS::AccountId>:"
+            f"<{Stack.of(rest_api).get_logical_id(rest_api.node.default_child)}>/*/*/*]",
+            "execute-api:Invoke on every method and stage of this one API: callers of the task API.",
+        )
     acknowledge(
         rest_api,
         "AwsSolutions-APIG3",
-        "No WAF web ACL: the usage plan and stage throttle the API; add WAF for public exposure.",
+        "No WAF web ACL: the stage throttles the API; add WAF for public exposure.",
     )
     acknowledge(
         rest_api,

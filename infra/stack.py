@@ -37,12 +37,20 @@ class CoworkerStack(Stack):
     def _build_outputs(self) -> None:
         system = self.system
         CfnOutput(self, "ApiUrl", value=system.api_url, description="Base URL of the task API")
-        CfnOutput(
-            self,
-            "ApiKeyId",
-            value=system.api.api_key.key_id,
-            description="aws apigateway get-api-key --include-value --api-key <id> prints the key",
-        )
+        if system.api.api_key is not None:
+            CfnOutput(
+                self,
+                "ApiKeyId",
+                value=system.api.api_key.key_id,
+                description="aws apigateway get-api-key --include-value --api-key <id> prints the key",
+            )
+        if system.api.invoke_policy is not None:
+            CfnOutput(
+                self,
+                "ApiInvokePolicyArn",
+                value=system.api.invoke_policy.managed_policy_arn,
+                description="Attach to the users and roles that call the API (coworker --iam)",
+            )
         CfnOutput(self, "TableName", value=system.tasks.table.table_name, description="DynamoDB task table")
         CfnOutput(self, "DashboardUrl", value=system.dashboard_url, description="CloudWatch dashboard")
         CfnOutput(self, "WorkerFunctionName", value=system.processing.worker.function.function_name)

@@ -13,6 +13,7 @@ from pathlib import Path
 from aws_cdk import Aws, RemovalPolicy
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
@@ -55,7 +56,13 @@ class TaskApi(Construct):
             self, "AccessLogs", retention=LOG_RETENTION, removal_policy=removal_policy
         )
         self.rest_api = self._build_rest_api(self.handler.function)
-        self.api_key, self.usage_plan = self._build_usage_plan()
+        self.api_key: apigw.IApiKey | None = None
+        self.usage_plan: apigw.UsagePlan | None = None
+        self.invoke_policy: iam.ManagedPolicy | None = None
+        if config.api_auth == c.API_AUTH_IAM:
+            self.invoke_policy = self._build_invoke_policy()
+        else:
+            self.api_key, self.usage_plan = self._build_usage_plan()
 
     def _build_handler(
         self,
@@ -124,7 +131,10 @@ class TaskApi(Construct):
                 throttling_rate_limit=config.api_rate_limit,
                 throttling_burst_limit=config.api_burst_limit,
             ),
-            default_method_options=apigw.MethodOptions(api_key_required=True),
+            default_method_options=(
+                apigw.MethodOptions(authorization_type=apigw.AuthorizationType.IAM)
+                if config.api_auth == c.API_AUTH_IAM else apigw.MethodOptions(api_key_required=True)
+            ),
         )
         validator = api.add_request_validator(
             "RequestValidator", validate_request_parameters=True, validate_request_body=True
@@ -133,6 +143,16 @@ class TaskApi(Construct):
         api.root.add_method("ANY", integration, request_validator=validator)
         api.root.add_resource("{proxy+}").add_method("ANY", integration, request_validator=validator)
         return api
+
+    def _build_invoke_policy(self) -> iam.ManagedPolicy:
+        """With IAM authorization: the policy to attach to the users and roles that may call the API."""
+        return iam.ManagedPolicy(
+            self,
+            "InvokePolicy",
+            description="May call the Coworker task API (SigV4-signed requests, e.g. coworker --iam)",
+            statements=[iam.PolicyStatement(actions=["execute-api:Invoke"],
+                                            resources=[self.rest_api.arn_for_execute_api()])],
+        )
 
     def _build_usage_plan(self) -> tuple[apigw.IApiKey, apigw.UsagePlan]:
         key = self.rest_api.add_api_key("ApiKey", description="Coworker API key")

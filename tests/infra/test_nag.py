@@ -64,3 +64,12 @@ def test_acknowledgments_recorded_on_constructs_all_have_reasons(nagged) -> None
 def test_no_error_annotations(nagged) -> None:
     stack, _ = nagged
     Annotations.from_stack(stack).has_no_error("*", Match.any_value())
+
+
+def test_aws_solutions_checks_pass_with_iam_authorization(synthesize) -> None:
+    _, assembly = synthesize({"apiAuth": "iam"}, plugins=lambda app: [AwsSolutionsChecks(app)])
+    report = json.loads((Path(assembly.directory) / "validation-report.json").read_text())
+    (plugin,) = [r for r in report["pluginReports"] if r["pluginName"] == "AwsSolutions"]
+    assert plugin["conclusion"] == "success" and plugin["violations"] == []
+    rules = {finding["ruleName"] for finding in plugin["suppressedViolations"]}
+    assert "AwsSolutions-APIG4" not in rules  # IAM authorization satisfies it: nothing to acknowledge

@@ -200,3 +200,33 @@ def test_without_the_bucket_no_bucket_and_no_setting(tmp_path) -> None:
     assert template.find_resources("AWS::S3::Bucket") == {}
     for fn in functions_by_role(template).values():
         assert "COWORKER_RESULT_BUCKET" not in fn["Environment"]["Variables"]
+
+
+def test_iam_authorization_replaces_api_keys(synthesize) -> None:
+    stack, assembly = synthesize({"apiAuth": "iam"})
+    artifact = assembly.get_stack_by_name(stack.stack_name)
+    template = Template.from_json(artifact.template)
+    methods = template.find_resources("AWS::ApiGateway::Method")
+    assert methods and {m["Properties"]["AuthorizationType"] for m in methods.values()} == {"AWS_IAM"}
+    assert not any(m["Properties"].get("ApiKeyRequired") for m in methods.values())
+    assert template.find_resources("AWS::ApiGateway::ApiKey") == {}
+    (policy,) = template.find_resources("AWS::IAM::ManagedPolicy").values()
+    statement = policy["Properties"]["PolicyDocument"]["Statement"][0]
+    assert statement["Action"] == "execute-api:Invoke"
+    assert "ApiInvokePolicyArn" in artifact.template["Outputs"] and "ApiKeyId" not in artifact.template["Outputs"]
+
+
+def test_api_keys_are_the_default(synthesize) -> None:
+    stack, assembly = synthesize({})
+    artifact = assembly.get_stack_by_name(stack.stack_name)
+    template = Template.from_json(artifact.template)
+    methods = template.find_resources("AWS::ApiGateway::Method")
+    assert {m["Properties"]["AuthorizationType"] for m in methods.values()} == {"NONE"}
+    assert all(m["Properties"]["ApiKeyRequired"] for m in methods.values())
+    assert len(template.find_resources("AWS::ApiGateway::ApiKey")) == 1
+    assert "ApiKeyId" in artifact.template["Outputs"]
+
+
+def test_an_unknown_auth_mode_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="api_auth must be api-key or iam"):
+        StackConfig.from_options(api_auth="cognito")
