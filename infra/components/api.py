@@ -1,9 +1,9 @@
-"""The REST API: API Gateway, Lambda proxy integration, API keys with a usage plan.
+"""The REST API: API Gateway, Lambda proxy integration, and one of two ways to authenticate.
 
-Authentication is by API key on every method (``api_key_required``), the simplest scheme that
-machines submitting tasks can use with a header (``x-api-key``); the usage plan attached to the
-key throttles it. An API key identifies a caller rather than proving who it is, so a deployment
-facing untrusted users would put an IAM or Cognito authorizer in front (see docs/deploy.md).
+``apiAuth=api-key`` (default): an API key on every method (``api_key_required``), the simplest
+scheme for machines (a header, ``x-api-key``); the usage plan attached to the key throttles it.
+``apiAuth=iam``: IAM authorization on every method (SigV4-signed requests); callers get the
+managed policy this construct creates. See docs/deploy.md, "Choosing how callers authenticate".
 """
 
 from __future__ import annotations
