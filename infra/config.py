@@ -38,6 +38,7 @@ _SETTINGS_CONTEXT: dict[str, str] = {
     c.CTX_HANDLER_MODULES: "handler_modules",
     c.CTX_EXAMPLE_HANDLERS: "example_handlers",
     c.CTX_INLINE_RESULT_BYTES: "inline_result_bytes",
+    c.CTX_STATUS_SHARDS: "status_shards",
 }
 # Deployment options that are not library settings: context key -> option name.
 _DEPLOY_CONTEXT: dict[str, str] = {
@@ -56,6 +57,9 @@ _DEPLOY_CONTEXT: dict[str, str] = {
     c.CTX_API_CLOUDWATCH_ROLE: "api_cloudwatch_role",
     c.CTX_ALARM_EMAIL: "alarm_email",
     c.CTX_ALARM_TOPIC: "alarm_topic_arn",
+    c.CTX_LEGACY_STATUS_INDEX: "legacy_status_index",
+    c.CTX_WARM_WRITE_UNITS: "warm_write_units",
+    c.CTX_WARM_READ_UNITS: "warm_read_units",
 }
 CONTEXT_OPTIONS: dict[str, str] = {**_SETTINGS_CONTEXT, **_DEPLOY_CONTEXT}
 # Every option TaskSystem takes, by name.
@@ -91,6 +95,9 @@ class StackConfig:
     handlers_dir: Path | None = None  # your handlers package, bundled into the worker
     results_bucket: bool = True  # an S3 bucket for results too large for the record
     api_auth: str = c.API_AUTH_KEY  # how API callers authenticate: an API key, or IAM (SigV4)
+    legacy_status_index: bool = False  # keep the pre-sharding index while a table migrates
+    warm_write_units: int | None = None  # pre-warmed throughput of the table and its index
+    warm_read_units: int | None = None
 
     @property
     def handlers_package(self) -> str | None:
@@ -176,8 +183,10 @@ class StackConfig:
                 raise ConfigurationError(f"option {name} must be {' or '.join(allowed)}, not {value!r}")
             return value
 
-        def number(name: str, default: int, minimum: int = 1) -> int:
+        def number(name: str, default: int | None, minimum: int = 1) -> int | None:
             value = options.get(name, default)
+            if value is None:
+                return None
             try:
                 number = int(value)
             except (TypeError, ValueError):
@@ -207,6 +216,9 @@ class StackConfig:
             handlers_dir=_handlers_dir(options.get("handlers", DEFAULT_HANDLERS)),
             results_bucket=_as_bool(options.get("results_bucket", True)),
             api_auth=choice("api_auth", c.API_AUTH_KEY, (c.API_AUTH_KEY, c.API_AUTH_IAM)),
+            legacy_status_index=_as_bool(options.get("legacy_status_index", False)),
+            warm_write_units=number("warm_write_units", None, c.MIN_WARM_WRITE_UNITS),
+            warm_read_units=number("warm_read_units", None, c.MIN_WARM_READ_UNITS),
         )
 
 

@@ -68,6 +68,10 @@ CTX_EXAMPLE_HANDLERS: Final = "exampleHandlers"  # "true" | "false"
 CTX_RESULTS_BUCKET: Final = "resultsBucket"  # "true" | "false"
 CTX_API_AUTH: Final = "apiAuth"  # "api-key" | "iam"
 CTX_INLINE_RESULT_BYTES: Final = "inlineResultBytes"
+CTX_STATUS_SHARDS: Final = "statusShards"
+CTX_LEGACY_STATUS_INDEX: Final = "legacyStatusIndex"  # "true" while migrating a pre-sharding table
+CTX_WARM_WRITE_UNITS: Final = "warmWriteUnits"  # pre-warmed write units per second (table + index)
+CTX_WARM_READ_UNITS: Final = "warmReadUnits"
 CTX_SCHEDULE_MINUTES: Final = "scheduleMinutes"
 CTX_LOG_LEVEL: Final = "logLevel"
 CTX_API_RATE_LIMIT: Final = "apiRateLimit"
@@ -83,6 +87,9 @@ REMOVAL_DESTROY: Final = "destroy"
 LAYER_DEPS_INSTALL: Final = "install"
 LAYER_DEPS_SKIP: Final = "skip"
 
+# DynamoDB's floor for warm throughput: what every new on-demand table can already take.
+MIN_WARM_WRITE_UNITS: Final = 4_000
+MIN_WARM_READ_UNITS: Final = 12_000
 MIN_MEMORY_MB: Final = 128  # Lambda's smallest memory size
 DEFAULT_WORKER_MEMORY_MB: Final = 512
 DEFAULT_COORDINATOR_MEMORY_MB: Final = 256

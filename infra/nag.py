@@ -52,7 +52,7 @@ def acknowledge_findings(system: TaskSystem) -> None:
         acknowledge(
             fn,
             "AwsSolutions-IAM5[" + table_index_arns + "]",
-            "Queries on the status-due index of the task table only (the table's own indexes).",
+            "Queries on the status index of the task table only (the table's own indexes).",
         )
         acknowledge(
             fn,

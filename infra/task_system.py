@@ -57,7 +57,10 @@ class TaskSystem(Construct):
         self.config = config or StackConfig.from_options(**options)
         removal = RemovalPolicy.DESTROY if self.config.destroy_on_removal else RemovalPolicy.RETAIN
 
-        self.tasks = TaskTable(self, "Tasks", removal_policy=removal)
+        self.tasks = TaskTable(self, "Tasks", removal_policy=removal,
+                               legacy_status_index=self.config.legacy_status_index,
+                               warm_write_units=self.config.warm_write_units,
+                               warm_read_units=self.config.warm_read_units)
         self.results = (
             ResultsBucket(self, "Results", retention_days=self.config.settings.retention_days)
             if self.config.results_bucket else None

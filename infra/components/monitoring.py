@@ -85,7 +85,7 @@ class Monitoring(Construct):
                 "ir": metric("ReadThrottleEvents", True),
                 "iw": metric("WriteThrottleEvents", True),
             },
-            label="DynamoDB throttle events (table + status-due)",
+            label="DynamoDB throttle events (table + status index)",
             period=period,
         )
 
@@ -119,7 +119,7 @@ class Monitoring(Construct):
                 "TasksIgnoredAlarm",
                 self.task_metric(MetricName.IGNORED, period=_ALARM_PERIOD),
                 "Tasks were ignored (attempt ceiling reached or non-retryable failure); "
-                "list them on the status-due index with status = ignored.",
+                "list them with GET /tasks?status=ignored (or `coworker list --status ignored`).",
             ),
             alarm(
                 "CoordinatorErrorsAlarm",
@@ -138,7 +138,7 @@ class Monitoring(Construct):
             alarm(
                 "TableThrottlesAlarm",
                 self._table_throttles(_ALARM_PERIOD),
-                "DynamoDB throttled requests on the task table or its status-due index.",
+                "DynamoDB throttled requests on the task table or its status index.",
             ),
         ]
 

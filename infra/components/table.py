@@ -15,34 +15,54 @@ _TYPES = {
 
 
 class TaskTable(Construct):
-    """On-demand table with the ``status-due`` index, TTL, PITR and AWS-managed encryption."""
+    """On-demand table with the sharded status index, TTL, PITR and AWS-managed encryption.
 
-    def __init__(self, scope: Construct, construct_id: str, *, removal_policy: RemovalPolicy) -> None:
+    ``legacy_status_index`` keeps the index of releases before sharding (``status-due``) next to
+    the new one, for the migration (docs/deploy.md): DynamoDB adds or removes one index per
+    deployment. ``warm_write_units`` / ``warm_read_units`` pre-warm the table and the index for
+    a large first backlog (billed once, per unit raised).
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, removal_policy: RemovalPolicy,
+                 legacy_status_index: bool = False, warm_write_units: int | None = None,
+                 warm_read_units: int | None = None) -> None:
         super().__init__(scope, construct_id)
-        self.table = self._build_table(removal_policy)
+        warm = None
+        if warm_write_units or warm_read_units:
+            warm = dynamodb.WarmThroughput(write_units_per_second=warm_write_units,
+                                           read_units_per_second=warm_read_units)
+        self.table = self._build_table(removal_policy, legacy_status_index, warm)
 
-    def _build_table(self, removal_policy: RemovalPolicy) -> dynamodb.TableV2:
-        types = schema.key_schema()
+    def _build_table(self, removal_policy: RemovalPolicy, legacy_status_index: bool,
+                     warm: dynamodb.WarmThroughput | None) -> dynamodb.TableV2:
+        types = schema.key_schema(legacy_status_index)
+        indexes = [self._status_index(schema.STATUS_INDEX_NAME, schema.STATUS_INDEX_PARTITION_KEY, types, warm)]
+        if legacy_status_index:
+            indexes.append(self._status_index(schema.LEGACY_STATUS_INDEX_NAME, schema.STATUS_ATTRIBUTE, types, None))
         return dynamodb.TableV2(
             self,
             "Table",
             partition_key=self._attribute(schema.PARTITION_KEY, types),
             billing=dynamodb.Billing.on_demand(),
-            global_secondary_indexes=[
-                dynamodb.GlobalSecondaryIndexPropsV2(
-                    index_name=schema.STATUS_INDEX_NAME,
-                    partition_key=self._attribute(schema.STATUS_INDEX_PARTITION_KEY, types),
-                    sort_key=self._attribute(schema.STATUS_INDEX_SORT_KEY, types),
-                    projection_type=dynamodb.ProjectionType.INCLUDE,
-                    non_key_attributes=list(schema.STATUS_INDEX_PROJECTED),
-                )
-            ],
+            global_secondary_indexes=indexes,
+            warm_throughput=warm,
             time_to_live_attribute=schema.TTL_ATTRIBUTE,
             point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
                 point_in_time_recovery_enabled=True
             ),
             encryption=dynamodb.TableEncryptionV2.aws_managed_key(),
             removal_policy=removal_policy,
+        )
+
+    def _status_index(self, name: str, partition_key: str, types: dict[str, str],
+                      warm: dynamodb.WarmThroughput | None) -> dynamodb.GlobalSecondaryIndexPropsV2:
+        return dynamodb.GlobalSecondaryIndexPropsV2(
+            index_name=name,
+            partition_key=self._attribute(partition_key, types),
+            sort_key=self._attribute(schema.STATUS_INDEX_SORT_KEY, types),
+            projection_type=dynamodb.ProjectionType.INCLUDE,
+            non_key_attributes=list(schema.STATUS_INDEX_PROJECTED),
+            warm_throughput=warm,
         )
 
     @staticmethod

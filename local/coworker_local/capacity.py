@@ -162,7 +162,7 @@ def _freeze(value: Any) -> Any:
 
 
 def status_index() -> IndexDescription:
-    """The task table's ``status-due`` index, from :mod:`coworker.schema`."""
+    """The task table's status index, from :mod:`coworker.schema`."""
     return IndexDescription(
         name=schema.STATUS_INDEX_NAME,
         table_key=(schema.PARTITION_KEY,),

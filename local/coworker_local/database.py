@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -116,6 +117,7 @@ def create_table(settings: Settings, client: Any | None = None) -> bool:
     try:
         client.create_table(**schema.create_table_request(settings.table_name))
     except client.exceptions.ResourceInUseException:
+        add_status_index(settings, client)
         return False
     client.get_waiter("table_exists").wait(TableName=settings.table_name, WaiterConfig={"Delay": 1})
     client.update_time_to_live(
@@ -123,3 +125,25 @@ def create_table(settings: Settings, client: Any | None = None) -> bool:
         TimeToLiveSpecification={"Enabled": True, "AttributeName": schema.TTL_ATTRIBUTE},
     )
     return True
+
+
+def add_status_index(settings: Settings, client: Any | None = None) -> bool:
+    """Add the sharded status index to a table made by a release before it (a kept local data
+    folder), and wait until it is active; ``False`` when the table has it already. Its items
+    still need their shard: :func:`coworker.migration.reshard` (the local runtime runs it)."""
+    client = client or dynamodb_client(settings)
+    table = client.describe_table(TableName=settings.table_name)["Table"]
+    if any(ix["IndexName"] == schema.STATUS_INDEX_NAME for ix in table.get("GlobalSecondaryIndexes", [])):
+        return False
+    request = schema.create_table_request(settings.table_name)
+    (index,) = [ix for ix in request["GlobalSecondaryIndexes"] if ix["IndexName"] == schema.STATUS_INDEX_NAME]
+    client.update_table(TableName=settings.table_name, AttributeDefinitions=request["AttributeDefinitions"],
+                        GlobalSecondaryIndexUpdates=[{"Create": index}])
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        table = client.describe_table(TableName=settings.table_name)["Table"]
+        states = {ix["IndexName"]: ix.get("IndexStatus") for ix in table.get("GlobalSecondaryIndexes", [])}
+        if states.get(schema.STATUS_INDEX_NAME) == "ACTIVE":
+            return True
+        time.sleep(0.5)
+    raise TimeoutError(f"the index {schema.STATUS_INDEX_NAME} of {settings.table_name} did not become active")

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from coworker import dispatch
+from coworker import dispatch, migration
 from coworker.bootstrap import configure
 from coworker.config import Settings
 from coworker.handlers import handler_package
@@ -255,6 +255,11 @@ class LocalRuntime:
             "lambda_endpoint": self.lambda_service.endpoint,
         })
         configure(self.settings)
+        if not self.table_created:
+            # A kept data folder: its tasks may predate the index layout (or the shard count).
+            moved = migration.reshard().moved
+            if moved:
+                logger.info("kept table resharded", extra={"moved": moved})
         # The API handler, like the worker processes, reads its settings from the environment.
         os.environ.update(self.settings.as_environment())
         self.gateway = LocalGateway(

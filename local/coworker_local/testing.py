@@ -184,6 +184,4 @@ class LocalTaskSystem:
 
     @staticmethod
     def _count(status: TaskStatus) -> int:
-        from coworker.model import TaskModel
-
-        return TaskModel.status_index.count(status.value)
+        return queries.count(status)

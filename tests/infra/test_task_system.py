@@ -129,6 +129,9 @@ def test_the_asset_hash_follows_the_handlers_code(tmp_path) -> None:
         ({"schedule_minutes": 1.5}, "schedule_minutes must be a whole number"),
         ({"removal_policy": "keep"}, "removal_policy must be retain or destroy"),
         ({"handlers": "/no/such/folder"}, "is not a folder"),
+        ({"status_shards": 0}, "option status_shards (context statusShards)"),
+        ({"warm_write_units": 100}, "warm_write_units must be a whole number of at least 4000"),
+        ({"warm_read_units": 100}, "warm_read_units must be a whole number of at least 12000"),
     ],
 )
 def test_bad_options_fail_at_synth_with_a_clear_error(options: dict, message: str) -> None:
@@ -230,3 +233,38 @@ def test_api_keys_are_the_default(synthesize) -> None:
 def test_an_unknown_auth_mode_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="api_auth must be api-key or iam"):
         StackConfig.from_options(api_auth="cognito")
+
+
+def _table(template: dict) -> dict:
+    (table,) = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::DynamoDB::GlobalTable"]
+    return table
+
+
+def test_the_status_index_is_sharded_and_every_function_knows_the_shard_count(synthesize) -> None:
+    stack, assembly = synthesize({"statusShards": "16"})
+    template = assembly.get_stack_by_name(stack.stack_name).template
+    (index,) = _table(template)["GlobalSecondaryIndexes"]
+    assert index["IndexName"] == "status-shard-due"
+    assert index["KeySchema"][0] == {"AttributeName": "status_shard", "KeyType": "HASH"}
+    assert "status" in index["Projection"]["NonKeyAttributes"]  # listings show the plain status
+    for role, function in functions_by_role(Template.from_json(template)).items():
+        assert function["Environment"]["Variables"]["COWORKER_STATUS_SHARDS"] == "16", role
+
+
+def test_the_legacy_index_is_kept_only_while_migrating(synthesize) -> None:
+    stack, assembly = synthesize({"legacyStatusIndex": "true"})
+    table = _table(assembly.get_stack_by_name(stack.stack_name).template)
+    names = {ix["IndexName"]: ix["KeySchema"][0]["AttributeName"] for ix in table["GlobalSecondaryIndexes"]}
+    assert names == {"status-shard-due": "status_shard", "status-due": "status"}
+    assert {"AttributeName": "status", "AttributeType": "S"} in table["AttributeDefinitions"]
+
+
+def test_warm_throughput_is_a_deploy_option_for_the_table_and_its_index(synthesize) -> None:
+    stack, assembly = synthesize({"warmWriteUnits": "20000", "warmReadUnits": "40000"})
+    table = _table(assembly.get_stack_by_name(stack.stack_name).template)
+    warm = {"WriteUnitsPerSecond": 20000, "ReadUnitsPerSecond": 40000}
+    assert table["WarmThroughput"] == warm
+    assert table["GlobalSecondaryIndexes"][0]["WarmThroughput"] == warm
+    stack, assembly = synthesize({})
+    table = _table(assembly.get_stack_by_name(stack.stack_name).template)
+    assert "WarmThroughput" not in table and "WarmThroughput" not in table["GlobalSecondaryIndexes"][0]

@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 from coworker import batches, dispatch, leases, lifecycle
 from coworker.lifecycle import TaskSpec
-from coworker.model import TaskModel, utcnow
+from coworker.model import TaskModel, status_shards, utcnow
 from coworker_local.capacity import CapacityMeter, Reported, item_size, read_units, status_index
 from coworker_local.database import dynamodb_client
 
@@ -44,8 +44,10 @@ def load_backlog(settings, count: int) -> None:
         batch = []
         for i in range(first, min(first + 25, count)):
             due = (base + timedelta(microseconds=i)).strftime("%Y-%m-%dT%H:%M:%S.%f+0000")
-            batch.append({"PutRequest": {"Item": {**template, "key": {"S": f"b-{i:06d}"},
-                                                  "due_at": {"S": due}}}})
+            key = f"b-{i:06d}"
+            batch.append({"PutRequest": {"Item": {
+                **template, "key": {"S": key}, "due_at": {"S": due},
+                "status_shard": {"S": TaskModel.shard_value_of(key, "todo")}}}})
         pending = {settings.table_name: batch}
         while pending:
             pending = client.batch_write_item(RequestItems=pending).get("UnprocessedItems") or {}
@@ -71,27 +73,30 @@ def test_tick_reads_what_it_dispatches_not_the_backlog(make_settings):
     # Given a large backlog of due tasks, when the coordinator ticks with 7 free slots
     report, meter = _tick_over_backlog(LARGE_BACKLOG, make_settings)
 
-    # Then it starts 7 workers and reads only the 7 free slots and the 7 tasks it hands out
+    # Then it starts 7 workers and reads only the 7 free slots, and of the tasks about the 7 it
+    # hands out: one page per index shard, of about 7/S entries each
+    shards = status_shards()
     assert (report.busy_slots, report.free_slots, report.dispatched, report.invocations) == (3, 7, 7, 7)
     slot_reads = [r for r in meter.reads if r.key_values[:1] == (leases.SLOT_STATUS,)]
-    task_reads = [r for r in meter.reads if r.key_values[:1] != (leases.SLOT_STATUS,) and r.select != "COUNT"]
+    todo_reads = [r for r in meter.reads if str(r.key_values[0]).startswith("todo#")]
     assert [r.items_read for r in slot_reads] == [7]
-    assert sum(r.items_read for r in task_reads) == report.dispatched
+    assert len({r.key_values[0] for r in todo_reads}) == shards
+    assert report.dispatched <= sum(r.items_read for r in todo_reads) <= 2 * report.dispatched + shards
     assert set(meter.totals.requests) == {"Query", "UpdateItem"}  # no scan, no per-item reads
     assert meter.totals.requests["UpdateItem"] == 7  # one reservation per worker started
-    # plus one COUNT of the running tasks (none here), which pages through all of them
-    (count_read,) = [r for r in meter.reads if r.select == "COUNT"]
-    assert count_read.key_values[:1] == ("processing",) and count_read.items_read == 0
-    # every query here reads well under 4 KB: the minimum half unit each (slots, then
-    # processing, failed and todo tasks, and the count)
-    assert meter.totals.read_units == 0.5 * len(meter.reads) == 2.5
+    # plus a COUNT of the running tasks (none here) per shard, which pages through all of them
+    count_reads = [r for r in meter.reads if r.select == "COUNT"]
+    assert len(count_reads) == shards and sum(r.items_read for r in count_reads) == 0
+    assert all(str(r.key_values[0]).startswith("processing#") for r in count_reads)
+    # every query here reads well under 4 KB: the minimum half unit each
+    assert meter.totals.read_units == 0.5 * len(meter.reads)
     # and DynamoDB Local reports the same for each query that read something; for an empty one
     # (no expired locks, no due retries, nothing running here) it reports 0 where AWS bills
     # its 0.5 minimum
     for read in meter.reads:
         assert read.reported_units == (read.units if read.items_read else 0.0)
     empty = sum(1 for r in meter.reads if not r.items_read)
-    assert empty == 3 and meter.totals.reported_read_units == 2.5 - 0.5 * empty
+    assert meter.totals.reported_read_units == meter.totals.read_units - 0.5 * empty
 
     # And the same tick over a backlog 100 times smaller reads exactly as much
     small_report, small_meter = _tick_over_backlog(LARGE_BACKLOG // 100, make_settings)
@@ -101,13 +106,13 @@ def test_tick_reads_what_it_dispatches_not_the_backlog(make_settings):
 
 
 def test_query_read_units_follow_the_sizes_of_the_items_read(make_settings):
-    # Given 100 due tasks whose index entries together pass 4 KB
-    settings = make_settings(max_concurrency=100, batch_size=10)
+    # Given 100 due tasks whose index entries together pass 4 KB, in an unsharded index
+    settings = make_settings(max_concurrency=100, batch_size=10, status_shards=1)
     load_backlog(settings, 100)
 
     report, meter = metered_tick(settings)
 
-    (todo_read,) = [r for r in meter.reads if r.key_values[:1] == ("todo",)]
+    (todo_read,) = [r for r in meter.reads if r.key_values[:1] == ("todo#0",)]
     assert todo_read.items_read == report.dispatched == 100
     assert todo_read.bytes_read > 4096
     assert todo_read.units == read_units(todo_read.bytes_read) > 0.5

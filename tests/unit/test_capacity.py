@@ -23,6 +23,7 @@ def task(status: str | None = "todo", due_at: str | None = "2026-01-01T00:00:00Z
             "max_attempts": {"N": "3"}, "payload": {"S": '{"n": 1}'}}
     if status is not None:
         item["status"] = {"S": status}
+        item["status_shard"] = {"S": f"{status}#0"}
     if due_at is not None:
         item["due_at"] = {"S": due_at}
     item.update(extra)
@@ -96,7 +97,7 @@ def test_index_description_is_the_schemas():
 def test_index_entry_keeps_keys_and_projected_attributes_only():
     entry = INDEX.entry(task())
     assert "payload" not in entry and "max_attempts" in entry
-    assert set(entry) == {"key", "status", "due_at", "type", "attempts", "max_attempts"}
+    assert set(entry) == {"key", "status_shard", "status", "due_at", "type", "attempts", "max_attempts"}
 
 
 def test_new_indexed_item_costs_one_index_write():

@@ -27,6 +27,7 @@ import hmac
 import json
 import math
 import uuid
+import zlib
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from http import HTTPStatus
@@ -40,7 +41,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValida
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from pydantic import BaseModel
 
-from coworker import batches, dispatch, handlers, lifecycle, offload, schema
+from coworker import batches, dispatch, handlers, lifecycle, offload, queries, schema
 from coworker.api_models import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
@@ -71,7 +72,7 @@ from coworker.errors import (
     TaskNotFoundError,
 )
 from coworker.lifecycle import PutOutcome, TaskSpec
-from coworker.model import TaskModel, TaskStatus, utcnow
+from coworker.model import TaskModel, TaskStatus, status_shards, utcnow
 from coworker.observability import logger
 
 API_TITLE = "Coworker task API"
@@ -199,15 +200,20 @@ def validation_error_response(exc: RequestValidationError) -> Response:
 
 # -- cursors -----------------------------------------------------------------------------------
 
+# Cursors name the index layout they read: a cursor of another layout is refused, not misread.
+CURSOR_VERSION = "sharded-1"
+# A cursor holds a key per index shard (deflated): 8 shards of keys up to about 300 characters
+# fit. API Gateway takes about 10 KB of request line and headers in all.
+MAX_CURSOR_CHARS = 4096
 _BAD_CURSOR = "the cursor is not valid: pass back the cursor of a previous answer unchanged"
-_CURSOR_KEYS = {schema.PARTITION_KEY, schema.STATUS_INDEX_PARTITION_KEY, schema.STATUS_INDEX_SORT_KEY}
 
 
 class CursorCodec:
-    """Opaque, tamper-evident cursors: URL-safe base64 of the index's LastEvaluatedKey and of the
-    listing it belongs to, plus an HMAC-SHA256 of both under ``secret``. A cursor that was edited,
-    comes from another deployment, or belongs to another listing (status, filters, order) is
-    refused with 400 before it reaches DynamoDB."""
+    """Opaque, tamper-evident cursors: URL-safe base64 of the (deflated) read state -- where each
+    index shard stopped -- and of the listing it belongs to, plus an HMAC-SHA256 of both under
+    ``secret``. A cursor that was edited, comes from another deployment or release, or belongs to
+    another listing (status, filters, order, shard count) is refused with 400 before it reaches
+    DynamoDB."""
 
     def __init__(self, secret: str) -> None:
         self._key = hashlib.sha256(b"coworker-cursor|" + secret.encode()).digest()
@@ -215,15 +221,15 @@ class CursorCodec:
     def _sign(self, data: bytes) -> str:
         return _b64(hmac.new(self._key, data, hashlib.sha256).digest()[:16])
 
-    def encode(self, last_evaluated_key: dict[str, Any] | None, listing: Sequence[Any]) -> str | None:
-        if not last_evaluated_key:
+    def encode(self, state: Any, listing: Sequence[Any]) -> str | None:
+        if state is None:
             return None
-        data = json.dumps({"k": last_evaluated_key, "q": list(listing)}, separators=(",", ":"),
-                          sort_keys=True).encode()
+        data = zlib.compress(json.dumps({"k": state, "q": [CURSOR_VERSION, *listing]}, separators=(",", ":"),
+                                        sort_keys=True, ensure_ascii=False).encode(), 9)
         return f"{_b64(data)}.{self._sign(data)}"
 
-    def decode(self, cursor: str | None, listing: Sequence[Any]) -> dict[str, Any] | None:
-        """The LastEvaluatedKey a cursor stands for; :class:`BadRequestError` if it is not one of
+    def decode(self, cursor: str | None, listing: Sequence[Any]) -> Any:
+        """The read state a cursor stands for; :class:`BadRequestError` if it is not one of
         ours, or not for this listing."""
         if not cursor:
             return None
@@ -234,7 +240,12 @@ class CursorCodec:
             raise BadRequestError(_BAD_CURSOR) from None
         if not signature or not hmac.compare_digest(signature, self._sign(data)):
             raise BadRequestError(_BAD_CURSOR)
-        value = json.loads(data)
+        try:
+            value = json.loads(zlib.decompress(data))
+        except (zlib.error, ValueError):  # signed by a release whose cursors were not deflated
+            raise BadRequestError("the cursor comes from an earlier release: start again without "
+                                  "a cursor") from None
+        listing = [CURSOR_VERSION, *listing]
         if value.get("q") != list(listing):
             raise BadRequestError("the cursor belongs to another listing (status, filters or order): "
                                   "start again without a cursor")
@@ -253,18 +264,16 @@ def cursor_secret(settings: Settings) -> str:
 
 # -- index reads (bounded) ---------------------------------------------------------------------
 
-def _index_key_of(item: dict[str, Any]) -> dict[str, Any]:
-    return {name: item[name] for name in _CURSOR_KEYS}
-
-
-def read_index(status: str, *, want: int, start: dict[str, Any] | None = None, forward: bool = True,
+def read_index(status: str, *, want: int, start: list[Any] | None = None, forward: bool = True,
                batch_id: str | None = None, task_type: str | None = None,
-               budget: int = MAX_SCANNED_PER_REQUEST) -> tuple[list[TaskModel], dict[str, Any] | None, int]:
-    """Up to ``want`` index entries of ``status`` matching the filters, reading at most ``budget``.
+               budget: int = MAX_SCANNED_PER_REQUEST) -> tuple[list[TaskModel], list[Any] | None, int]:
+    """Up to ``want`` index entries of ``status`` matching the filters, its shards merged by
+    ``due_at``, reading at most about ``budget`` entries.
 
-    Returns ``(tasks, last_evaluated_key, scanned)``; ``last_evaluated_key`` is ``None`` when the
-    partition is exhausted. Filters on projected attributes (``type``, ``batch_id``) are applied by
-    DynamoDB after reading, so they cut the answer, not the read: hence the budget.
+    Returns ``(tasks, state, scanned)``; ``state`` (where each shard stopped, packed for a cursor)
+    is ``None`` when every shard is exhausted. Filters on projected attributes (``type``,
+    ``batch_id``) are applied by DynamoDB after reading, so they cut the answer, not the read:
+    hence the budget.
     """
     condition = None
     if task_type is not None:
@@ -272,46 +281,35 @@ def read_index(status: str, *, want: int, start: dict[str, Any] | None = None, f
     if batch_id is not None:
         by_batch = TaskModel.batch_id == batch_id
         condition = by_batch if condition is None else condition & by_batch
+    read = queries.MergedRead(status, want=want, filter_condition=condition, forward=forward,
+                              starts=_unpack_positions(status, start), budget=budget)
     found: list[TaskModel] = []
-    scanned = 0
-    last_key = start
-    while True:
-        remaining = want - len(found)
-        page_size = remaining if condition is None else max(remaining, 100)
-        page_size = max(1, min(page_size, budget - scanned))
-        pages = TaskModel.status_index.query(
-            status, filter_condition=condition, scan_index_forward=forward,
-            page_size=page_size, last_evaluated_key=last_key,
-        ).page_iter
-        page = next(pages)
-        scanned += int(page.get("ScannedCount", 0))
-        items = page.get("Items", [])
-        last_key = page.get("LastEvaluatedKey")
-        for position, item in enumerate(items):
-            found.append(TaskModel.from_raw_data(item))
-            if len(found) == want:
-                # Stopped inside the page: resume right after this entry.
-                if position < len(items) - 1:
-                    last_key = _index_key_of(item)
-                return found, last_key, scanned
-        if last_key is None or scanned >= budget:
-            return found, last_key, scanned
+    for task in read:
+        found.append(task)
+        if len(found) >= want:
+            break
+    state = None if read.complete else _pack_positions(read.positions())
+    return found, state, read.scanned
 
 
-def count_index(status: str, cap: int) -> tuple[int, bool]:
-    """Entries in one index partition, counting at most ``cap``: ``(count, capped)``."""
-    total = 0
-    last_key = None
-    while total < cap:
-        pages = TaskModel.status_index.query(
-            status, page_size=cap - total, last_evaluated_key=last_key, attributes_to_get=["key"],
-        ).page_iter
-        page = next(pages)
-        total += int(page.get("Count", 0))
-        last_key = page.get("LastEvaluatedKey")
-        if last_key is None:
-            return total, False
-    return total, True
+def _pack_positions(positions: list[Any]) -> list[Any]:
+    """Shard positions as a cursor keeps them: ``[key, due_at]``, ``None`` (from the start) or
+    ``0`` (nothing left); the shard's partition key value is implied by its place."""
+    return [0 if p is False else None if p is None
+            else [p[schema.PARTITION_KEY]["S"], p[schema.STATUS_INDEX_SORT_KEY]["S"]] for p in positions]
+
+
+def _unpack_positions(status: str, packed: list[Any] | None) -> list[Any] | None:
+    if packed is None:
+        return None
+    if len(packed) != status_shards():
+        raise BadRequestError("the cursor was made with another number of index shards: start again "
+                              "without a cursor")
+    return [False if p == 0 else None if p is None else {
+        schema.PARTITION_KEY: {"S": p[0]},
+        schema.STATUS_INDEX_PARTITION_KEY: {"S": schema.shard_value(status, shard)},
+        schema.STATUS_INDEX_SORT_KEY: {"S": p[1]},
+    } for shard, p in enumerate(packed)]
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -565,13 +563,13 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
         type: Annotated[str | None, Query(description="Only tasks of this type.", max_length=128)] = None,  # noqa: A002
         batch: Annotated[str | None, Query(description="Only tasks of this batch.", max_length=128)] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
-        cursor: Annotated[str | None, Query(description="From the previous page.", max_length=4096)] = None,
+        cursor: Annotated[str | None, Query(description="From the previous page.", max_length=MAX_CURSOR_CHARS)] = None,
         order: Annotated[Order, Query(description="By due_at: oldest (default) or newest first.")]
         = Order.OLDEST,
     ) -> TaskPage:
         if status is IndexedStatus.FINISHED:
             raise BadRequestError(FINISHED_NOT_LISTED)
-        listing = ("tasks", status.value, type, batch, order.value)
+        listing = ("tasks", status.value, type, batch, order.value, status_shards())
         start = cursors.decode(cursor, listing)
         tasks, last_key, scanned = read_index(status.value, want=limit, start=start,
                                               forward=order is Order.OLDEST, batch_id=batch, task_type=type)
@@ -611,11 +609,11 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
         batch_id: str,
         status: Annotated[RedriveStatus, Query()] = RedriveStatus.IGNORED,
         limit: Annotated[int, Query(ge=1, le=MAX_REDRIVE_PER_REQUEST)] = 100,
-        cursor: Annotated[str | None, Query(max_length=4096)] = None,
+        cursor: Annotated[str | None, Query(max_length=MAX_CURSOR_CHARS)] = None,
     ) -> RedriveOut:
         batch_id = unquote(batch_id)
         batches.get_batch(batch_id)  # BatchNotFoundError -> 404
-        listing = ("redrive", status.value, batch_id)
+        listing = ("redrive", status.value, batch_id, status_shards())
         start = cursors.decode(cursor, listing)
         tasks, last_key, scanned = read_index(status.value, want=limit, start=start, batch_id=batch_id)
         redriven = sum(1 for task in tasks if lifecycle.retry(task.key) is not None)
@@ -632,7 +630,7 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
     ) -> StatsOut:
         counts: dict[str, StatusCount] = {}
         for status in INDEXED_STATUSES:
-            count, capped = count_index(status.value, cap)
+            count, capped = queries.count_capped(status.value, cap)
             counts[status.value] = StatusCount(count=count, capped=capped)
         counts[TaskStatus.FINISHED.value] = StatusCount(count=None, capped=False)
         return StatsOut(counts=counts, cap=cap, note=(

@@ -8,6 +8,7 @@
     coworker retry order-1 | coworker retry --batch BATCH_ID [--status failed]
     coworker cancel order-1
     coworker stats
+    coworker migrate-index --table NAME [--shards N] [--dry-run]   # talks to DynamoDB itself
 
 The API is found at ``--url`` or ``COWORKER_API_URL`` (default http://127.0.0.1:8000); an API
 key from ``--api-key`` or ``COWORKER_API_KEY`` is sent as ``x-api-key``. ``--iam`` signs requests
@@ -455,7 +456,58 @@ def build_parser() -> argparse.ArgumentParser:
     stats = commands.add_parser("stats", help="counts by status (bounded)")
     stats.add_argument("--cap", type=int, help="most entries counted per status")
     stats.set_defaults(run=cmd_stats)
+    migrate = commands.add_parser(
+        "migrate-index", help="give every indexed task the index shard the current layout wants "
+                              "(after upgrading from the unsharded index, or lowering --shards); "
+                              "talks to DynamoDB directly with your AWS credentials")
+    migrate.add_argument("--table", default=os.environ.get("COWORKER_TABLE_NAME"),
+                         help="the task table (env COWORKER_TABLE_NAME; the stack's TableName output)")
+    migrate.add_argument("--shards", type=int, default=os.environ.get("COWORKER_STATUS_SHARDS"),
+                         help="index shards per status, as deployed (statusShards; default 8)")
+    migrate.add_argument("--endpoint", default=os.environ.get("COWORKER_DYNAMODB_ENDPOINT"),
+                         help="DynamoDB endpoint (local runs); default AWS")
+    migrate.add_argument("--segments", type=int, default=1, help="parallel scan segments (default 1)")
+    migrate.add_argument("--dry-run", action="store_true", help="count what would move, write nothing")
+    migrate.set_defaults(run=cmd_migrate_index)
     return parser
+
+
+def cmd_migrate_index(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Reshard the table's indexed items (see :mod:`coworker.migration`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from coworker import migration, model
+    from coworker.config import Settings
+    from coworker.errors import ConfigurationError
+
+    if not args.table:
+        raise UsageError("--table (or COWORKER_TABLE_NAME) is required")
+    if args.segments < 1:
+        raise UsageError("--segments must be at least 1")
+    overrides: dict[str, Any] = {"table_name": args.table, "dynamodb_endpoint": args.endpoint}
+    if args.shards is not None:
+        overrides["status_shards"] = args.shards
+    if args.region:
+        overrides["region"] = args.region
+    try:
+        settings = Settings.from_env(**overrides)
+    except ConfigurationError as exc:
+        raise UsageError(str(exc)) from None
+    model.bind(settings)
+
+    def run(segment: int) -> migration.ReshardReport:
+        return migration.reshard(dry_run=args.dry_run, segment=segment if args.segments > 1 else None,
+                                 total_segments=args.segments if args.segments > 1 else None)
+
+    with ThreadPoolExecutor(max_workers=args.segments) as pool:
+        reports = list(pool.map(run, range(args.segments)))
+    scanned = sum(r.scanned for r in reports)
+    moved = sum(r.moved for r in reports)
+    meanwhile = sum(r.changed_meanwhile for r in reports)
+    verb = "would move" if args.dry_run else "moved"
+    out.write(f"{settings.table_name}: {scanned} indexed items, {verb} {moved} to their shard "
+              f"({settings.status_shards} per status); {meanwhile} were rewritten by a worker meanwhile\n")
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:

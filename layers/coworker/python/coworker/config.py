@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from coworker.errors import ConfigurationError
-from coworker.schema import DEFAULT_TABLE_NAME
+from coworker.schema import DEFAULT_STATUS_SHARDS, DEFAULT_TABLE_NAME, MAX_STATUS_SHARDS
 
 # The example task types shipped with the library (registered unless example_handlers is off).
 EXAMPLE_HANDLER_MODULE = "coworker.examples"
@@ -30,6 +30,11 @@ class Settings(BaseModel):
     dynamodb_endpoint: str | None = Field(None, alias="COWORKER_DYNAMODB_ENDPOINT",
                                           description="DynamoDB endpoint URL; unset means AWS itself.")
     region: str = Field("us-east-1", alias="AWS_REGION", description="AWS region.")
+    status_shards: int = Field(DEFAULT_STATUS_SHARDS, ge=1, le=MAX_STATUS_SHARDS, alias="COWORKER_STATUS_SHARDS",
+                               description="Index partition key values per status (todo#0 ... todo#N-1): "
+                                           "each takes about 1,000 writes/s, so 8 carry ~2,000 tasks/s. "
+                                           "Every process must use the same value; after lowering it run "
+                                           "`coworker migrate-index`.")
     max_concurrency: int = Field(120, ge=1, le=10_000, alias="COWORKER_MAX_CONCURRENCY",
                                  description="Most tasks running at once, across all workers.")
     batch_size: int = Field(10, ge=1, le=100, alias="COWORKER_BATCH_SIZE",

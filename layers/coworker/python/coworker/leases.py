@@ -10,8 +10,9 @@ Two kinds live in the task table next to the tasks:
     lifetime), heartbeats it while it runs and *releases* it when it returns. So a dispatched
     worker counts against capacity from the moment it is dispatched until it returns, or until
     its reservation or heartbeat lapses (it never started, or died). A worker whose slot was
-    taken over does not start. Slots carry ``status = "worker-slot"`` and ``due_at`` = when they
-    are free again, so finding free slots is one query on the status index, like finding tasks.
+    taken over does not start. Slots carry ``status = status_shard = "worker-slot"`` (one index
+    partition, not sharded) and ``due_at`` = when they are free again, so finding free slots is
+    one query on the status index, like finding tasks.
 
 ``lease#coordinator`` -- single flight of the coordinator
     A scheduled run that overlaps the previous one, or a second coordinator, waits for the lease
@@ -58,7 +59,7 @@ class SlotIndex(GlobalSecondaryIndex["LeaseModel"]):
         index_name = schema.STATUS_INDEX_NAME
         projection = KeysOnlyProjection()
 
-    status = UnicodeAttribute(hash_key=True)
+    status_shard = UnicodeAttribute(hash_key=True)
     due_at = UTCDateTimeAttribute(range_key=True)
 
 
@@ -70,7 +71,8 @@ class LeaseModel(Model):
         region = "us-east-1"
 
     key = UnicodeAttribute(hash_key=True, attr_name=schema.PARTITION_KEY)
-    status = UnicodeAttribute(null=True, attr_name=schema.STATUS_INDEX_PARTITION_KEY)
+    status = UnicodeAttribute(null=True, attr_name=schema.STATUS_ATTRIBUTE)
+    status_shard = UnicodeAttribute(null=True, attr_name=schema.STATUS_INDEX_PARTITION_KEY)
     due_at = UTCDateTimeAttribute(attr_name=schema.STATUS_INDEX_SORT_KEY)
     holder = UnicodeAttribute(null=True)
     state = UnicodeAttribute(default=LeaseState.FREE)
@@ -135,16 +137,21 @@ def release(key: str, holder: str, now: datetime | None = None) -> bool:
 def ensure_slots(count: int, now: datetime | None = None) -> int:
     """Create the slots ``0..count-1`` that do not exist yet (free); returns how many were made.
 
-    One BatchGetItem per 100 slots, plus one conditional put per missing slot.
+    One BatchGetItem per 100 slots, plus one conditional put per missing slot. A slot made by a
+    release before the sharded index (no ``status_shard``) gets it here, keeping its holder.
     """
     now = now or utcnow()
     wanted = [slot_key(number) for number in range(count)]
-    existing = {item.key for item in LeaseModel.batch_get(wanted, attributes_to_get=[schema.PARTITION_KEY])}
+    existing = {item.key: item for item in LeaseModel.batch_get(
+        wanted, attributes_to_get=[schema.PARTITION_KEY, schema.STATUS_INDEX_PARTITION_KEY])}
     created = 0
     for key in wanted:
         if key in existing:
+            if existing[key].status_shard is None:
+                _update(key, [LeaseModel.status_shard.set(SLOT_STATUS)], LeaseModel.key.exists())
             continue
-        slot = LeaseModel(key, status=SLOT_STATUS, due_at=now, state=LeaseState.FREE, updated_at=now)
+        slot = LeaseModel(key, status=SLOT_STATUS, status_shard=SLOT_STATUS, due_at=now,
+                          state=LeaseState.FREE, updated_at=now)
         try:
             slot.save(condition=LeaseModel.key.does_not_exist())
             created += 1

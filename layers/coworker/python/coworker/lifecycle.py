@@ -241,7 +241,7 @@ def claim(key: str, owner: str, settings: Settings, now: datetime | None = None)
         task.update(
             actions=[
                 TaskModel.claimed_from.set(TaskModel.status),  # right-hand side reads the old value
-                TaskModel.status.set(TaskStatus.PROCESSING.value),
+                *TaskModel.status_actions(key, TaskStatus.PROCESSING.value),
                 TaskModel.lock_owner.set(owner),
                 TaskModel.lock_expires_at.set(expires),
                 TaskModel.due_at.set(expires),
@@ -267,7 +267,7 @@ def release_unstarted(claim: Claim, now: datetime | None = None) -> bool:
     ``False`` when the claim was no longer this worker's."""
     now = now or utcnow()
     actions = [
-        TaskModel.status.set(claim.task.claimed_from or TaskStatus.TODO.value),
+        *TaskModel.status_actions(claim.key, claim.task.claimed_from or TaskStatus.TODO.value),
         TaskModel.due_at.set(now),
         TaskModel.attempts.add(-1),
         *_release_lock_actions(now),
@@ -365,7 +365,7 @@ def _end_too_large(task: TaskModel, condition: Condition, kept: ErrorRecord | No
                             f"{dropped} (make the payload smaller, or let large payloads go to the object "
                             "store)", now)
         actions = [
-            TaskModel.status.set(TaskStatus.IGNORED.value),
+            *TaskModel.status_actions(task.key, TaskStatus.IGNORED.value),
             TaskModel.due_at.set(now),
             TaskModel.errors.set([*history, note]),
             TaskModel.result.remove(),
@@ -432,7 +432,7 @@ def complete(claim: Claim, settings: Settings, result: Any = None, now: datetime
     """
     now = now or utcnow()
     actions = [
-        TaskModel.status.set(TaskStatus.FINISHED.value),
+        *TaskModel.status_actions(claim.key, TaskStatus.FINISHED.value),
         TaskModel.due_at.remove(),
         TaskModel.finished_at.set(now),
         *_release_lock_actions(now),
@@ -475,7 +475,7 @@ def fail(
         delay = backoff_delay(claim.attempt, settings)
         status, due_at, outcome = TaskStatus.FAILED, now + timedelta(seconds=delay), RecordOutcome.FAILED
     actions = [
-        TaskModel.status.set(status.value),
+        *TaskModel.status_actions(claim.key, status.value),
         TaskModel.due_at.set(due_at),
         TaskModel.errors.set(_history(claim, settings, now, [error])),
         *_release_lock_actions(now),
@@ -538,7 +538,7 @@ def reap_lost(key: str, attempt: int, batch_id: str | None, settings: Settings,
     lost = error_record(attempt, ErrorKind.WORKER_LOST,
                         "the worker's lock expired on the last allowed attempt", now)
     actions = [
-        TaskModel.status.set(TaskStatus.IGNORED.value),
+        *TaskModel.status_actions(key, TaskStatus.IGNORED.value),
         TaskModel.due_at.set(now),
         *_release_lock_actions(now),
     ]
@@ -565,7 +565,7 @@ def retry(key: str, now: datetime | None = None) -> TaskModel | None:
     """
     now = now or utcnow()
     actions = [
-        TaskModel.status.set(TaskStatus.TODO.value),
+        *TaskModel.status_actions(key, TaskStatus.TODO.value),
         TaskModel.due_at.set(now),
         TaskModel.attempts.set(0),
         TaskModel.generation.add(1),
@@ -597,7 +597,7 @@ def cancel(key: str, settings: Settings, reason: str = "cancelled", now: datetim
     task = TaskModel(key, batch_id=batches.membership(key)[0])
     entry = error_record(0, ErrorKind.CANCELLED, reason, now)
     actions = [
-        TaskModel.status.set(TaskStatus.IGNORED.value),
+        *TaskModel.status_actions(key, TaskStatus.IGNORED.value),
         TaskModel.due_at.set(now),
         *_release_lock_actions(now),
     ]

@@ -73,14 +73,26 @@ class ErrorRecord(MapAttribute):
 
 
 class StatusIndex(GlobalSecondaryIndex["TaskModel"]):
-    """Sparse index of live and ignored tasks by status, oldest ``due_at`` first."""
+    """Sparse index of live and ignored tasks by status shard, oldest ``due_at`` first
+    (read it through :mod:`coworker.queries`, which merges the shards)."""
 
     class Meta:
         index_name = schema.STATUS_INDEX_NAME
         projection = IncludeProjection(list(schema.STATUS_INDEX_PROJECTED))
 
-    status = UnicodeAttribute(hash_key=True)
+    status_shard = UnicodeAttribute(hash_key=True)
     due_at = UTCDateTimeAttribute(range_key=True)
+
+
+class _Layout:
+    """How this process spreads statuses over index shards (set by :func:`bind`)."""
+
+    shards: int = schema.DEFAULT_STATUS_SHARDS
+
+
+def status_shards() -> int:
+    """Index shards per status in the bound table (``COWORKER_STATUS_SHARDS``)."""
+    return _Layout.shards
 
 
 class TaskModel(Model):
@@ -95,7 +107,10 @@ class TaskModel(Model):
     payload = JSONAttribute(null=True)
     # A payload too large for the record: {"uri", "bytes", "sha256"} in the object store.
     payload_ref = JSONAttribute(null=True)
-    status = UnicodeAttribute(attr_name=schema.STATUS_INDEX_PARTITION_KEY)
+    status = UnicodeAttribute(attr_name=schema.STATUS_ATTRIBUTE)
+    # "<status>#<shard>", the index partition key: always written with ``status``
+    # (see :meth:`status_actions`).
+    status_shard = UnicodeAttribute(null=True, attr_name=schema.STATUS_INDEX_PARTITION_KEY)
     due_at = UTCDateTimeAttribute(null=True, attr_name=schema.STATUS_INDEX_SORT_KEY)
     created_at = UTCDateTimeAttribute()
     updated_at = UTCDateTimeAttribute()
@@ -119,6 +134,23 @@ class TaskModel(Model):
     delete_after_epoch = TTLAttribute(null=True, attr_name=schema.TTL_ATTRIBUTE)
 
     status_index = StatusIndex()
+
+    @classmethod
+    def shard_value_of(cls, key: str, status: str) -> str:
+        """The index partition key value of task ``key`` in ``status``."""
+        return schema.shard_value(status, schema.shard_of(key, _Layout.shards))
+
+    def serialize(self, null_check: bool = True) -> dict[str, dict[str, Any]]:
+        """The item as DynamoDB stores it, ``status_shard`` always following ``status`` (every
+        put, batch write and transaction goes through here)."""
+        if self.status is not None:
+            self.status_shard = self.shard_value_of(self.key, self.status)
+        return super().serialize(null_check=null_check)
+
+    @classmethod
+    def status_actions(cls, key: str, status: str) -> list:
+        """Update actions that move task ``key`` to ``status``: the status and its index shard."""
+        return [cls.status.set(status), cls.status_shard.set(cls.shard_value_of(key, status))]
 
     def to_dict(self) -> dict[str, Any]:
         """The task as plain JSON-ready values (times as ISO-8601 UTC strings)."""
@@ -177,6 +209,7 @@ class BatchModel(Model):
 
 def bind(settings: Settings) -> None:
     """Point the models at the configured table, region and endpoint (once per process)."""
+    _Layout.shards = settings.status_shards
     for model_class in _models():
         model_class.Meta.table_name = settings.table_name
         model_class.Meta.region = settings.region

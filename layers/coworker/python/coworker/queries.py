@@ -1,35 +1,214 @@
-"""Reads through the status index: what the coordinator dispatches, and bounded counts."""
+"""Reads through the sharded status index: what the coordinator dispatches, listings, counts.
+
+Each status lives in S index partitions, ``todo#0`` ... ``todo#S-1`` (see :mod:`coworker.schema`).
+A read queries the S partitions of a status in parallel, a page each, and merges them by
+``due_at``: the merged stream is in exactly the order one unsharded partition would give, and it
+fetches a shard's next page only when the merge needs it. Reading the first N entries this way
+costs about N + sqrt(N * S) entries and S queries (one for an unsharded index), however large
+the backlog.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+from typing import Any
 
-from coworker.model import TaskModel, TaskStatus
+from pynamodb.expressions.condition import Condition
+
+from coworker import schema
+from coworker.model import TaskModel, TaskStatus, status_shards
+
+_INDEX_KEYS = (schema.PARTITION_KEY, schema.STATUS_INDEX_PARTITION_KEY, schema.STATUS_INDEX_SORT_KEY)
+_pool: ThreadPoolExecutor | None = None
+
+
+def _parallel(calls: Sequence[Callable[[], Any]]) -> list[Any]:
+    """Run ``calls`` at once on a shared pool (in the calling thread when there is one)."""
+    global _pool
+    if len(calls) <= 1:
+        return [call() for call in calls]
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="coworker-shard-read")
+    return list(_pool.map(lambda call: call(), calls))
+
+
+def index_key_of(item: dict[str, Any]) -> dict[str, Any]:
+    """The index key (a LastEvaluatedKey) of a raw index entry: where a read resumes after it."""
+    return {name: item[name] for name in _INDEX_KEYS}
+
+
+class ShardStream:
+    """One shard's entries, a page at a time, with the position a later read resumes from."""
+
+    def __init__(self, value: str, start: dict[str, Any] | None) -> None:
+        self.value = value
+        self.buffer: deque[dict[str, Any]] = deque()
+        self.next_key = start  # where the next page starts
+        self.position = start  # where a later read resumes: after the last entry taken
+        self.fetched = False
+        self.scanned = 0
+
+    @property
+    def more_pages(self) -> bool:
+        return not self.fetched or self.next_key is not None
+
+    @property
+    def exhausted(self) -> bool:
+        return not self.buffer and not self.more_pages
+
+    def fetch(self, page_size: int, **query: Any) -> None:
+        page = next(TaskModel.status_index.query(
+            self.value, page_size=page_size, last_evaluated_key=self.next_key, **query).page_iter)
+        self.fetched = True
+        self.scanned += int(page.get("ScannedCount", 0))
+        self.next_key = page.get("LastEvaluatedKey")
+        items = page.get("Items", [])
+        self.buffer.extend(items)
+        if not items and self.next_key is not None:
+            self.position = self.next_key  # a page that the filter emptied: skip it next time
+
+    def take(self) -> dict[str, Any]:
+        item = self.buffer.popleft()
+        self.position = index_key_of(item)
+        return item
+
+
+class MergedRead:
+    """The entries of ``status`` across its shards, in ``due_at`` order (oldest first unless
+    ``forward`` is false), as :class:`TaskModel` objects.
+
+    ``starts`` resumes each shard where an earlier read's :meth:`positions` left it.
+    ``budget`` bounds the index entries read (filters cut the answer, not the read): once it is
+    spent the iteration stops early and :attr:`complete` stays false.
+    """
+
+    def __init__(self, status: str, *, want: int, range_key_condition: Condition | None = None,
+                 filter_condition: Condition | None = None, forward: bool = True,
+                 starts: Sequence[dict[str, Any] | None | bool] | None = None,
+                 budget: int | None = None, shards: int | None = None) -> None:
+        shards = shards or status_shards()
+        values = schema.shard_values(status, shards)
+        starts = list(starts) if starts is not None else [None] * shards
+        if len(starts) != shards:
+            raise ValueError(f"{len(starts)} shard positions for {shards} shards")
+        self.streams = [ShardStream(value, start if isinstance(start, dict) else None)
+                        for value, start in zip(values, starts, strict=True)]
+        for stream, start in zip(self.streams, starts, strict=True):
+            if start is False:  # finished in an earlier read
+                stream.fetched, stream.next_key = True, None
+        self.forward = forward
+        self.budget = budget
+        # A shard's share of ``want``, plus about one standard deviation of how the hash spreads
+        # it (one shard: exactly ``want``); a shard that runs dry before the merge ends is read on.
+        share = want / shards
+        self.page_size = max(1, min(want, math.ceil(share + math.sqrt(share))))
+        if filter_condition is not None:
+            self.page_size = max(self.page_size, 25)
+        self.query: dict[str, Any] = {"scan_index_forward": forward}
+        if range_key_condition is not None:
+            self.query["range_key_condition"] = range_key_condition
+        if filter_condition is not None:
+            self.query["filter_condition"] = filter_condition
+
+    @property
+    def scanned(self) -> int:
+        return sum(stream.scanned for stream in self.streams)
+
+    @property
+    def complete(self) -> bool:
+        """True once every shard has been read to its end."""
+        return all(stream.exhausted for stream in self.streams)
+
+    def positions(self) -> list[dict[str, Any] | None | bool]:
+        """Per shard: where a later read resumes (an index key), ``None`` to start at the
+        beginning, ``False`` once nothing is left."""
+        return [False if stream.exhausted else stream.position for stream in self.streams]
+
+    def _fill(self) -> bool:
+        """Fetch a page for every shard whose buffer ran dry; False if the budget forbids it."""
+        dry = [stream for stream in self.streams if not stream.buffer and stream.more_pages]
+        while dry:
+            if self.budget is not None and self.scanned >= self.budget:
+                return False
+            _parallel([lambda s=stream: s.fetch(self.page_size, **self.query) for stream in dry])
+            dry = [stream for stream in dry if not stream.buffer and stream.more_pages]
+        return True
+
+    def __iter__(self) -> Iterator[TaskModel]:
+        while self._fill():
+            ready = [stream for stream in self.streams if stream.buffer]
+            if not ready:
+                return
+            pick = min if self.forward else max
+            stream = pick(ready, key=lambda s: s.buffer[0][schema.STATUS_INDEX_SORT_KEY]["S"])
+            yield TaskModel.from_raw_data(stream.take())
 
 
 def due(status: TaskStatus, now: datetime, limit: int) -> Iterator[TaskModel]:
     """Tasks in ``status`` whose ``due_at`` has passed, oldest first, at most ``limit``.
 
-    One key-condition query on the index (eventually consistent, as every GSI read is); it
-    reads only the items it returns, however large the backlog.
+    Key-condition queries on the index's shards (eventually consistent, as every GSI read is),
+    merged; they read about ``limit + sqrt(limit * S)`` entries, however large the backlog.
     """
     if limit <= 0:
         return iter(())
-    return TaskModel.status_index.query(
-        status.value,
-        range_key_condition=TaskModel.due_at <= now,
-        scan_index_forward=True,
-        limit=limit,
-        page_size=limit,
-    )
+    read = MergedRead(status.value, want=limit, range_key_condition=TaskModel.due_at <= now)
+    return _first(iter(read), limit)
+
+
+def _first(items: Iterator[TaskModel], limit: int) -> Iterator[TaskModel]:
+    for count, item in enumerate(items, start=1):
+        yield item
+        if count >= limit:
+            return
+
+
+def count(status: TaskStatus | str, range_key_condition: Condition | None = None) -> int:
+    """Exact number of index entries of ``status`` (all shards, in parallel; paginates)."""
+    value = status.value if isinstance(status, TaskStatus) else status
+    return sum(_parallel([
+        lambda v=shard_value: TaskModel.status_index.count(v, range_key_condition)
+        for shard_value in schema.shard_values(value, status_shards())
+    ]))
 
 
 def count_running(now: datetime) -> int:
     """How many tasks hold a live lock, exactly.
 
-    ``Select=COUNT`` queries stop at 1 MB of index data per page, so this pages on until
-    DynamoDB has no more to say; it reads every live lock's index entry (as many as
+    ``Select=COUNT`` queries stop at 1 MB of index data per page, so each shard's count pages on
+    until DynamoDB has no more to say; it reads every live lock's index entry (as many as
     ``max_concurrency``, each a couple of hundred bytes).
     """
-    return TaskModel.status_index.count(TaskStatus.PROCESSING.value, TaskModel.due_at > now)
+    return count(TaskStatus.PROCESSING, TaskModel.due_at > now)
+
+
+def count_capped(status: str, cap: int) -> tuple[int, bool]:
+    """Entries of ``status``, reading at most about ``cap`` of them: ``(count, capped)``.
+
+    Each shard counts up to its share of ``cap``; ``capped`` means some shard had more (or the
+    sum passed ``cap``), so the true count is at least ``count``, which is never above ``cap``.
+    """
+    shards = status_shards()
+    share = max(1, math.ceil(cap / shards))
+    counted = _parallel([lambda v=value: _count_shard(v, share)
+                         for value in schema.shard_values(status, shards)])
+    total = sum(n for n, _ in counted)
+    return min(total, cap), total > cap or any(capped for _, capped in counted)
+
+
+def _count_shard(value: str, cap: int) -> tuple[int, bool]:
+    total = 0
+    last_key = None
+    while total < cap:
+        page = next(TaskModel.status_index.query(
+            value, page_size=cap - total, last_evaluated_key=last_key,
+            attributes_to_get=[schema.PARTITION_KEY]).page_iter)
+        total += int(page.get("Count", 0))
+        last_key = page.get("LastEvaluatedKey")
+        if last_key is None:
+            return total, False
+    return total, True

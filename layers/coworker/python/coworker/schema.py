@@ -9,7 +9,15 @@ Layout (one item per task)::
                      todo -> run-at time, failed -> retry time, processing -> lock expiry,
                      ignored -> when it was ignored; absent once finished.
 
-    GSI ``status-due`` : partition ``status``, sort ``due_at``, INCLUDE projection.
+    status_shard (S) ``<status>#<n>``: the status and the key's shard, ``n = crc32(key) % S``
+                     (S = ``COWORKER_STATUS_SHARDS``); worker slots use ``worker-slot``.
+
+    GSI ``status-shard-due`` : partition ``status_shard``, sort ``due_at``, INCLUDE projection.
+
+Each status is spread over S partition key values so that no index partition takes more than
+1/S of a status's writes: DynamoDB gives one partition key value about 1,000 write units per
+second, and every task writes ``todo`` twice and ``processing`` twice. Readers query the S
+shards of a status in parallel and merge them by ``due_at``, so "oldest first" still holds.
 
 The index is sparse: a finished task drops ``due_at`` and leaves the index (one index write
 instead of the two a key change costs), so the index holds only live and ignored tasks and
@@ -18,51 +26,79 @@ the coordinator's queries never wade through finished work.
 
 from __future__ import annotations
 
+import zlib
 from typing import Final
 
 DEFAULT_TABLE_NAME: Final = "coworker-tasks"
 
 PARTITION_KEY: Final = "key"
-STATUS_INDEX_NAME: Final = "status-due"
-STATUS_INDEX_PARTITION_KEY: Final = "status"
+STATUS_INDEX_NAME: Final = "status-shard-due"
+STATUS_INDEX_PARTITION_KEY: Final = "status_shard"
+# The plain status, as people read and filter it (not an index key).
+STATUS_ATTRIBUTE: Final = "status"
+# The index of releases before sharding: partition ``status``. Kept only while migrating.
+LEGACY_STATUS_INDEX_NAME: Final = "status-due"
+DEFAULT_STATUS_SHARDS: Final = 8
+MAX_STATUS_SHARDS: Final = 100
 STATUS_INDEX_SORT_KEY: Final = "due_at"
 # Non-key attributes copied into the index: enough for listings and for the coordinator
 # to reap lost tasks at their attempt ceiling without reading the table.
 STATUS_INDEX_PROJECTED: Final = (
-    "type", "attempts", "max_attempts", "updated_at", "batch_id", "lock_owner",
+    STATUS_ATTRIBUTE, "type", "attempts", "max_attempts", "updated_at", "batch_id", "lock_owner",
 )
 TTL_ATTRIBUTE: Final = "delete_after_epoch"
 
 
-def key_schema() -> dict[str, str]:
-    """Attribute name -> DynamoDB type for every key attribute of the table and its index."""
-    return {PARTITION_KEY: "S", STATUS_INDEX_PARTITION_KEY: "S", STATUS_INDEX_SORT_KEY: "S"}
+def shard_of(key: str, shards: int) -> int:
+    """The status shard of a task key: a stable hash, so every writer and reader agrees."""
+    return zlib.crc32(key.encode()) % shards
 
 
-def create_table_request(table_name: str = DEFAULT_TABLE_NAME) -> dict:
+def shard_value(status: str, shard: int) -> str:
+    """The index partition key value of one shard of a status: ``todo#3``."""
+    return f"{status}#{shard}"
+
+
+def shard_values(status: str, shards: int) -> list[str]:
+    """Every index partition key value of a status, shard 0 first."""
+    return [shard_value(status, shard) for shard in range(shards)]
+
+
+def key_schema(legacy_index: bool = False) -> dict[str, str]:
+    """Attribute name -> DynamoDB type for every key attribute of the table and its indexes."""
+    keys = {PARTITION_KEY: "S", STATUS_INDEX_PARTITION_KEY: "S", STATUS_INDEX_SORT_KEY: "S"}
+    if legacy_index:
+        keys[STATUS_ATTRIBUTE] = "S"
+    return keys
+
+
+def _index(name: str, partition_key: str) -> dict:
+    return {
+        "IndexName": name,
+        "KeySchema": [
+            {"AttributeName": partition_key, "KeyType": "HASH"},
+            {"AttributeName": STATUS_INDEX_SORT_KEY, "KeyType": "RANGE"},
+        ],
+        "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": list(STATUS_INDEX_PROJECTED)},
+    }
+
+
+def create_table_request(table_name: str = DEFAULT_TABLE_NAME, legacy_index: bool = False) -> dict:
     """A CreateTable request for this layout (on-demand), as boto3 takes it.
 
     Used by the local runtime and the tests; the CDK construct builds the same table from the
-    same constants.
+    same constants. ``legacy_index`` adds the pre-sharding ``status-due`` index (to test the
+    migration of a table made by an earlier release).
     """
+    indexes = [_index(STATUS_INDEX_NAME, STATUS_INDEX_PARTITION_KEY)]
+    if legacy_index:
+        indexes.append(_index(LEGACY_STATUS_INDEX_NAME, STATUS_ATTRIBUTE))
     return {
         "TableName": table_name,
         "BillingMode": "PAY_PER_REQUEST",
         "AttributeDefinitions": [
-            {"AttributeName": name, "AttributeType": kind} for name, kind in key_schema().items()
+            {"AttributeName": name, "AttributeType": kind} for name, kind in key_schema(legacy_index).items()
         ],
         "KeySchema": [{"AttributeName": PARTITION_KEY, "KeyType": "HASH"}],
-        "GlobalSecondaryIndexes": [
-            {
-                "IndexName": STATUS_INDEX_NAME,
-                "KeySchema": [
-                    {"AttributeName": STATUS_INDEX_PARTITION_KEY, "KeyType": "HASH"},
-                    {"AttributeName": STATUS_INDEX_SORT_KEY, "KeyType": "RANGE"},
-                ],
-                "Projection": {
-                    "ProjectionType": "INCLUDE",
-                    "NonKeyAttributes": list(STATUS_INDEX_PROJECTED),
-                },
-            }
-        ],
+        "GlobalSecondaryIndexes": indexes,
     }

@@ -1,0 +1,177 @@
+"""The sharded status index: every status spread over S partition key values, read back merged
+in exactly the order of one partition; listings page through it; old tables migrate."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from coworker import dispatch, leases, lifecycle, migration, queries, schema
+from coworker.lifecycle import TaskSpec
+from coworker.model import TaskModel, TaskStatus, utcnow
+from coworker_local.database import dynamodb_client
+
+from tests.integration.test_coordinator_cost import RecordingInvoker
+
+
+def _put_spread(settings, count: int, seed: int = 7) -> list[str]:
+    """``count`` due tasks with distinct, shuffled due times; their keys, oldest due first."""
+    rng = random.Random(seed)
+    offsets = rng.sample(range(3600), count)
+    keys = []
+    for i, offset in enumerate(offsets):
+        key = f"task-{i:04d}"
+        lifecycle.put_task(TaskSpec(key=key, type="quick", run_at=None, priority=7200 - offset), settings)
+        keys.append((offset, key))
+    return [key for _, key in sorted(keys)]
+
+
+def _raw(settings, key: str) -> dict:
+    return dynamodb_client(settings).get_item(TableName=settings.table_name, Key={"key": {"S": key}})["Item"]
+
+
+def test_every_task_carries_the_shard_of_its_key_and_status(make_settings):
+    settings = make_settings(status_shards=4)
+    keys = _put_spread(settings, 60)
+    shards = Counter(_raw(settings, key)["status_shard"]["S"] for key in keys)
+    assert set(shards) == {f"todo#{n}" for n in range(4)}  # all four used
+    for key in keys[:5]:
+        assert _raw(settings, key)["status_shard"]["S"] == f"todo#{schema.shard_of(key, 4)}"
+    # a claim moves the task to the processing shard of the same number, and back on release
+    claim = lifecycle.claim(keys[0], "w1", settings)
+    assert _raw(settings, keys[0])["status_shard"]["S"] == f"processing#{schema.shard_of(keys[0], 4)}"
+    lifecycle.release_unstarted(claim)
+    assert _raw(settings, keys[0])["status_shard"]["S"] == f"todo#{schema.shard_of(keys[0], 4)}"
+
+
+@pytest.mark.parametrize("shards", [1, 3, 8])
+def test_merged_read_is_the_global_oldest_first_order(make_settings, shards):
+    settings = make_settings(status_shards=shards)
+    oldest_first = _put_spread(settings, 80)
+    now = utcnow()
+    assert [t.key for t in queries.due(TaskStatus.TODO, now, 80)] == oldest_first
+    assert [t.key for t in queries.due(TaskStatus.TODO, now, 7)] == oldest_first[:7]
+    newest = queries.MergedRead("todo", want=10, forward=False)
+    assert [t.key for t in newest][:10] == oldest_first[::-1][:10]
+    assert queries.count(TaskStatus.TODO) == 80
+    assert queries.count_capped("todo", 20) == (20, True)
+    assert queries.count_capped("todo", 500) == (80, False)
+
+
+def test_a_merged_read_resumes_where_it_stopped(make_settings):
+    settings = make_settings(status_shards=5)
+    oldest_first = _put_spread(settings, 53)
+    seen: list[str] = []
+    starts = None
+    while True:
+        read = queries.MergedRead("todo", want=6, starts=starts)
+        page = []
+        for task in read:
+            page.append(task.key)
+            if len(page) == 6:
+                break
+        seen += page
+        if read.complete:
+            break
+        starts = read.positions()
+    assert seen == oldest_first  # every task once, in order, across pages
+
+
+def test_the_coordinator_dispatches_oldest_first_across_shards(make_settings):
+    settings = make_settings(max_concurrency=5, batch_size=1, status_shards=8, dispatch_on_submit=False)
+    oldest_first = _put_spread(settings, 40)
+    invoker = RecordingInvoker()
+    report = dispatch.tick(settings, invoker)
+    assert report.dispatched == 5 and sorted(invoker.keys) == sorted(oldest_first[:5])
+
+
+def test_api_listing_pages_through_all_shards_in_order(make_settings):
+    from tests.api.test_api import Api
+
+    settings = make_settings(status_shards=4)
+    oldest_first = _put_spread(settings, 25)
+    api = Api(settings)
+    seen, cursor = [], None
+    while True:
+        query = "/tasks?status=todo&limit=4" + (f"&cursor={cursor}" if cursor else "")
+        code, page, _ = api.call("GET", query)
+        assert code == 200
+        seen += [item["key"] for item in page["items"]]
+        cursor = page["cursor"]
+        if not cursor:
+            break
+    assert seen == oldest_first
+    # a cursor made under another shard count is refused, not misread
+    code, page, _ = api.call("GET", "/tasks?status=todo&limit=4")
+    other = Api(settings.model_copy(update={"status_shards": 8}))
+    from coworker import model
+
+    model.bind(settings.model_copy(update={"status_shards": 8}))
+    try:
+        code, answer, _ = other.call("GET", f"/tasks?status=todo&cursor={page['cursor']}")
+        assert code == 400 and "another listing" in answer["message"]
+    finally:
+        model.bind(settings)
+
+
+def _legacy_table(make_settings):
+    """A table as a release before sharding left it: the old index, items without a shard."""
+    settings = make_settings()
+    client = dynamodb_client(settings)
+    client.delete_table(TableName=settings.table_name)
+    client.get_waiter("table_not_exists").wait(TableName=settings.table_name, WaiterConfig={"Delay": 1})
+    client.create_table(**schema.create_table_request(settings.table_name, legacy_index=True))
+    client.get_waiter("table_exists").wait(TableName=settings.table_name, WaiterConfig={"Delay": 1})
+    leases.ensure_slots(settings.worker_slots)
+    for i in range(12):
+        lifecycle.put_task(TaskSpec(key=f"old-{i:02d}", type="quick", priority=100 - i), settings)
+    for item in client.scan(TableName=settings.table_name)["Items"]:
+        client.update_item(TableName=settings.table_name, Key={"key": item["key"]},
+                           UpdateExpression="REMOVE status_shard")
+    return settings
+
+
+def test_migrating_an_unsharded_table_makes_its_tasks_visible_again(make_settings):
+    settings = _legacy_table(make_settings)
+    invoker = RecordingInvoker()
+    # Slots and tasks have no shard: nothing can be dispatched yet. The coordinator's start
+    # (ensure_slots) gives the slots theirs.
+    assert queries.count(TaskStatus.TODO) == 0
+    leases.ensure_slots(settings.worker_slots)
+    assert dispatch.tick(settings, invoker).dispatched == 0
+
+    dry = migration.reshard(dry_run=True)
+    assert (dry.moved, queries.count(TaskStatus.TODO)) == (12, 0)
+    report = migration.reshard()
+    assert report.moved == 12 and report.scanned == 12 + settings.worker_slots
+    assert queries.count(TaskStatus.TODO) == 12
+    assert dispatch.tick(settings, invoker).dispatched == 12
+    assert migration.reshard().moved == 0  # idempotent
+
+
+def test_lowering_the_shard_count_needs_a_reshard_raising_it_does_not(make_settings):
+    from coworker import model
+
+    settings = make_settings(status_shards=8)
+    _put_spread(settings, 30)
+    fewer = settings.model_copy(update={"status_shards": 2})
+    model.bind(fewer)
+    try:
+        assert queries.count(TaskStatus.TODO) < 30  # tasks in shards 2..7 are not read
+        assert migration.reshard().moved > 0
+        assert queries.count(TaskStatus.TODO) == 30
+        model.bind(settings.model_copy(update={"status_shards": 16}))
+        assert queries.count(TaskStatus.TODO) == 30  # more shards: every old one is still read
+    finally:
+        model.bind(settings)
+
+
+def test_a_reshard_leaves_a_task_a_worker_moved_meanwhile(make_settings):
+    settings = _legacy_table(make_settings)
+    leases.ensure_slots(settings.worker_slots)
+    item = TaskModel.get("old-00")
+    assert item.status_shard is None
+    lifecycle.claim("old-00", "w1", settings)  # a new-release worker writes the shard itself
+    assert not migration._move(item, migration.expected_shard("old-00", "todo"))
+    assert _raw(settings, "old-00")["status_shard"]["S"].startswith("processing#")
