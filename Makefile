@@ -1,4 +1,4 @@
-.PHONY: test run bench synth lint
+.PHONY: test run bench synth lint bill
 
 test:  ## install what is needed, run every test
 	scripts/test.sh
@@ -9,6 +9,9 @@ run:  ## the whole system on this machine, with a demo workload
 bench:  ## benchmarks: capacity units (cost.py), tasks/s against the peer (throughput.py), dispatch latency, utilisation, duplicates, recovery (dispatch.py)
 	scripts/bootstrap.sh --bench && .venv/bin/python benchmarks/cost.py && .venv/bin/python benchmarks/throughput.py \
 		&& .venv/bin/python benchmarks/dispatch.py
+
+bill:  ## the bill for 1,000,000 tasks beside SQS + Lambda and Distributed Map (bill.py), and the 1,000 tasks/s scale model (scale_model.py)
+	scripts/bootstrap.sh --bench && .venv/bin/python benchmarks/bill.py && .venv/bin/python benchmarks/scale_model.py
 
 synth:  ## synthesize the CloudFormation template offline
 	scripts/bootstrap.sh && AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x AWS_DEFAULT_REGION=us-east-1 \

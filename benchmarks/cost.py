@@ -85,7 +85,8 @@ def _step(record) -> str:
     return step if record.operation == "UpdateItem" else f"{step} (in transaction)"
 
 
-def happy_path(endpoint: str, tasks: int, concurrency: int, batch_id: str | None = None) -> dict:
+def happy_path(endpoint: str, tasks: int, concurrency: int, batch_id: str | None = None,
+               keep_records: bool = False) -> dict:
     settings = _settings(endpoint, f"cost-happy-{batch_id or 'single'}", max_concurrency=concurrency,
                          batch_size=5)
     snapshot_client = dynamodb_client(settings)
@@ -93,9 +94,14 @@ def happy_path(endpoint: str, tasks: int, concurrency: int, batch_id: str | None
     # worker slots' writes (reserve, acquire, release) are counted too.
     meter = CapacityMeter.for_model(TaskModel, snapshot_client, batches._connection(),
                                     leases.LeaseModel._get_connection().connection).attach()
-    for i in range(tasks):
-        spec = lifecycle.TaskSpec(key=f"task-{i:06d}", type="quick", payload={"n": i}, batch_id=batch_id)
-        lifecycle.put_task(spec, settings)
+    specs = [lifecycle.TaskSpec(key=f"task-{i:06d}", type="quick", payload={"n": i}, batch_id=batch_id)
+             for i in range(tasks)]
+    if batch_id:  # as POST /tasks puts a batch: transactions of up to 99 tasks and one counter update
+        now = utcnow()
+        batches.put_tasks([lifecycle.new_task(spec, settings, now) for spec in specs], batch_id, now)
+    else:
+        for spec in specs:
+            lifecycle.put_task(spec, settings)
 
     invoker = dispatch.InProcessInvoker(settings)
     finished = dispatched = ticks = 0
@@ -134,6 +140,7 @@ def happy_path(endpoint: str, tasks: int, concurrency: int, batch_id: str | None
         "tasks": tasks, "finished": finished, "dispatched": dispatched, "ticks": ticks,
         "total": total, "ticks_only": coordinator_reads,
         "steps": dict(steps), "max_item": max(sizes), "max_entry": max(entries),
+        "records": list(meter.writes) if keep_records else None,
     }
 
 
@@ -145,6 +152,7 @@ def _load_backlog(client, settings: Settings, template: dict, start: int, stop: 
         for i in range(first, min(first + 25, stop)):
             item = dict(template)
             item["key"] = {"S": f"backlog-{i:07d}"}
+            item["status_shard"] = {"S": TaskModel.shard_value_of(item["key"]["S"], "todo")}
             due = (base + timedelta(microseconds=i)).strftime("%Y-%m-%dT%H:%M:%S.%f+0000")
             item["due_at"] = {"S": due}
             requests.append({"PutRequest": {"Item": item}})

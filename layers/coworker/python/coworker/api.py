@@ -202,8 +202,8 @@ def validation_error_response(exc: RequestValidationError) -> Response:
 
 # Cursors name the index layout they read: a cursor of another layout is refused, not misread.
 CURSOR_VERSION = "sharded-1"
-# A cursor holds a key per index shard (deflated): 8 shards of keys up to about 300 characters
-# fit. API Gateway takes about 10 KB of request line and headers in all.
+# A cursor holds a key per index shard (deflated): 4 shards of keys up to 512 characters fit.
+# API Gateway takes about 10 KB of request line and headers in all.
 MAX_CURSOR_CHARS = 4096
 _BAD_CURSOR = "the cursor is not valid: pass back the cursor of a previous answer unchanged"
 

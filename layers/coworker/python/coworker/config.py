@@ -32,7 +32,8 @@ class Settings(BaseModel):
     region: str = Field("us-east-1", alias="AWS_REGION", description="AWS region.")
     status_shards: int = Field(DEFAULT_STATUS_SHARDS, ge=1, le=MAX_STATUS_SHARDS, alias="COWORKER_STATUS_SHARDS",
                                description="Index partition key values per status (todo#0 ... todo#N-1): "
-                                           "each takes about 1,000 writes/s, so 8 carry ~2,000 tasks/s. "
+                                           "each takes about 1,000 writes/s, or ~500 tasks/s, so 4 carry "
+                                           "~2,000 tasks/s. "
                                            "Every process must use the same value; after lowering it run "
                                            "`coworker migrate-index`.")
     max_concurrency: int = Field(120, ge=1, le=10_000, alias="COWORKER_MAX_CONCURRENCY",

@@ -235,10 +235,10 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
          memory: HintMemory | None = None) -> TickReport:
     """One coordinator pass: find free slots and due work, start workers, retire lost tasks.
 
-    Reads at most ``worker_slots`` slot entries and, per status, at most the free slots' worth
-    of task entries (at least one page of ``batch_size``, so lost tasks are retired even when
-    every slot is busy), whatever the size of the backlog; plus the running tasks' index
-    entries, to count them (at most ``max_concurrency``, a few hundred bytes each).
+    Reads at most ``worker_slots`` slot entries, the running tasks' index entries (to count them
+    and find lost ones: at most ``max_concurrency``, a few hundred bytes each), and for failed
+    and todo about the free slots' worth of entries (at least ``batch_size``) plus a page per
+    index shard, whatever the size of the backlog.
     """
     now = now or utcnow()
     slots = settings.worker_slots
@@ -249,10 +249,13 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     keys: list[str] = []
     due = reaped = 0
     oldest: datetime | None = None
+    running, lost = queries.running_and_lost(now)
     for status in DISPATCH_ORDER:
         if len(keys) >= capacity:
             break
-        for task in queries.due(status, now, capacity - len(keys)):
+        found = (lost[:capacity - len(keys)] if status is TaskStatus.PROCESSING
+                 else queries.due(status, now, capacity - len(keys)))
+        for task in found:
             due += 1
             oldest = task.due_at if oldest is None else min(oldest, task.due_at)
             if status is TaskStatus.PROCESSING and task.attempts >= task.max_attempts:
@@ -271,7 +274,7 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
         memory.remember(sent)
     report = TickReport(busy_slots=slots - len(free), free_slots=len(free), due=due,
                         dispatched=len(sent), invocations=len(requests), reaped=reaped,
-                        running_tasks=queries.count_running(now))
+                        running_tasks=running)
     metrics.add_metric(name=MetricName.BUSY_SLOTS, unit=MetricUnit.Count, value=report.busy_slots)
     metrics.add_metric(name=MetricName.RUNNING_TASKS, unit=MetricUnit.Count, value=report.running_tasks)
     metrics.add_metric(name=MetricName.BACKLOG, unit=MetricUnit.Count, value=due)

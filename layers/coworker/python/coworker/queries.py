@@ -160,6 +160,40 @@ def due(status: TaskStatus, now: datetime, limit: int) -> Iterator[TaskModel]:
     return _first(iter(read), limit)
 
 
+def due_from_shard(status: TaskStatus, now: datetime, limit: int, first_shard: int) -> Iterator[TaskModel]:
+    """Due tasks of ``status``, shard by shard from ``first_shard`` on (each shard oldest first),
+    at most ``limit``: one query when that shard alone has enough, all S only when the status
+    has little due work. For self-feeding workers, which spread over the shards by starting at
+    different ones; the coordinator's :func:`due` keeps the exact global order."""
+    shards = status_shards()
+    taken = 0
+    for step in range(shards):
+        if taken >= limit:
+            return
+        value = schema.shard_value(status.value, (first_shard + step) % shards)
+        for task in TaskModel.status_index.query(value, TaskModel.due_at <= now, limit=limit - taken,
+                                                 page_size=limit - taken):
+            taken += 1
+            yield task
+
+
+def running_and_lost(now: datetime) -> tuple[int, list[TaskModel]]:
+    """Every ``processing`` entry, read once: how many hold a live lock, and those whose lock
+    has expired (lost workers), oldest first.
+
+    One query per shard, paging to the end: it reads every running task's index entry (as many
+    as ``max_concurrency``, a couple of hundred bytes each) plus the lost ones.
+    """
+    def shard(value: str) -> list[TaskModel]:
+        return list(TaskModel.status_index.query(value))
+
+    entries = [task for found in _parallel([lambda v=value: shard(v) for value in
+                                            schema.shard_values(TaskStatus.PROCESSING.value, status_shards())])
+               for task in found]
+    lost = sorted((task for task in entries if task.due_at <= now), key=lambda task: task.due_at)
+    return len(entries) - len(lost), lost
+
+
 def _first(items: Iterator[TaskModel], limit: int) -> Iterator[TaskModel]:
     for count, item in enumerate(items, start=1):
         yield item

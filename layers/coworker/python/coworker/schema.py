@@ -38,7 +38,7 @@ STATUS_INDEX_PARTITION_KEY: Final = "status_shard"
 STATUS_ATTRIBUTE: Final = "status"
 # The index of releases before sharding: partition ``status``. Kept only while migrating.
 LEGACY_STATUS_INDEX_NAME: Final = "status-due"
-DEFAULT_STATUS_SHARDS: Final = 8
+DEFAULT_STATUS_SHARDS: Final = 4
 MAX_STATUS_SHARDS: Final = 100
 STATUS_INDEX_SORT_KEY: Final = "due_at"
 # Non-key attributes copied into the index: enough for listings and for the coordinator

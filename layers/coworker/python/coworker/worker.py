@@ -23,12 +23,12 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from coworker import leases, lifecycle, offload, queries
+from coworker import leases, lifecycle, offload, queries, schema
 from coworker.config import Settings
 from coworker.errors import InvalidEventError, StorageError, TaskFailedError, UnknownTaskTypeError
 from coworker.handlers import TaskContext, get_handler
 from coworker.lifecycle import Claim, RecordOutcome
-from coworker.model import ErrorKind, ErrorRecord, TaskStatus, utcnow
+from coworker.model import ErrorKind, ErrorRecord, TaskStatus, status_shards, utcnow
 from coworker.observability import MetricName, logger, metrics, tracer
 
 MAX_HINTS = 100
@@ -313,6 +313,8 @@ class Feeder:
         self._cond = threading.Condition()
         self._fetching = False
         self._low_water = max(1, window or settings.batch_size)
+        # Index shard each status is read from first: its own stripe's, then where work was found.
+        self._first_shard = dict.fromkeys(FEED_ORDER, self._stripe)
         self.pages = 0
 
     def next(self) -> tuple[str, TaskSource] | None:
@@ -362,7 +364,9 @@ class Feeder:
         """One window of due keys not seen before by this invocation."""
         settings = self._settings
         now, clock = utcnow(), time.monotonic()
-        limit = min(MAX_FEED_PAGE, 2 * self._window * self._stripes)
+        # About two windows of this stripe's keys (a stripe is 1/stripes of the keys); exactly one
+        # window when this worker is the only stripe.
+        limit = min(MAX_FEED_PAGE, self._window * (2 * self._stripes - 1))
         page: list[str] = []
         for status in FEED_ORDER:
             if len(page) >= limit:
@@ -371,8 +375,10 @@ class Feeder:
                 if _quiet_until.get(status, 0.0) > clock:
                     continue
             found = 0
-            for task in queries.due(status, now, limit - len(page)):
+            for task in queries.due_from_shard(status, now, limit - len(page), self._first_shard[status]):
                 found += 1
+                # Start the next look where this one found work: a drained shard is not read again.
+                self._first_shard[status] = schema.shard_of(task.key, status_shards())
                 if task.key in self._seen:
                     continue
                 if status is TaskStatus.PROCESSING and task.attempts >= task.max_attempts:
