@@ -175,3 +175,27 @@ def test_a_reshard_leaves_a_task_a_worker_moved_meanwhile(make_settings):
     lifecycle.claim("old-00", "w1", settings)  # a new-release worker writes the shard itself
     assert not migration._move(item, migration.expected_shard("old-00", "todo"))
     assert _raw(settings, "old-00")["status_shard"]["S"].startswith("processing#")
+
+
+def test_a_cursor_over_four_shards_of_the_longest_keys_stays_under_its_limit(make_settings):
+    from coworker.api import MAX_CURSOR_CHARS
+
+    from tests.api.test_api import Api
+
+    settings = make_settings(status_shards=4)
+    rng = random.Random(3)
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:"
+    keys = {"".join(rng.choice(alphabet) for _ in range(512)) for _ in range(24)}
+    for key in keys:
+        lifecycle.put_task(TaskSpec(key=key, type="quick"), settings)
+    api = Api(settings)
+    seen, cursor, longest = [], None, 0
+    while True:
+        code, page, _ = api.call("GET", "/tasks?status=todo&limit=2" + (f"&cursor={cursor}" if cursor else ""))
+        assert code == 200, page
+        seen += [item["key"] for item in page["items"]]
+        cursor = page["cursor"]
+        if not cursor:
+            break
+        longest = max(longest, len(cursor))
+    assert sorted(seen) == sorted(keys) and longest <= MAX_CURSOR_CHARS
