@@ -41,6 +41,7 @@ os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "ERROR")
 os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
 
 from coworker import schema  # noqa: E402
+from coworker.batches import COUNTER_SHARDS  # noqa: E402
 from coworker_local.capacity import status_index  # noqa: E402
 
 PARTITION_WRITE_LIMIT = 1_000  # write units per second per partition key value
@@ -169,8 +170,10 @@ def simulate(writes: TaskWrites, *, tasks: int, rate: float, task_seconds: float
             for status, units in writes.index.get(step, {}).items():
                 per_status[status] += count * units
         per_value = {status: units / shards for status, units in per_status.items()}
-        if batched:  # every task in one batch: its counter item is one more partition key value
-            per_value["batch item"] = sum(count * writes.batch_item.get(step, 0.0) for step, count in demand.items())
+        if batched:  # every task in one batch: its counter items are more partition key values
+            # (puts add to the batch's head item; outcomes to one of its COUNTER_SHARDS items)
+            per_value["batch item"] = max(want_put * writes.batch_item.get("put", 0.0),
+                                          want_finish * writes.batch_item.get("finish", 0.0) / COUNTER_SHARDS)
         table_units = sum(count * writes.table.get(step, 0.0) for step, count in demand.items())
         index_units = sum(per_status.values())
         window = second - DOUBLING_WINDOW_SECONDS

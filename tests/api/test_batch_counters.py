@@ -139,3 +139,31 @@ def test_a_redriven_attempt_1_is_not_the_old_attempt_1(settings):
     assert lifecycle.extend_lock(old, settings) is False
     assert lifecycle.complete(new, settings, result={"from": "new"}) is RecordOutcome.FINISHED
     assert lifecycle.get_task("g").result == {"from": "new"}
+
+
+def test_outcomes_spread_over_the_counter_shards_and_sum_exactly(settings):
+    keys = [f"w{i:03d}" for i in range(40)]
+    tasks = [lifecycle.new_task(TaskSpec(key=k, type="quick", batch_id="wide"), settings, utcnow()) for k in keys]
+    batches.put_tasks(tasks, "wide")
+    for key in keys[:30]:
+        claim = lifecycle.claim(key, "w", settings)
+        lifecycle.complete(claim, settings, result=None)
+    for key in keys[30:34]:
+        lifecycle.cancel(key, settings)
+    assert _progress("wide") == (40, 30, 4, 6, False)
+    # the outcomes went to several items, each keyed by a hash of the task key: no single hot item
+    items = {item.key: item for item in BatchModel.scan(BatchModel.key.startswith("batch#wide"))}
+    shards = {key for key in items if key != "batch#wide"}
+    assert len(shards) >= 5 and all(key.rsplit("#", 1)[1].isdigit() for key in shards)
+    assert int(items["batch#wide"].total) == 40 and not items["batch#wide"].finished
+    for key in keys[:30]:
+        assert batches.counter_key("wide", key) in shards
+
+
+def test_a_batch_counted_on_its_head_item_by_an_earlier_release_still_adds_up(settings):
+    _put(settings, "old-1", batch_id="legacy")
+    _put(settings, "old-2", batch_id="legacy")
+    BatchModel("batch#legacy").update(actions=[BatchModel.finished.add(1)])  # as releases before sharding did
+    claim = lifecycle.claim("old-2", "w", settings)
+    lifecycle.complete(claim, settings, result=None)
+    assert _progress("legacy") == (2, 2, 0, 0, True)

@@ -115,13 +115,20 @@ def test_api_listing_pages_through_all_shards_in_order(make_settings):
         model.bind(settings)
 
 
-def _legacy_table(make_settings):
-    """A table as a release before sharding left it: the old index, items without a shard."""
+def _legacy_table(make_settings, new_index: bool = True):
+    """A table as a release before sharding left it: the old index, items without a shard.
+    ``new_index`` adds the sharded index too (step 1 of the documented migration)."""
     settings = make_settings()
     client = dynamodb_client(settings)
     client.delete_table(TableName=settings.table_name)
     client.get_waiter("table_not_exists").wait(TableName=settings.table_name, WaiterConfig={"Delay": 1})
-    client.create_table(**schema.create_table_request(settings.table_name, legacy_index=True))
+    request = schema.create_table_request(settings.table_name, legacy_index=True)
+    if not new_index:
+        request["GlobalSecondaryIndexes"] = [ix for ix in request["GlobalSecondaryIndexes"]
+                                             if ix["IndexName"] == schema.LEGACY_STATUS_INDEX_NAME]
+        request["AttributeDefinitions"] = [a for a in request["AttributeDefinitions"]
+                                           if a["AttributeName"] != schema.STATUS_INDEX_PARTITION_KEY]
+    client.create_table(**request)
     client.get_waiter("table_exists").wait(TableName=settings.table_name, WaiterConfig={"Delay": 1})
     leases.ensure_slots(settings.worker_slots)
     for i in range(12):
@@ -199,3 +206,33 @@ def test_a_cursor_over_four_shards_of_the_longest_keys_stays_under_its_limit(mak
             break
         longest = max(longest, len(cursor))
     assert sorted(seen) == sorted(keys) and longest <= MAX_CURSOR_CHARS
+
+
+@pytest.mark.slow
+def test_a_kept_local_table_without_the_index_gets_it_and_its_tasks_their_shards(make_settings):
+    """What the local runtime does with a kept data folder of an earlier release. On a DynamoDB
+    Local of its own: adding an index online to a table of a server that has served many other
+    tables makes its next writes fail there (InternalFailure), a quirk of the emulator."""
+    from coworker.bootstrap import configure
+    from coworker_local.database import add_status_index, create_table, start_database
+
+    server = start_database("dynamodb-local")
+    try:
+        def on_own_server(**overrides):
+            settings = make_settings(**overrides)
+            own = settings.model_copy(update={"dynamodb_endpoint": server.endpoint})
+            create_table(own)
+            configure(own)
+            return own
+
+        settings = _legacy_table(on_own_server, new_index=False)  # only the old index
+        client = dynamodb_client(settings)
+        assert create_table(settings) is False  # it exists: the index is added instead
+        table = client.describe_table(TableName=settings.table_name)["Table"]
+        assert schema.STATUS_INDEX_NAME in {ix["IndexName"] for ix in table["GlobalSecondaryIndexes"]}
+        assert add_status_index(settings) is False  # once only
+        leases.ensure_slots(settings.worker_slots)
+        assert migration.reshard().moved == 12
+        assert queries.count(TaskStatus.TODO) == 12
+    finally:
+        server.stop()

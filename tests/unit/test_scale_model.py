@@ -42,9 +42,20 @@ def test_a_cold_table_caps_a_fast_start_and_warm_throughput_lifts_it():
     assert warm.drained_at == pytest.approx(200, abs=15)  # 200,000 tasks at about 1,000/s
 
 
-def test_a_wide_batch_makes_its_counter_item_hot():
-    batched = scale_model.TaskWrites(WRITES.table, WRITES.index, batch_item={"finish": 2.0})
-    outcome = scale_model.simulate(batched, tasks=100_000, rate=1_000, task_seconds=1.0, shards=4,
-                                   batch_size=10, submit_rate=1_000, account_concurrency=1_000,
-                                   tick_seconds=5.0, warm_write_units=10_000, batched=True)
+def _wide_batch():
+    batched = scale_model.TaskWrites(WRITES.table, WRITES.index, batch_item={"put": 0.02, "finish": 2.0})
+    return scale_model.simulate(batched, tasks=100_000, rate=1_000, task_seconds=1.0, shards=4,
+                                batch_size=10, submit_rate=1_000, account_concurrency=1_000,
+                                tick_seconds=5.0, warm_write_units=10_000, batched=True)
+
+
+def test_a_wide_batch_with_one_counter_item_runs_hot(monkeypatch):
+    monkeypatch.setattr(scale_model, "COUNTER_SHARDS", 1)
+    outcome = _wide_batch()
     assert outcome.peak_partition_status == "batch item" and outcome.throttled_by_key > 0
+
+
+def test_a_wide_batch_with_sharded_counters_does_not():
+    assert scale_model.COUNTER_SHARDS == 8
+    outcome = _wide_batch()
+    assert outcome.throttled_by_key == 0 and outcome.peak_partition_demand <= 1_000

@@ -1,6 +1,9 @@
 """Batches: progress counters that stay right without scanning.
 
-A batch is an item in the task table under key ``batch#<id>`` holding three counters::
+A batch's counters live in the task table, spread over ``1 + COUNTER_SHARDS`` items::
+
+    batch#<id>       total (puts), created_at, and the counters of releases before sharding
+    batch#<id>#<n>   finished, ignored (and total of follow-ups) of the tasks whose key hashes to n
 
     total     tasks created for the batch (a re-submitted task that already exists is not counted)
     finished  tasks of the batch that reached ``finished``
@@ -8,15 +11,17 @@ A batch is an item in the task table under key ``batch#<id>`` holding three coun
 
     open = total - finished - ignored        done = (open == 0)
 
-Every terminal transition of a task that has a ``batch_id`` moves a counter **in the same
+Progress is the sum of those items (one strongly consistent BatchGetItem). Every terminal
+transition of a task that has a ``batch_id`` moves its shard's counter **in the same
 transaction** as the task write (``TransactWriteItems``), so a crash between two writes cannot
 lose a count; tasks without a batch keep their single ``UpdateItem``. Creating tasks adds to
 ``total`` in the same transaction as their puts, for the same reason.
 
-Costs and limits: a transactional write costs twice a plain one, and concurrent transactions on
-one batch item conflict (DynamoDB cancels one with ``TransactionConflict``); conflicts are retried
-here with jittered backoff. Very wide batches (hundreds of tasks finishing per second) make the
-batch item a hot key: split them into several batches.
+Costs and limits: a transactional write costs twice a plain one. One item takes about 1,000
+write units per second, and a counter update in a transaction costs 2: spread over 8 shard
+items, one batch's tasks may finish at about 4,000 per second before a counter item runs hot
+(one item took 500). Concurrent transactions on one item conflict (DynamoDB cancels one with
+``TransactionConflict``); conflicts are retried here with jittered backoff.
 """
 
 from __future__ import annotations
@@ -30,14 +35,18 @@ from datetime import datetime
 from typing import Any
 
 from pynamodb.connection import Connection
-from pynamodb.exceptions import DoesNotExist, GetError, PynamoDBException, TransactWriteError, UpdateError
+from pynamodb.exceptions import DoesNotExist, PynamoDBException, TransactWriteError, UpdateError
 from pynamodb.expressions.condition import Condition
 from pynamodb.transactions import TransactWrite
 
+from coworker import schema
 from coworker.errors import CoworkerError, RecordTooLargeError, StorageError
 from coworker.model import BatchModel, TaskModel, iso_utc, utcnow
 
 BATCH_KEY_PREFIX = "batch#"
+# Items the outcome counters of one batch are spread over (a task's share: a hash of its key).
+# Fixed: the sum of a batch's counters reads exactly these.
+COUNTER_SHARDS = 8
 # DynamoDB limits of one TransactWriteItems call: 100 actions and 4 MB in all.
 MAX_TRANSACTION_ITEMS = 100
 MAX_TRANSACTION_BYTES = 4 * 1024 * 1024
@@ -102,6 +111,11 @@ class BatchProgress:
 def batch_key(batch_id: str) -> str:
     """The table key of a batch's counter item."""
     return BATCH_KEY_PREFIX + batch_id
+
+
+def counter_key(batch_id: str, task_key: str) -> str:
+    """The counter item a task's outcomes move: one of the batch's ``COUNTER_SHARDS``."""
+    return f"{batch_key(batch_id)}#{schema.shard_of(task_key, COUNTER_SHARDS)}"
 
 
 def is_batch_key(key: str) -> bool:
@@ -182,7 +196,7 @@ def update_task(task: TaskModel, actions: list, condition: Condition, delta: Bat
 
     def build(transaction: TransactWrite) -> None:
         transaction.update(task, actions=actions, condition=condition)
-        transaction.update(BatchModel(batch_key(task.batch_id)), actions=_counter_actions(delta, now))
+        transaction.update(BatchModel(counter_key(task.batch_id, task.key)), actions=_counter_actions(delta, now))
 
     if _transact(build, f"update task {task.key!r} of batch {task.batch_id!r}") is not None:
         return False
@@ -214,7 +228,7 @@ def update_task_and_put(task: TaskModel, actions: list, condition: Condition, de
                 counters = _counter_actions(delta or BatchDelta(), now)
                 if joining:
                     counters.append(BatchModel.total.add(joining))
-                transaction.update(BatchModel(batch_key(batch_id)), actions=counters)
+                transaction.update(BatchModel(counter_key(batch_id, task.key)), actions=counters)
 
         reasons = _transact(build, f"update task {task.key!r} with {len(pending)} new tasks")
         if reasons is None:
@@ -359,20 +373,25 @@ def _touch(batch_id: str, now: datetime) -> None:
 
 
 def get_batch(batch_id: str) -> BatchProgress:
-    """The batch's counters (one strongly consistent GetItem), or :class:`BatchNotFoundError`."""
+    """The batch's counters, summed over its items (one strongly consistent BatchGetItem), or
+    :class:`BatchNotFoundError`."""
+    base = batch_key(batch_id)
+    keys = [base, *(f"{base}#{shard}" for shard in range(COUNTER_SHARDS))]
     try:
-        item = BatchModel.get(batch_key(batch_id), consistent_read=True)
-    except DoesNotExist as exc:
-        raise BatchNotFoundError(f"no batch with id {batch_id!r}") from exc
-    except GetError as exc:
-        raise StorageError(f"could not read batch {batch_id!r}: {exc.cause_response_message}") from exc
+        items = list(BatchModel.batch_get(keys, consistent_read=True))
+    except PynamoDBException as exc:
+        raise StorageError(f"could not read batch {batch_id!r}: {exc}") from exc
+    head = next((item for item in items if item.key == base), None)
+    if head is None:
+        raise BatchNotFoundError(f"no batch with id {batch_id!r}")
+    updated = [item.updated_at for item in items if item.updated_at is not None]
     return BatchProgress(
         batch_id=batch_id,
-        total=int(item.total or 0),
-        finished=int(item.finished or 0),
-        ignored=int(item.ignored or 0),
-        created_at=item.created_at,
-        updated_at=item.updated_at,
+        total=sum(int(item.total or 0) for item in items),
+        finished=sum(int(item.finished or 0) for item in items),
+        ignored=sum(int(item.ignored or 0) for item in items),
+        created_at=head.created_at,
+        updated_at=max(updated) if updated else None,
     )
 
 

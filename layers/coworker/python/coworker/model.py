@@ -188,7 +188,8 @@ class TaskModel(Model):
 
 
 class BatchModel(Model):
-    """Progress counters of one batch, kept in the task table under key ``batch#<id>``.
+    """Progress counters of one batch, kept in the task table under keys ``batch#<id>`` (puts)
+    and ``batch#<id>#<n>`` (outcomes, spread over shards: see :mod:`coworker.batches`).
 
     It has no ``status`` or ``due_at``, so it never enters the status index; the counters move
     in the same transaction as each terminal transition of a task of the batch
