@@ -236,3 +236,22 @@ def test_a_kept_local_table_without_the_index_gets_it_and_its_tasks_their_shards
         assert queries.count(TaskStatus.TODO) == 12
     finally:
         server.stop()
+
+
+def test_the_migrate_index_command_reports_and_moves(make_settings):
+    import io
+
+    from coworker import cli
+
+    settings = _legacy_table(make_settings)
+    out, err = io.StringIO(), io.StringIO()
+    args = ["migrate-index", "--table", settings.table_name, "--endpoint", settings.dynamodb_endpoint,
+            "--shards", str(settings.status_shards)]
+    assert cli.main([*args, "--dry-run"], out, err) == 0
+    moved = 12 + settings.worker_slots  # the tasks, and the slots (the coordinator's start would too)
+    assert f"would move {moved} " in out.getvalue() and queries.count(TaskStatus.TODO) == 0
+    out = io.StringIO()
+    assert cli.main([*args, "--segments", "3"], out, err) == 0
+    assert f"moved {moved} " in out.getvalue() and queries.count(TaskStatus.TODO) == 12
+    assert cli.main(["migrate-index", "--endpoint", settings.dynamodb_endpoint], io.StringIO(), err) == 2
+    assert "--table" in err.getvalue()
