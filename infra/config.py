@@ -57,6 +57,9 @@ _DEPLOY_CONTEXT: dict[str, str] = {
     c.CTX_API_CLOUDWATCH_ROLE: "api_cloudwatch_role",
     c.CTX_ALARM_EMAIL: "alarm_email",
     c.CTX_ALARM_TOPIC: "alarm_topic_arn",
+    c.CTX_SILENCE_ALARM_MINUTES: "coordinator_silence_alarm_minutes",
+    c.CTX_OLDEST_TASK_ALARM_SECONDS: "oldest_task_alarm_seconds",
+    c.CTX_IGNORED_ALARM_PERCENT: "ignored_alarm_percent",
     c.CTX_LEGACY_STATUS_INDEX: "legacy_status_index",
     c.CTX_WARM_WRITE_UNITS: "warm_write_units",
     c.CTX_WARM_READ_UNITS: "warm_read_units",
@@ -92,6 +95,9 @@ class StackConfig:
     api_cloudwatch_role: bool
     alarm_email: str | None
     alarm_topic_arn: str | None
+    coordinator_silence_alarm_minutes: int = c.DEFAULT_SILENCE_ALARM_MINUTES
+    oldest_task_alarm_seconds: int = c.DEFAULT_OLDEST_TASK_ALARM_SECONDS
+    ignored_alarm_percent: int = c.DEFAULT_IGNORED_ALARM_PERCENT
     handlers_dir: Path | None = None  # your handlers package, bundled into the worker
     results_bucket: bool = True  # an S3 bucket for results too large for the record
     api_auth: str = c.API_AUTH_KEY  # how API callers authenticate: an API key, or IAM (SigV4)
@@ -196,6 +202,15 @@ class StackConfig:
                                          f"not {value!r}")
             return number
 
+        schedule_minutes = number("schedule_minutes", c.DEFAULT_SCHEDULE_MINUTES)
+        # The coordinator is silent between runs when the schedule leaves a gap: the alarm waits longer.
+        gap_minutes = max(0, math.ceil(schedule_minutes - settings.supervise_seconds / 60))
+        silence_floor = gap_minutes + 2
+        silence = number("coordinator_silence_alarm_minutes", max(c.DEFAULT_SILENCE_ALARM_MINUTES, silence_floor),
+                         silence_floor)
+        ignored_percent = number("ignored_alarm_percent", c.DEFAULT_IGNORED_ALARM_PERCENT)
+        if ignored_percent > 100:
+            raise ConfigurationError(f"option ignored_alarm_percent must be 1-100, not {ignored_percent}")
         removal = choice("removal_policy", c.REMOVAL_RETAIN, (c.REMOVAL_RETAIN, c.REMOVAL_DESTROY))
         deps = choice("layer_dependencies", c.LAYER_DEPS_INSTALL, (c.LAYER_DEPS_INSTALL, c.LAYER_DEPS_SKIP))
         return cls(
@@ -206,13 +221,16 @@ class StackConfig:
             coordinator_memory_mb=number("coordinator_memory_mb", c.DEFAULT_COORDINATOR_MEMORY_MB,
                                          c.MIN_MEMORY_MB),
             api_memory_mb=number("api_memory_mb", c.DEFAULT_API_MEMORY_MB, c.MIN_MEMORY_MB),
-            schedule_minutes=number("schedule_minutes", c.DEFAULT_SCHEDULE_MINUTES),
+            schedule_minutes=schedule_minutes,
             log_level=str(options.get("log_level") or c.DEFAULT_LOG_LEVEL).upper(),
             api_rate_limit=number("api_rate_limit", c.DEFAULT_API_RATE_LIMIT),
             api_burst_limit=number("api_burst_limit", c.DEFAULT_API_BURST_LIMIT),
             api_cloudwatch_role=_as_bool(options.get("api_cloudwatch_role", True)),
             alarm_email=options.get("alarm_email"),
             alarm_topic_arn=options.get("alarm_topic_arn"),
+            coordinator_silence_alarm_minutes=silence,
+            oldest_task_alarm_seconds=number("oldest_task_alarm_seconds", c.DEFAULT_OLDEST_TASK_ALARM_SECONDS),
+            ignored_alarm_percent=ignored_percent,
             handlers_dir=_handlers_dir(options.get("handlers", DEFAULT_HANDLERS)),
             results_bucket=_as_bool(options.get("results_bucket", True)),
             api_auth=choice("api_auth", c.API_AUTH_KEY, (c.API_AUTH_KEY, c.API_AUTH_IAM)),

@@ -79,6 +79,9 @@ CTX_API_BURST_LIMIT: Final = "apiBurstLimit"
 CTX_API_CLOUDWATCH_ROLE: Final = "apiCloudWatchRole"
 CTX_ALARM_EMAIL: Final = "alarmEmail"
 CTX_ALARM_TOPIC: Final = "alarmTopic"
+CTX_SILENCE_ALARM_MINUTES: Final = "coordinatorSilenceAlarmMinutes"
+CTX_OLDEST_TASK_ALARM_SECONDS: Final = "oldestTaskAlarmSeconds"
+CTX_IGNORED_ALARM_PERCENT: Final = "ignoredAlarmPercent"
 
 API_AUTH_KEY: Final = "api-key"
 API_AUTH_IAM: Final = "iam"
@@ -116,5 +119,15 @@ MAX_EVENT_AGE_SECONDS: Final = 6 * 60 * 60
 DURATION_PERCENTILES: Final = ("p50", "p90", "p99")
 METRIC_PERIOD_MINUTES: Final = 1
 ALARM_PERIOD_MINUTES: Final = 5
+# The heartbeat alarm: no coordinator tick for this many minutes (missing data breaches). At least
+# the schedule's gap between runs plus two minutes, so a healthy schedule never trips it.
+DEFAULT_SILENCE_ALARM_MINUTES: Final = 5
+# Oldest due task older than this: work waits (capacity too low, a paused type, a dead coordinator).
+DEFAULT_OLDEST_TASK_ALARM_SECONDS: Final = 900
+# Share of ended tasks (finished + ignored) that were ignored over the alarm window, in percent,
+# once at least IGNORED_ALARM_MIN_ENDED tasks ended in it.
+DEFAULT_IGNORED_ALARM_PERCENT: Final = 5
+IGNORED_ALARM_MIN_ENDED: Final = 10
+IGNORED_ALARM_PERIODS: Final = 3  # of ALARM_PERIOD_MINUTES: a 15-minute window
 DASHBOARD_WIDGET_WIDTH: Final = 12
 DASHBOARD_WIDGET_HEIGHT: Final = 6

@@ -91,6 +91,7 @@ class TaskSystem(Construct):
             coordinator=self.processing.coordinator.function,
             worker=self.processing.worker.function,
             api_handler=self.api.handler.function,
+            rest_api=self.api.rest_api,
             dead_letter_queue=self.processing.dead_letter_queue,
         )
         acknowledge_findings(self)

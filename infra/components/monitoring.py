@@ -7,7 +7,8 @@ the total over all functions whichever one emits it.
 
 from __future__ import annotations
 
-from aws_cdk import Duration
+from aws_cdk import Annotations, Duration
+from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_dynamodb as dynamodb
@@ -27,7 +28,8 @@ _ALARM_PERIOD = Duration.minutes(c.ALARM_PERIOD_MINUTES)
 
 
 class Monitoring(Construct):
-    """One dashboard, four alarms, and optionally an SNS topic the alarms notify."""
+    """One dashboard, its alarms, and an SNS topic they notify when an e-mail or a topic is given
+    (without one, synth and deploy print a warning: alarms that notify nobody go unseen)."""
 
     def __init__(
         self,
@@ -39,16 +41,25 @@ class Monitoring(Construct):
         coordinator: lambda_.IFunction,
         worker: lambda_.IFunction,
         api_handler: lambda_.IFunction,
+        rest_api: apigw.RestApi,
         dead_letter_queue: sqs.IQueue,
     ) -> None:
         super().__init__(scope, construct_id)
         self._table = table
+        self._config = config
         self.topic = self._build_topic(config)
         self.alarms = self._build_alarms(coordinator, dead_letter_queue)
         if self.topic is not None:
             for alarm in self.alarms:
                 alarm.add_alarm_action(cw_actions.SnsAction(self.topic))
-        self.dashboard = self._build_dashboard(coordinator, worker, api_handler, dead_letter_queue)
+        else:
+            Annotations.of(self).add_warning_v2(
+                "coworker:alarms-notify-nobody",
+                "Coworker's alarms notify nobody: no alarmEmail or alarmTopic is set. Deploy with "
+                "-c alarmEmail=you@example.com (and confirm the e-mail AWS sends) or -c alarmTopic=<SNS "
+                "topic ARN>; docs/operations.md says how.",
+            )
+        self.dashboard = self._build_dashboard(coordinator, worker, api_handler, rest_api, dead_letter_queue)
 
     # --- metrics -----------------------------------------------------------------------------
     @staticmethod
@@ -99,27 +110,69 @@ class Monitoring(Construct):
         topic.add_subscription(subscriptions.EmailSubscription(config.alarm_email))
         return topic
 
+    def _ignored_share(self, period: Duration) -> cloudwatch.MathExpression:
+        return cloudwatch.MathExpression(
+            expression=f"IF(FILL(i, 0) + FILL(f, 0) >= {c.IGNORED_ALARM_MIN_ENDED}, "
+                       "100 * FILL(i, 0) / (FILL(i, 0) + FILL(f, 0)), 0)",
+            using_metrics={"i": self.task_metric(MetricName.IGNORED, period=period),
+                           "f": self.task_metric(MetricName.FINISHED, period=period)},
+            label="Ignored share of ended tasks (%)",
+            period=period,
+        )
+
     def _build_alarms(
         self, coordinator: lambda_.IFunction, dead_letter_queue: sqs.IQueue
     ) -> list[cloudwatch.Alarm]:
-        def alarm(construct_id: str, metric: cloudwatch.IMetric, description: str) -> cloudwatch.Alarm:
+        config = self._config
+
+        def alarm(construct_id: str, metric: cloudwatch.IMetric, description: str, threshold: float = 1,
+                  **options) -> cloudwatch.Alarm:
             return cloudwatch.Alarm(
                 self,
                 construct_id,
                 metric=metric,
-                threshold=1,
-                evaluation_periods=1,
-                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+                threshold=threshold,
+                evaluation_periods=options.pop("evaluation_periods", 1),
+                comparison_operator=options.pop(
+                    "comparison_operator", cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD),
+                treat_missing_data=options.pop("treat_missing_data", cloudwatch.TreatMissingData.NOT_BREACHING),
                 alarm_description=description,
+                **options,
             )
 
+        silence = config.coordinator_silence_alarm_minutes
         return [
             alarm(
-                "TasksIgnoredAlarm",
-                self.task_metric(MetricName.IGNORED, period=_ALARM_PERIOD),
-                "Tasks were ignored (attempt ceiling reached or non-retryable failure); "
-                "list them with GET /tasks?status=ignored (or `coworker list --status ignored`).",
+                "CoordinatorSilentAlarm",
+                self.task_metric(MetricName.COORDINATOR_TICKS, period=_MINUTE),
+                f"The coordinator has not ticked for {silence} minutes (its schedule is disabled, it "
+                "cannot start, or it fails before its first tick): retries and tasks of lost workers "
+                "wait, and the backlog metrics stop. New tasks still start on submit.",
+                threshold=1,
+                comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+                evaluation_periods=silence,
+                datapoints_to_alarm=silence,
+                treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
+            ),
+            alarm(
+                "OldestTaskAgeAlarm",
+                self.task_metric(MetricName.OLDEST_DUE_AGE, cloudwatch.Stats.MAXIMUM, _ALARM_PERIOD),
+                f"A due task has waited over {config.oldest_task_alarm_seconds} s to start: capacity is "
+                "short for the backlog (raise maxConcurrency), its type is paused, or nothing dispatches.",
+                threshold=config.oldest_task_alarm_seconds,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            ),
+            alarm(
+                "IgnoredShareAlarm",
+                self._ignored_share(_ALARM_PERIOD),
+                f"Over {config.ignored_alarm_percent}% of the tasks that ended in "
+                f"{c.IGNORED_ALARM_PERIODS * c.ALARM_PERIOD_MINUTES} minutes were ignored (attempt "
+                "ceiling or a non-retryable failure); list them with GET /tasks?status=ignored "
+                "(or `coworker list --status ignored`).",
+                threshold=config.ignored_alarm_percent,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+                evaluation_periods=c.IGNORED_ALARM_PERIODS,
+                datapoints_to_alarm=1,
             ),
             alarm(
                 "CoordinatorErrorsAlarm",
@@ -148,6 +201,7 @@ class Monitoring(Construct):
         coordinator: lambda_.IFunction,
         worker: lambda_.IFunction,
         api_handler: lambda_.IFunction,
+        rest_api: apigw.RestApi,
         dead_letter_queue: sqs.IQueue,
     ) -> cloudwatch.Dashboard:
         def graph(title: str, left: list[cloudwatch.IMetric], right: list[cloudwatch.IMetric] | None = None):
@@ -162,6 +216,27 @@ class Monitoring(Construct):
         m = self.task_metric
         maximum = cloudwatch.Stats.MAXIMUM
         dashboard = cloudwatch.Dashboard(self, "Dashboard", default_interval=Duration.hours(3))
+        dashboard.add_widgets(
+            graph(
+                "Backlog: due tasks by status (counted up to COWORKER_BACKLOG_COUNT_CAP each)",
+                [m(MetricName.DUE_TODO, maximum), m(MetricName.DUE_RETRY, maximum),
+                 m(MetricName.LOST_TASKS, maximum)],
+                [m(MetricName.RUNNING_TASKS, maximum)],
+            ),
+            graph(
+                "Oldest due task: seconds waiting",
+                [m(MetricName.OLDEST_DUE_AGE, maximum)],
+                [m(MetricName.COORDINATOR_TICKS)],
+            ),
+        )
+        dashboard.add_widgets(
+            cloudwatch.AlarmStatusWidget(
+                alarms=self.alarms,
+                title="Alarms",
+                width=2 * c.DASHBOARD_WIDGET_WIDTH,
+                height=c.DASHBOARD_WIDGET_HEIGHT // 2,
+            )
+        )
         dashboard.add_widgets(
             graph(
                 "Tasks per minute",
@@ -189,9 +264,9 @@ class Monitoring(Construct):
                 [m(MetricName.FEED_PAGES)],
             ),
             graph(
-                "Capacity and backlog",
+                "Capacity",
                 [m(MetricName.BUSY_SLOTS, maximum), m(MetricName.RUNNING_TASKS, maximum)],
-                [m(MetricName.BACKLOG, maximum), m(MetricName.OLDEST_DUE_AGE, maximum)],
+                [m(MetricName.BACKLOG, maximum)],
             ),
         )
         dashboard.add_widgets(
@@ -208,6 +283,25 @@ class Monitoring(Construct):
                     worker.metric_throttles(period=_MINUTE),
                 ],
                 [worker.metric_duration(period=_MINUTE, statistic=cloudwatch.Stats.p(90))],
+            ),
+        )
+        dashboard.add_widgets(
+            graph(
+                "Worker invocation events (asynchronous)",
+                [
+                    worker.metric("AsyncEventsReceived", period=_MINUTE, statistic=cloudwatch.Stats.SUM),
+                    worker.metric("AsyncEventsDropped", period=_MINUTE, statistic=cloudwatch.Stats.SUM),
+                ],
+                [worker.metric("AsyncEventAge", period=_MINUTE, statistic=maximum, label="AsyncEventAge max (ms)")],
+            ),
+            graph(
+                "API requests",
+                [
+                    rest_api.metric_count(period=_MINUTE),
+                    rest_api.metric_client_error(period=_MINUTE),
+                    rest_api.metric_server_error(period=_MINUTE),
+                ],
+                [rest_api.metric_latency(period=_MINUTE, statistic=cloudwatch.Stats.p(90))],
             ),
         )
         dashboard.add_widgets(
@@ -230,13 +324,6 @@ class Monitoring(Construct):
                     )
                 ],
             ),
-        )
-        dashboard.add_widgets(
-            cloudwatch.AlarmStatusWidget(
-                alarms=self.alarms,
-                title="Alarms",
-                width=2 * c.DASHBOARD_WIDGET_WIDTH,
-                height=c.DASHBOARD_WIDGET_HEIGHT // 2,
-            )
+            graph("Ignored share of ended tasks (%)", [self._ignored_share(_ALARM_PERIOD)]),
         )
         return dashboard

@@ -3,7 +3,9 @@
 =====================  ==================================================================
 ``/dashboard``         the page (static HTML + JavaScript, no external scripts): it reads
                        the task API (``/stats``, ``/tasks``, ``/batches/{id}``) every second
+``/favicon.ico``       the page's icon (an SVG)
 ``/local/info``        runtime state: settings, worker pool counters, last coordinator tick
+                       and backlog measure
 ``/local/invocations`` worker invocations in flight with their process ids (``?recent=1``
                        adds finished ones): what the crash tests kill
 =====================  ==================================================================
@@ -21,6 +23,12 @@ if TYPE_CHECKING:
     from coworker_local.runtime import LocalRuntime
 
 NO_CACHE = {"Cache-Control": "no-store"}
+# Two overlapping tiles in the dashboard's colours; browsers ask for /favicon.ico whatever the page says.
+FAVICON_SVG = (
+    b'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">'
+    b'<rect x="1" y="1" width="9" height="9" rx="2" fill="#6b7fd7"/>'
+    b'<rect x="6" y="6" width="9" height="9" rx="2" fill="#2f9e5b"/></svg>'
+)
 
 
 def static_folder() -> Path:
@@ -43,6 +51,10 @@ def dashboard_routes(runtime: LocalRuntime) -> dict[str, ExtraRoute]:
     def home(request: GatewayRequest) -> GatewayResponse:
         return GatewayResponse(302, {"Location": "/dashboard"}, b"")
 
+    def favicon(request: GatewayRequest) -> GatewayResponse:
+        return GatewayResponse(200, {"Content-Type": "image/svg+xml", "Cache-Control": "max-age=86400"},
+                               FAVICON_SVG)
+
     def info(request: GatewayRequest) -> GatewayResponse:
         return _json(200, runtime.info())
 
@@ -57,6 +69,7 @@ def dashboard_routes(runtime: LocalRuntime) -> dict[str, ExtraRoute]:
         "/": home,
         "/dashboard": dashboard,
         "/dashboard/": dashboard,
+        "/favicon.ico": favicon,
         "/local/info": info,
         "/local/invocations": invocations,
     }

@@ -147,7 +147,9 @@ def build_proxy_event(
         "requestContext": {
             "resourcePath": resource,
             "httpMethod": method.upper(),
-            "path": f"/{stage}{path}",
+            # Served at the root, without the stage in the URL (as SAM local or a custom domain):
+            # Powertools then gives Swagger UI the server "/" rather than "/<stage>".
+            "path": path,
             "stage": stage,
             "requestId": request_id,
             "extendedRequestId": request_id,

@@ -46,8 +46,9 @@ from coworker_local.workers import ProcessWorkerPool
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 # Local defaults differ from Lambda's where a laptop run wants quicker feedback: a tick every
-# second, a shorter worker timeout, lock and backoff (a killed worker's task runs again within
-# about 10 s), and fewer tasks in flight (two cores). Environment variables and flags override them.
+# second, the backlog counted every 2 s, a shorter worker timeout, lock and backoff (a killed
+# worker's task runs again within about 10 s), and fewer tasks in flight (two cores).
+# Environment variables and flags override them.
 LOCAL_DEFAULTS: dict[str, Any] = {
     "tick_seconds": 1.0,
     "max_concurrency": 60,
@@ -57,6 +58,7 @@ LOCAL_DEFAULTS: dict[str, Any] = {
     "reservation_seconds": 10,
     "backoff_base_seconds": 2.0,
     "backoff_max_seconds": 30.0,
+    "backlog_seconds": 2.0,  # the dashboard's backlog figures refresh with it
 }
 
 # Environment variables a worker process inherits besides the settings (credentials and region
@@ -306,6 +308,15 @@ class LocalRuntime:
                 self._finished = (time.monotonic(), count)
             return count
 
+    @staticmethod
+    def _last_backlog(ticks: list[TickRecord]) -> dict[str, Any] | None:
+        """The coordinator's latest backlog measure (as it publishes it to CloudWatch)."""
+        for record in reversed(ticks):
+            if record.report is not None and record.report.backlog is not None:
+                backlog = record.report.backlog
+                return dataclasses.asdict(backlog) | {"due": backlog.due, "at": record.at}
+        return None
+
     def info(self) -> dict[str, Any]:
         """Settings, worker pool counters and recent ticks, for the dashboard and the tests."""
         ticks = list(self.coordinator.history) if self.coordinator else []
@@ -324,6 +335,7 @@ class LocalRuntime:
             "workers": self.pool.stats() if self.pool else {},
             "ticks": len(ticks),
             "last_tick": dataclasses.asdict(last.report) | {"at": last.at} if last and last.report else None,
+            "backlog": self._last_backlog(ticks),
             "tick_errors": [t.error for t in ticks if t.error][-5:],
             "batches": self.batches[-20:],
             "series": self.pool.series() if self.pool else [],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 from urllib.parse import quote
 
@@ -400,6 +401,10 @@ def test_openapi_document_and_swagger_ui(api):
     assert task_in["properties"]["key"]["anyOf"][0]["maxLength"] == MAX_KEY_CHARS
     status, _, response = api.call("GET", "/docs")
     assert status == 200 and "swagger" in response["body"].lower()
+    # Swagger UI's "Try it out" calls the server the page names: the root, where the local
+    # gateway serves the API (the stage is not part of its URLs), not "/local"
+    servers = re.search(r'"servers":\s*(\[[^\]]*\])', response["body"])
+    assert servers and json.loads(servers.group(1)) == [{"url": "/"}]
 
 
 @pytest.mark.filterwarnings("ignore:No application metrics to publish")

@@ -78,12 +78,16 @@ def test_dashboard_follows_tasks_and_shows_a_tasks_history(browser, runtime):
                "max_attempts": 2} for i in range(3)]
     response = runtime.post("/tasks", json={"batch_id": f"browser-{run}", "tasks": tasks})
     assert response.status_code == 201, response.text
+    long_key = f"{run}-long-" + "k" * 400  # must not push the failures table out of its card
+    response = runtime.post("/tasks", json={"key": long_key, "type": "always-fail", "max_attempts": 1,
+                                            "payload": {"reason": "declined " * 60}})
+    assert response.status_code == 201, response.text
 
     # The counts move as tasks finish: first somewhere in between, then all 50 finished.
     page.wait_for_function(
         "Number(document.getElementById('count-finished').textContent.replace(/,/g, '')) > 0", timeout=60_000)
     page.wait_for_function("document.getElementById('count-finished').textContent === '50'", timeout=60_000)
-    page.wait_for_function("document.getElementById('count-ignored').textContent === '3'", timeout=60_000)
+    page.wait_for_function("document.getElementById('count-ignored').textContent === '4'", timeout=60_000)
 
     # Failures are listed with their last error; the batch shows up with its progress.
     row = page.locator(f"#failures tr[data-key='{run}-bad1']")
@@ -93,6 +97,25 @@ def test_dashboard_follows_tasks_and_shows_a_tasks_history(browser, runtime):
     page.wait_for_function(
         f"document.querySelector(\"[data-batch='browser-{run}'] .top\").textContent.includes('53 / 53')",
         timeout=30_000)
+
+    page.locator(f"#failures tr[data-key='{long_key}']").wait_for(timeout=30_000)
+    # The cards never lag the table: each listed ignored task is in the ignored count
+    listed = page.locator("#failures .pill.ignored").count()
+    assert 0 < listed <= _number(page.text_content("#count-ignored"))
+    # and the table stays within its card at 1,400 px, the long key cut with an ellipsis
+    widths = page.evaluate("""() => {
+        const table = document.getElementById('failures-table');
+        return [table.scrollWidth, table.parentElement.clientWidth, document.documentElement.scrollWidth,
+                window.innerWidth];
+    }""")
+    assert widths[0] <= widths[1] and widths[2] <= widths[3], widths
+
+    # The backlog the coordinator measures is on the page: nothing is due once all have ended
+    page.wait_for_function("document.getElementById('backlog-note').textContent.startsWith('measured')",
+                           timeout=30_000)
+    page.wait_for_function("document.getElementById('backlog-todo').textContent === '0'", timeout=30_000)
+    assert _number(page.text_content("#backlog-running")) >= 0
+    assert page.text_content("#backlog-age").strip() in ("0.0 s", "0 s")
 
     row.click()
     page.wait_for_selector("#detail-history")
@@ -104,4 +127,18 @@ def test_dashboard_follows_tasks_and_shows_a_tasks_history(browser, runtime):
 
     page.screenshot(path=str(SCREENSHOT), full_page=True)
     assert not errors, errors
+    page.close()
+
+
+def test_swagger_try_it_out_reaches_the_api_and_the_favicon_is_served(browser, runtime):
+    favicon = runtime.get("/favicon.ico")
+    assert favicon.status_code == 200 and favicon.headers["Content-Type"] == "image/svg+xml"
+    assert favicon.content.startswith(b"<svg")
+    page = browser.new_page()
+    page.goto(runtime.url + "/docs")
+    # Swagger UI sends requests to the document's server: the root, where the API answers
+    server = page.evaluate("() => window.ui.specSelectors.servers().toJS()[0].url")
+    assert server == "/"
+    stats = page.evaluate("async (server) => (await fetch(server + 'stats')).status", server)
+    assert stats == 200
     page.close()

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
-from aws_cdk import App
+from aws_cdk import App, cx_api
 from aws_cdk.assertions import Match, Template
 from coworker import schema
 from coworker.errors import ConfigurationError
@@ -454,27 +454,116 @@ def test_dashboard_shows_the_task_metrics(template: Template) -> None:
         "ReadThrottleEvents",
         "WriteThrottleEvents",
         "ApproximateNumberOfMessagesVisible",
+        "AsyncEventAge",
+        "AsyncEventsDropped",
+        "4XXError",
+        "5XXError",
     ):
         assert name in body, name
+    # The backlog comes first: due tasks by status, then the oldest one's age
+    first_titles = [widget for widget in body.split('\\"title\\":')[1:3]]
+    assert "Backlog" in first_titles[0] and "Oldest due task" in first_titles[1]
     for percentile in c.DURATION_PERCENTILES:
         assert f'\\"stat\\":\\"{percentile}\\"' in body
     assert '\\"Coworker\\",\\"TaskClaimed\\",\\"service\\",\\"coworker\\"' in body
 
 
-def test_alarms_watch_ignored_tasks_coordinator_errors_dlq_and_throttles(template: Template) -> None:
-    alarms = list(resources(template, "AWS::CloudWatch::Alarm").values())
-    assert len(alarms) == 4
-    text = [json.dumps(a["Properties"]) for a in alarms]
-    assert any('"MetricName": "TaskIgnored"' in t and '"Namespace": "Coworker"' in t for t in text)
-    assert any('"MetricName": "Errors"' in t and "Coordinator" in t for t in text)
-    assert any('"MetricName": "ApproximateNumberOfMessagesVisible"' in t for t in text)
-    assert any('"MetricName": "WriteThrottleEvents"' in t for t in text)
+def alarms_by_id(template: Template) -> dict[str, dict]:
+    """Alarm properties by a short name: the logical id up to 'Alarm' (e.g. 'CoordinatorSilent')."""
+    found = {}
+    for logical_id, alarm in resources(template, "AWS::CloudWatch::Alarm").items():
+        short = logical_id.split("Monitoring", 1)[-1].split("Alarm", 1)[0]
+        found[short] = alarm["Properties"]
+    return found
+
+
+def alarm_metric(alarm: dict) -> tuple[str, str, str, int]:
+    """(metric name, namespace, statistic, period) of a single-metric alarm, in either of the forms
+    CloudFormation takes (a labelled metric is rendered as a one-entry Metrics list)."""
+    if "MetricName" in alarm:
+        return alarm["MetricName"], alarm["Namespace"], alarm["Statistic"], alarm["Period"]
+    (entry,) = alarm["Metrics"]
+    stat = entry["MetricStat"]
+    return stat["Metric"]["MetricName"], stat["Metric"]["Namespace"], stat["Stat"], stat["Period"]
+
+
+def test_alarms_watch_the_coordinator_the_backlog_ignored_tasks_the_dlq_and_throttles(template: Template) -> None:
+    alarms = alarms_by_id(template)
+    assert set(alarms) == {"CoordinatorSilent", "OldestTaskAge", "IgnoredShare", "CoordinatorErrors",
+                           "DeadLetterQueue", "TableThrottles"}
+    text = {name: json.dumps(props) for name, props in alarms.items()}
+    assert '"MetricName": "Errors"' in text["CoordinatorErrors"]
+    assert '"MetricName": "ApproximateNumberOfMessagesVisible"' in text["DeadLetterQueue"]
+    assert '"MetricName": "WriteThrottleEvents"' in text["TableThrottles"]
     (topic_id,) = resources(template, "AWS::SNS::Topic")
-    for alarm in alarms:  # alarmEmail is set in CONTEXT
-        assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic_id}]
+    for alarm in alarms.values():  # alarmEmail is set in CONTEXT
+        assert alarm["AlarmActions"] == [{"Ref": topic_id}]
     template.has_resource_properties(
         "AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": "ops@example.com"}
     )
+
+
+def test_the_heartbeat_alarm_fires_when_the_coordinator_stops_ticking(template: Template) -> None:
+    silent = alarms_by_id(template)["CoordinatorSilent"]
+    # No tick in any minute of the window, and no data at all (a disabled schedule) counts as none
+    assert alarm_metric(silent) == (MetricName.COORDINATOR_TICKS, "Coworker", "Sum", 60)
+    assert (silent["ComparisonOperator"], silent["Threshold"]) == ("LessThanThreshold", 1)
+    assert silent["TreatMissingData"] == "breaching"
+    # CONTEXT schedules a 120 s supervision every 2 minutes: no gap, so the default of 5 minutes
+    assert silent["EvaluationPeriods"] == silent["DatapointsToAlarm"] == c.DEFAULT_SILENCE_ALARM_MINUTES
+
+
+def test_oldest_task_and_ignored_share_alarms(template: Template) -> None:
+    alarms = alarms_by_id(template)
+    oldest = alarms["OldestTaskAge"]
+    assert alarm_metric(oldest) == (MetricName.OLDEST_DUE_AGE, "Coworker", "Maximum", 300)
+    assert (oldest["Threshold"], oldest["ComparisonOperator"]) == (
+        c.DEFAULT_OLDEST_TASK_ALARM_SECONDS, "GreaterThanThreshold")
+    assert oldest["TreatMissingData"] == "notBreaching"  # silence is the heartbeat alarm's business
+    share = alarms["IgnoredShare"]
+    assert (share["Threshold"], share["ComparisonOperator"]) == (
+        c.DEFAULT_IGNORED_ALARM_PERCENT, "GreaterThanThreshold")
+    assert (share["EvaluationPeriods"], share["DatapointsToAlarm"]) == (c.IGNORED_ALARM_PERIODS, 1)
+    (expression,) = [m for m in share["Metrics"] if "Expression" in m]
+    assert expression["Expression"] == (
+        f"IF(FILL(i, 0) + FILL(f, 0) >= {c.IGNORED_ALARM_MIN_ENDED}, 100 * FILL(i, 0) / (FILL(i, 0) + FILL(f, 0)), 0)")
+    used = {m["Id"]: m["MetricStat"]["Metric"]["MetricName"] for m in share["Metrics"] if "MetricStat" in m}
+    assert used == {"i": MetricName.IGNORED, "f": MetricName.FINISHED}
+
+
+def test_alarm_thresholds_are_options(synthesize) -> None:
+    stack, assembly = synthesize({"oldestTaskAlarmSeconds": 120, "ignoredAlarmPercent": 20,
+                                  "coordinatorSilenceAlarmMinutes": 8, "alarmTopic":
+                                  "arn:aws:sns:us-east-1:123456789012:ops"})
+    alarms = alarms_by_id(Template.from_json(assembly.get_stack_by_name(stack.stack_name).template))
+    assert alarms["OldestTaskAge"]["Threshold"] == 120
+    assert alarms["IgnoredShare"]["Threshold"] == 20
+    assert alarms["CoordinatorSilent"]["EvaluationPeriods"] == 8
+    for alarm in alarms.values():
+        assert alarm["AlarmActions"] == ["arn:aws:sns:us-east-1:123456789012:ops"]
+
+
+def test_the_heartbeat_alarm_allows_for_the_gaps_of_a_sparse_schedule() -> None:
+    # A 60 s supervision every 10 minutes leaves the coordinator silent 9 minutes in 10
+    config = StackConfig.from_options(schedule_minutes=10, supervise_seconds=60)
+    assert config.coordinator_silence_alarm_minutes == 11
+    with pytest.raises(ConfigurationError, match="coordinator_silence_alarm_minutes.*at least 11"):
+        StackConfig.from_options(schedule_minutes=10, supervise_seconds=60, coordinator_silence_alarm_minutes=5)
+    with pytest.raises(ConfigurationError, match="ignored_alarm_percent must be 1-100"):
+        StackConfig.from_options(ignored_alarm_percent=101)
+
+
+def test_without_a_notification_target_synth_warns_that_alarms_notify_nobody(synthesize, synthesized) -> None:
+    def warnings(artifact) -> list[str]:
+        return [str(m.entry.data) for m in artifact.messages if m.level == cx_api.SynthesisMessageLevel.WARNING]
+
+    stack, assembly = synthesize({})
+    artifact = assembly.get_stack_by_name(stack.stack_name)
+    assert [w for w in warnings(artifact) if "alarms notify nobody" in w and "alarmEmail" in w]
+    template = Template.from_json(artifact.template)
+    assert not resources(template, "AWS::SNS::Topic")
+    assert all("AlarmActions" not in alarm for alarm in alarms_by_id(template).values())
+    assert not [w for w in warnings(synthesized[1]) if "notify nobody" in w]  # an e-mail is set there
 
 
 def test_outputs(template: Template) -> None:

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -248,3 +249,54 @@ def test_priority_puts_a_task_ahead_of_older_backlog(settings):
     invoker = RecordingInvoker()
     dispatch.tick(settings, invoker)
     assert invoker.keys == ["urgent", "t000", "t001", "t002", "t003", "t004"]  # "meh" waits an hour
+
+
+def test_backlog_counts_due_tasks_by_status_and_the_oldest_ones_age(make_settings):
+    settings = make_settings(max_concurrency=3, batch_size=3)
+    now = utcnow()
+    past = now - timedelta(seconds=settings.effective_lock_seconds + 5)
+    _put_many(settings, 4, prefix="new", now=now - timedelta(seconds=100))  # due 104 ... 101 s ago
+    lifecycle.put_task(TaskSpec(key="later", type="quick", run_at=now + timedelta(hours=1)), settings)
+    lifecycle.put_task(TaskSpec(key="lost", type="quick"), settings, now=past)
+    lifecycle.claim("lost", "dead-worker", settings, now=past)
+    lifecycle.put_task(TaskSpec(key="retry", type="always-fail"), settings, now=past)
+    run_batch(["retry"], "w", settings, time.monotonic() + 30)  # backoff 0 in tests: due now
+
+    report = dispatch.tick(settings, RecordingInvoker(), measure_backlog=True)
+
+    backlog = report.backlog
+    assert (backlog.todo, backlog.retry, backlog.lost, backlog.due, backlog.capped) == (4, 1, 1, 6, ())
+    assert 104 <= backlog.oldest_due_age_seconds < 120  # new000, due longest ("later" is not due)
+    assert dispatch.tick(settings, RecordingInvoker()).backlog is None  # measured only when asked
+
+
+def test_backlog_counts_stop_at_the_cap(make_settings):
+    settings = make_settings(backlog_count_cap=5)
+    _put_many(settings, 12)
+    backlog = dispatch.tick(settings, RecordingInvoker(), measure_backlog=True).backlog
+    assert (backlog.todo, backlog.capped) == (5, ("todo",))
+
+
+def test_an_idle_system_has_no_backlog(settings):
+    backlog = dispatch.tick(settings, RecordingInvoker(), measure_backlog=True).backlog
+    assert (backlog.due, backlog.oldest_due_age_seconds) == (0, 0.0)
+
+
+def test_the_supervisor_measures_the_backlog_every_backlog_seconds(make_settings):
+    clock = [0.0]
+    settings = make_settings(tick_seconds=1, backlog_seconds=3)
+    supervisor = dispatch.Supervisor(settings, RecordingInvoker(), clock=lambda: clock[0])
+    ticks = iter(range(7))  # ticks at 1 s, 2 s ... 7 s: measured at the first, then every third
+
+    def remaining() -> float:  # each call is a moment later; seven ticks then stop
+        clock[0] += 0.5
+        return 10.0 if next(ticks, None) is not None else 0.0
+
+    class NoWait(threading.Event):
+        def wait(self, timeout=None):
+            clock[0] += timeout or 0.0
+            return False
+
+    reports = supervisor.run(remaining, NoWait())
+    measured = [report.backlog is not None for report in reports]
+    assert measured == [True, False, False, True, False, False, True], measured

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from coworker import batches, dispatch, leases, lifecycle
+from coworker import batches, dispatch, leases, lifecycle, queries
 from coworker.lifecycle import TaskSpec
 from coworker.model import TaskModel, status_shards, utcnow
 from coworker_local.capacity import CapacityMeter, Reported, item_size, read_units, status_index
@@ -196,3 +196,29 @@ def test_transaction_figures_reported_and_by_the_rules_side_by_side(make_setting
     # the documented rules (index entries are propagated, not written in the transaction) do not
     assert meter.totals.index_write_units == 1
     assert meter.totals.reported_index_write_units == 2
+
+
+@pytest.mark.slow
+def test_backlog_measure_reads_at_most_the_cap_whatever_the_backlog(make_settings):
+    # Given a backlog larger than the count cap
+    cap = 1_000
+    settings = make_settings(backlog_count_cap=cap)
+    load_backlog(settings, LARGE_BACKLOG)
+
+    # When the coordinator measures the backlog
+    with CapacityMeter.for_model(TaskModel, dynamodb_client(settings)) as meter:
+        backlog = queries.backlog(utcnow(), cap)
+
+    # Then it reports the cap (and says so), and the age of the oldest due task (loaded an hour ago)
+    assert (backlog.todo, backlog.capped) == (cap, ("todo",))
+    assert 3600 <= backlog.oldest_due_age_seconds < 3700
+    # reading about the cap's worth of todo entries, each shard its share, plus one entry per
+    # shard to find the oldest; failed has nothing, so its reads are empty
+    shards = status_shards()
+    todo_reads = [r for r in meter.reads if str(r.key_values[0]).startswith("todo#")]
+    assert cap <= sum(r.items_read for r in todo_reads) <= cap + 2 * shards
+    assert not [r for r in meter.reads if str(r.key_values[0]).startswith("failed#") and r.items_read]
+    # which costs about half a unit per 4 KB of index entries read (eventually consistent)
+    assert meter.totals.read_units <= read_units(sum(r.bytes_read for r in meter.reads)) + 0.5 * len(meter.reads)
+    print(f"backlog measure over {LARGE_BACKLOG} due tasks, cap {cap}: {len(meter.reads)} queries, "
+          f"{meter.totals.items_read} entries, {meter.totals.read_units} read units")

@@ -65,6 +65,33 @@ function renderCounts(stats, info) {
   $("counts-note").title = (stats && stats.note) || "";
 }
 
+// ---- backlog ------------------------------------------------------------------------------
+
+function duration(seconds) {
+  if (seconds === null || seconds === undefined) return "–";
+  if (seconds < 90) return `${seconds.toFixed(seconds < 10 ? 1 : 0)} s`;
+  if (seconds < 5400) return `${(seconds / 60).toFixed(0)} min`;
+  return `${(seconds / 3600).toFixed(1)} h`;
+}
+
+function renderBacklog(info) {
+  const backlog = info && info.backlog;
+  const tick = info && info.last_tick;
+  const capped = new Set((backlog && backlog.capped) || []);
+  const shown = (value, name) => backlog ? fmt(value) + (capped.has(name) ? "+" : "") : "–";
+  $("backlog-todo").textContent = shown(backlog && backlog.todo, "todo");
+  $("backlog-retry").textContent = shown(backlog && backlog.retry, "retry");
+  $("backlog-lost").textContent = backlog ? fmt(backlog.lost) : "–";
+  $("backlog-running").textContent = tick ? fmt(tick.running_tasks) : "–";
+  $("backlog-age").textContent = backlog ? duration(backlog.oldest_due_age_seconds) : "–";
+  const settings = (info && info.settings) || {};
+  $("backlog-age").parentElement.classList.toggle("warn", !!backlog && backlog.oldest_due_age_seconds > 60);
+  $("backlog-note").textContent = backlog
+    ? `measured ${ago(new Date(backlog.at * 1000).toISOString())} by the coordinator, every ${settings.backlog_seconds} s; ` +
+      `counted up to ${fmt(settings.backlog_count_cap)} per status ("+" means at least)`
+    : "waiting for the coordinator's first backlog measure";
+}
+
 // ---- throughput chart ---------------------------------------------------------------------
 
 function drawChart(series) {
@@ -184,23 +211,27 @@ async function taskDetail(key, updatedAt) {
   return task;
 }
 
-async function renderFailures() {
+async function loadFailures() {
   const pages = await Promise.all(["failed", "ignored"].map(status =>
     getJSON(`/tasks?status=${status}&order=newest&limit=${FAILURE_ROWS}`).catch(() => ({items: []}))));
   const items = pages.flatMap(p => p.items || [])
     .sort((a, b) => String(b.updated_at).localeCompare(String(a.updated_at)))
     .slice(0, FAILURE_ROWS);
   for (const item of items) if (item.batch_id) state.extraBatches.add(item.batch_id);
+  const details = await Promise.all(items.map(i => taskDetail(i.key, i.updated_at).catch(() => null)));
+  return {items, details};
+}
+
+function renderFailures({items, details}) {
   if (!items.length) {
     $("failures").innerHTML = '<tr><td colspan="6" class="empty">none yet</td></tr>';
     return;
   }
-  const details = await Promise.all(items.map(i => taskDetail(i.key, i.updated_at).catch(() => null)));
   $("failures").innerHTML = items.map((item, n) => {
     const task = details[n];
     const last = task && task.errors && task.errors.length ? task.errors[task.errors.length - 1] : null;
     return `<tr class="clickable" data-key="${esc(item.key)}">
-      <td class="kind nowrap">${esc(item.key)}</td><td class="nowrap">${esc(item.type)}</td>
+      <td class="kind nowrap" title="${esc(item.key)}">${esc(item.key)}</td><td class="nowrap" title="${esc(item.type)}">${esc(item.type)}</td>
       <td><span class="pill ${esc(item.status)}">${esc(item.status)}</span></td>
       <td class="num">${fmt(item.attempts)}/${fmt(item.max_attempts)}</td>
       <td class="msg" title="${esc(last ? last.message : "")}">${last ? `<span class="kind">${esc(last.kind)}</span> ${esc(last.message)}` : ""}</td>
@@ -253,16 +284,20 @@ function select(key) {
 
 async function refresh() {
   const problems = [];
+  // The failures are read before the counts and everything is drawn together, so the cards never
+  // lag the table: a task listed as ignored is already in the ignored count read after it.
+  const failures = await loadFailures().catch(e => { problems.push(e.message); return {items: [], details: []}; });
   const [stats, info] = await Promise.all([
     getJSON("/stats").catch(e => { problems.push(e.message); return null; }),
     getJSON("/local/info").catch(() => null),
   ]);
+  renderFailures(failures);
   renderCounts(stats, info);
+  renderBacklog(info);
   renderRuntime(info);
   drawChart(info ? info.series : []);
   await Promise.all([
     renderBatches(info).catch(e => problems.push(e.message)),
-    renderFailures().catch(e => problems.push(e.message)),
     renderDetail().catch(e => problems.push(e.message)),
   ]);
   const banner = $("error-banner");

@@ -71,6 +71,13 @@ class Settings(BaseModel):
     supervise_seconds: float = Field(60.0, gt=0, le=840, alias="COWORKER_SUPERVISE_SECONDS",
                                      description="How long one coordinator invocation keeps ticking; "
                                                  "the schedule (once a minute) starts the next.")
+    backlog_seconds: float = Field(60.0, gt=0, alias="COWORKER_BACKLOG_SECONDS",
+                                   description="How often the coordinator counts the due backlog by status "
+                                               "and the oldest due task's age (metrics, dashboards).")
+    backlog_count_cap: int = Field(10_000, ge=1, le=1_000_000, alias="COWORKER_BACKLOG_COUNT_CAP",
+                                   description="Most due index entries counted per status for the backlog "
+                                               "metrics (about 1 read unit per 100 entries counted); "
+                                               "above it the figure stays at the cap.")
     dispatch_on_submit: bool = Field(True, alias="COWORKER_DISPATCH_ON_SUBMIT",
                                      description="Start a worker from the API when a task is put and a "
                                                  "slot is free (else the next tick does).")

@@ -34,7 +34,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from coworker import leases, lifecycle, queries, worker
 from coworker.config import Settings
 from coworker.model import TaskStatus, utcnow
-from coworker.observability import MetricName, logger, metrics, tracer
+from coworker.observability import MetricName, logger, metrics, publish_metrics, tracer
 from coworker.worker import WorkerRequest
 
 # Order in which work is handed out: lost by dead workers, then due retries, then new.
@@ -228,17 +228,19 @@ class TickReport:
     invocations: int  # workers started
     reaped: int
     running_tasks: int  # tasks holding a live lock (all of them, however many)
+    backlog: queries.Backlog | None = None  # measured this tick (every backlog_seconds), else None
 
 
 @tracer.capture_method
 def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
-         memory: HintMemory | None = None) -> TickReport:
+         memory: HintMemory | None = None, measure_backlog: bool = False) -> TickReport:
     """One coordinator pass: find free slots and due work, start workers, retire lost tasks.
 
     Reads at most ``worker_slots`` slot entries, the running tasks' index entries (to count them
     and find lost ones: at most ``max_concurrency``, a few hundred bytes each), and for failed
     and todo about the free slots' worth of entries (at least ``batch_size``) plus a page per
-    index shard, whatever the size of the backlog.
+    index shard, whatever the size of the backlog. With ``measure_backlog`` it also counts the
+    due backlog by status (at most ``backlog_count_cap`` entries each, see :func:`queries.backlog`).
     """
     now = now or utcnow()
     slots = settings.worker_slots
@@ -248,8 +250,8 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     fresh_after = now - timedelta(seconds=SUBMIT_GRACE_SECONDS) if settings.dispatch_on_submit else now
     keys: list[str] = []
     due = reaped = 0
-    oldest: datetime | None = None
     running, lost = queries.running_and_lost(now)
+    backlog = queries.backlog(now, settings.backlog_count_cap, lost) if measure_backlog else None
     for status in DISPATCH_ORDER:
         if len(keys) >= capacity:
             break
@@ -257,7 +259,6 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
                  else queries.due(status, now, capacity - len(keys)))
         for task in found:
             due += 1
-            oldest = task.due_at if oldest is None else min(oldest, task.due_at)
             if status is TaskStatus.PROCESSING and task.attempts >= task.max_attempts:
                 # Lost on its last allowed attempt: no claim can take it, so retire it here.
                 reaped += lifecycle.reap_lost(task.key, int(task.attempts), task.batch_id, settings, now)
@@ -274,18 +275,27 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
         memory.remember(sent)
     report = TickReport(busy_slots=slots - len(free), free_slots=len(free), due=due,
                         dispatched=len(sent), invocations=len(requests), reaped=reaped,
-                        running_tasks=running)
+                        running_tasks=running, backlog=backlog)
+    metrics.add_metric(name=MetricName.COORDINATOR_TICKS, unit=MetricUnit.Count, value=1)
     metrics.add_metric(name=MetricName.BUSY_SLOTS, unit=MetricUnit.Count, value=report.busy_slots)
     metrics.add_metric(name=MetricName.RUNNING_TASKS, unit=MetricUnit.Count, value=report.running_tasks)
-    metrics.add_metric(name=MetricName.BACKLOG, unit=MetricUnit.Count, value=due)
-    metrics.add_metric(name=MetricName.OLDEST_DUE_AGE, unit=MetricUnit.Seconds,
-                       value=(now - oldest).total_seconds() if oldest else 0.0)
+    if backlog is not None:
+        publish_backlog(backlog)
     metrics.add_metric(name=MetricName.DISPATCHED, unit=MetricUnit.Count, value=len(sent))
     metrics.add_metric(name=MetricName.WORKER_INVOCATIONS, unit=MetricUnit.Count, value=len(requests))
     if reaped:
         metrics.add_metric(name=MetricName.REAPED, unit=MetricUnit.Count, value=reaped)
     logger.debug("coordinator tick", extra=dataclasses.asdict(report))
     return report
+
+
+def publish_backlog(backlog: queries.Backlog) -> None:
+    """Backlog metrics: due tasks by status, their total and the oldest one's age."""
+    for name, value in ((MetricName.DUE_TODO, backlog.todo), (MetricName.DUE_RETRY, backlog.retry),
+                        (MetricName.LOST_TASKS, backlog.lost), (MetricName.BACKLOG, backlog.due)):
+        metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
+    metrics.add_metric(name=MetricName.OLDEST_DUE_AGE, unit=MetricUnit.Seconds,
+                       value=backlog.oldest_due_age_seconds)
 
 
 class Supervisor:
@@ -304,6 +314,7 @@ class Supervisor:
         self.clock = clock
         self.memory = HintMemory(settings.reservation_seconds, clock)
         self.lease_seconds = max(MIN_LEASE_SECONDS, LEASE_TICKS * settings.tick_seconds)
+        self.backlog_measured_at: float | None = None
         self.on_tick: Callable[[TickReport | None, str | None], None] | None = None
 
     def _take_lease(self, remaining: Callable[[], float], stop: threading.Event) -> bool:
@@ -330,13 +341,18 @@ class Supervisor:
                 if not leases.extend(leases.COORDINATOR_LEASE, self.holder, self.lease_seconds):
                     logger.warning("coordinator lease lost to another coordinator; stopping")
                     return reports
+                measure = (self.backlog_measured_at is None
+                           or self.clock() - self.backlog_measured_at >= settings.backlog_seconds)
                 try:
-                    report = tick(settings, self.invoker, memory=self.memory)
+                    report = tick(settings, self.invoker, memory=self.memory, measure_backlog=measure)
+                    if measure:
+                        self.backlog_measured_at = self.clock()
                     reports.append(report)
                     self._notify(report, None)
                 except Exception as exc:  # noqa: BLE001 - a failed tick is logged; the next one runs
                     logger.exception("coordinator tick failed")
                     self._notify(None, f"{type(exc).__name__}: {exc}")
+                publish_metrics()  # each tick's figures reach CloudWatch now, not at the run's end
                 next_at += settings.tick_seconds
                 if next_at < self.clock():  # a tick overran: skip the missed beats, keep the phase
                     missed = math.ceil((self.clock() - next_at) / settings.tick_seconds)

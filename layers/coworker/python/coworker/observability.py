@@ -58,6 +58,14 @@ metrics = Metrics(service=SERVICE, namespace=NAMESPACE)
 tracer = Tracer(service=SERVICE)
 
 
+def publish_metrics() -> None:
+    """Write the metrics gathered so far (an EMF line on stdout) and start afresh; a long-running
+    Lambda (the coordinator) calls it after each step so CloudWatch sees figures as they happen."""
+    if metrics.metric_set:
+        metrics.flush_metrics()
+    metrics.clear_metrics()  # flush keeps them when POWERTOOLS_METRICS_DISABLED is set
+
+
 class MetricName:
     """Metric names, shared with the CloudWatch dashboard in infra/."""
 
@@ -75,7 +83,12 @@ class MetricName:
     WORKER_INVOCATIONS = "WorkerInvocations"
     BUSY_SLOTS = "BusyWorkerSlots"
     RUNNING_TASKS = "RunningTasks"  # tasks holding a live lock, counted exactly by each tick
-    BACKLOG = "DueTasks"  # due tasks the coordinator saw (capped; see dispatch.BACKLOG_CAP)
-    OLDEST_DUE_AGE = "OldestDueTaskAge"  # seconds the oldest due task seen by a tick has waited
+    # Backlog, measured by the coordinator every backlog_seconds (see queries.backlog).
+    BACKLOG = "DueTasks"  # due tasks of every kind below (each counted up to backlog_count_cap)
+    DUE_TODO = "DueNewTasks"  # todo tasks whose time has come
+    DUE_RETRY = "DueRetryTasks"  # failed tasks whose retry time has come
+    LOST_TASKS = "LostTasks"  # processing tasks whose lock expired (their worker died)
+    OLDEST_DUE_AGE = "OldestDueTaskAge"  # seconds the longest-waiting due task has been due
+    COORDINATOR_TICKS = "CoordinatorTicks"  # one per tick: the heartbeat alarm watches it
     REAPED = "TasksReaped"
     DISPATCHED_ON_SUBMIT = "WorkersStartedOnSubmit"

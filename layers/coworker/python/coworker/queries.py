@@ -10,6 +10,7 @@ the backlog.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -220,29 +221,65 @@ def count_running(now: datetime) -> int:
     return count(TaskStatus.PROCESSING, TaskModel.due_at > now)
 
 
-def count_capped(status: str, cap: int) -> tuple[int, bool]:
-    """Entries of ``status``, reading at most about ``cap`` of them: ``(count, capped)``.
+def count_capped(status: str, cap: int, range_key_condition: Condition | None = None) -> tuple[int, bool]:
+    """Entries of ``status`` (those matching ``range_key_condition`` on ``due_at``), reading at
+    most about ``cap`` of them: ``(count, capped)``.
 
     Each shard counts up to its share of ``cap``; ``capped`` means some shard had more (or the
     sum passed ``cap``), so the true count is at least ``count``, which is never above ``cap``.
     """
     shards = status_shards()
     share = max(1, math.ceil(cap / shards))
-    counted = _parallel([lambda v=value: _count_shard(v, share)
+    counted = _parallel([lambda v=value: _count_shard(v, share, range_key_condition)
                          for value in schema.shard_values(status, shards)])
     total = sum(n for n, _ in counted)
     return min(total, cap), total > cap or any(capped for _, capped in counted)
 
 
-def _count_shard(value: str, cap: int) -> tuple[int, bool]:
+def _count_shard(value: str, cap: int, range_key_condition: Condition | None = None) -> tuple[int, bool]:
     total = 0
     last_key = None
     while total < cap:
         page = next(TaskModel.status_index.query(
-            value, page_size=cap - total, last_evaluated_key=last_key,
+            value, range_key_condition, page_size=cap - total, last_evaluated_key=last_key,
             attributes_to_get=[schema.PARTITION_KEY]).page_iter)
         total += int(page.get("Count", 0))
         last_key = page.get("LastEvaluatedKey")
         if last_key is None:
             return total, False
     return total, True
+
+
+@dataclasses.dataclass(frozen=True)
+class Backlog:
+    """Due work at one moment: what the coordinator publishes and the dashboards show.
+
+    Counts stop at ``cap`` per status (``capped`` names the statuses that reached it, whose true
+    count is at least the figure). ``oldest_due_age_seconds`` is how long the longest-waiting due
+    task (new, retry or lost) has been due; 0 when nothing is due.
+    """
+
+    todo: int
+    retry: int
+    lost: int
+    oldest_due_age_seconds: float
+    capped: tuple[str, ...] = ()
+
+    @property
+    def due(self) -> int:
+        return self.todo + self.retry + self.lost
+
+
+def backlog(now: datetime, cap: int, lost: Sequence[TaskModel] = ()) -> Backlog:
+    """Count due ``todo`` and ``failed`` tasks (at most ``cap`` index entries each, S COUNT
+    queries per status) and find the oldest due one (S one-entry queries per status); ``lost``
+    are the expired ``processing`` entries the caller already read (see :func:`running_and_lost`).
+    """
+    due_now = TaskModel.due_at <= now
+    todo, todo_capped = count_capped(TaskStatus.TODO.value, cap, due_now)
+    retry, retry_capped = count_capped(TaskStatus.FAILED.value, cap, due_now)
+    oldest = [task.due_at for status in (TaskStatus.TODO, TaskStatus.FAILED) for task in due(status, now, 1)]
+    oldest += [task.due_at for task in lost[:1]]
+    age = max(0.0, (now - min(oldest)).total_seconds()) if oldest else 0.0
+    capped = tuple(name for name, hit in (("todo", todo_capped), ("retry", retry_capped)) if hit)
+    return Backlog(todo=todo, retry=retry, lost=len(lost), oldest_due_age_seconds=age, capped=capped)
