@@ -219,3 +219,28 @@ def test_iam_requests_carry_a_sigv4_signature_for_execute_api_that_verifies(serv
     signer = SigV4Auth(Credentials(env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]), "execute-api", "eu-west-1")
     expected = signer.signature(signer.string_to_sign(request, signer.canonical_request(request)), request)
     assert authorization.endswith(f"Signature={expected}")
+
+
+def test_bulk_dry_run_then_cancel_with_a_progress_bar_and_a_resume_hint(served):
+    lines = "\n".join(json.dumps({"key": f"crawl-{i:03d}", "type": "slow", "run_at": "2099-01-01T00:00:00Z"})
+                      for i in range(250))
+    lines += "\n" + json.dumps({"key": "keep", "type": "quick", "run_at": "2099-01-01T00:00:00Z"})
+    assert served.run("submit", "--file", "-", "--quiet", stdin=lines).returncode == 0
+
+    dry = served.run("bulk", "cancel", "--status", "todo", "--type", "slow", "--dry-run")
+    assert (dry.returncode, dry.stdout) == (0, "250 todo tasks would be cancelled (dry run: nothing changed)\n")
+
+    result = served.run("bulk", "cancel", "--status", "todo", "--type", "slow")
+    assert (result.returncode, result.stdout) == (0, "250 todo tasks cancelled\n")
+    assert "250/250" in result.stderr  # the progress bar, on stderr (not a terminal: a line per page)
+    assert served.run("status", "keep", "--json").stdout.count('"status": "todo"') == 1
+    again = served.run("bulk", "cancel", "--status", "todo", "--type", "slow", "--json")
+    assert json.loads(again.stdout)["changed"] == 0  # re-running changes nothing more
+
+    # A run that stops (here the API refuses the page size) says how far it got and how to resume
+    stopped = served.run("bulk", "retry", "--status", "ignored", "--type", "slow", "--page", "500", "--no-count")
+    assert stopped.returncode == 1
+    assert "stopped after 0 tasks retried" in stopped.stderr and "limit is at most 200" in stopped.stderr
+    assert "resume with: coworker bulk retry --status ignored --type slow --no-count" in stopped.stderr
+    resumed = served.run("bulk", "retry", "--status", "ignored", "--type", "slow")
+    assert (resumed.returncode, resumed.stdout) == (0, "250 ignored tasks retried\n")

@@ -142,3 +142,34 @@ def test_swagger_try_it_out_reaches_the_api_and_the_favicon_is_served(browser, r
     stats = page.evaluate("async (server) => (await fetch(server + 'stats')).status", server)
     assert stats == 200
     page.close()
+
+
+def test_a_bulk_retry_from_the_dashboard(browser, runtime):
+    """Count the ignored tasks of one batch from the dashboard, then retry them: each runs again."""
+    run = uuid.uuid4().hex[:6]
+    batch = f"bulk-{run}"
+    tasks = [{"key": f"{run}-f{i}", "type": "always-fail", "max_attempts": 1, "payload": {"reason": "no"}}
+             for i in range(3)]
+    assert runtime.post("/tasks", json={"batch_id": batch, "tasks": tasks}).status_code == 201
+    runtime.wait_for(lambda: runtime.get(f"/batches/{batch}").json()["ignored"] == 3, 60, "3 ignored tasks")
+
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(runtime.url + "/dashboard")
+    page.select_option("#bulk-action", "retry")
+    page.select_option("#bulk-status", "ignored")
+    page.fill("#bulk-batch", batch)
+    page.click("#bulk-count")
+    page.wait_for_function("document.getElementById('bulk-result').textContent.startsWith('3 ignored tasks match')",
+                           timeout=30_000)
+    assert runtime.get(f"/batches/{batch}").json()["ignored"] == 3  # counting changed nothing
+    assert page.text_content("#bulk-apply") == "Retry 3 tasks"
+    page.click("#bulk-apply")
+    page.wait_for_function("document.getElementById('bulk-result').textContent === '3 tasks retried'",
+                           timeout=30_000)
+    # Each ran once more (and, always failing, was ignored again, with two errors now)
+    runtime.wait_for(lambda: all(len(runtime.task(t["key"])["errors"]) == 2 for t in tasks), 60,
+                     "every task retried once")
+    assert not errors, errors
+    page.close()

@@ -280,6 +280,99 @@ function select(key) {
   renderDetail();
 }
 
+// ---- bulk actions -------------------------------------------------------------------------
+
+const BULK_STATUSES = {retry: ["ignored", "failed"], cancel: ["todo", "failed", "processing"]};
+const bulk = {counted: null, busy: false};
+
+async function postJSON(path, body) {
+  const response = await fetch(path, {method: "POST", cache: "no-store",
+    headers: {"Content-Type": "application/json", "Accept": "application/json"}, body: JSON.stringify(body)});
+  const answer = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Error(answer.message || `${path}: HTTP ${response.status}`);
+  return answer;
+}
+
+function bulkFilter() {
+  const filter = {action: $("bulk-action").value, status: $("bulk-status").value};
+  const type = $("bulk-type").value.trim(), batch = $("bulk-batch").value.trim();
+  if (type) filter.type = type;
+  if (batch) filter.batch_id = batch;
+  return filter;
+}
+
+function bulkStatuses() {
+  const current = $("bulk-status").value;
+  const options = BULK_STATUSES[$("bulk-action").value];
+  $("bulk-status").innerHTML = options.map(s => `<option value="${s}">${s}</option>`).join("");
+  if (options.includes(current)) $("bulk-status").value = current;
+  bulkReset();
+}
+
+function bulkReset() {
+  bulk.counted = null;
+  $("bulk-apply").disabled = true;
+  $("bulk-apply").textContent = "Apply";
+}
+
+// Every page of the bulk route, to the end; onPage sees the running totals.
+async function bulkPages(body, onPage) {
+  let cursor = null;
+  const totals = {matched: 0, changed: 0, skipped: 0};
+  do {
+    const answer = await postJSON("/bulk", cursor ? {...body, cursor} : body);
+    for (const name of Object.keys(totals)) totals[name] += answer[name];
+    cursor = answer.cursor;
+    onPage(totals);
+  } while (cursor);
+  return totals;
+}
+
+async function bulkCount(event) {
+  event.preventDefault();
+  if (bulk.busy) return;
+  bulk.busy = true;
+  const filter = bulkFilter();
+  try {
+    const totals = await bulkPages({...filter, dry_run: true, limit: 1000},
+      t => { $("bulk-result").textContent = `counting… ${fmt(t.matched)} so far`; });
+    bulk.counted = {filter: JSON.stringify(filter), matched: totals.matched};
+    $("bulk-result").textContent = `${fmt(totals.matched)} ${filter.status} tasks match (dry run: nothing changed)`;
+    $("bulk-apply").disabled = totals.matched === 0;
+    $("bulk-apply").textContent = `${filter.action === "retry" ? "Retry" : "Cancel"} ${fmt(totals.matched)} tasks`;
+  } catch (error) {
+    $("bulk-result").textContent = error.message;
+  } finally {
+    bulk.busy = false;
+  }
+}
+
+async function bulkApply() {
+  const filter = bulkFilter();
+  if (bulk.busy || !bulk.counted || bulk.counted.filter !== JSON.stringify(filter)) return;
+  bulk.busy = true;
+  $("bulk-apply").disabled = true;
+  const total = bulk.counted.matched;
+  const verb = filter.action === "retry" ? "retried" : "cancelled";
+  try {
+    const totals = await bulkPages({...filter, limit: 200},
+      t => { $("bulk-result").textContent = `${verb} ${fmt(t.changed)} of ${fmt(total)}…`; });
+    $("bulk-result").textContent = `${fmt(totals.changed)} tasks ${verb}` +
+      (totals.skipped ? `, ${fmt(totals.skipped)} skipped (they changed state meanwhile)` : "");
+  } catch (error) {
+    $("bulk-result").textContent = `${error.message} — count again and apply to go on (changed tasks no longer match)`;
+  } finally {
+    bulk.busy = false;
+    bulkReset();
+  }
+}
+
+$("bulk-action").addEventListener("change", bulkStatuses);
+for (const id of ["bulk-status", "bulk-type", "bulk-batch"]) $(id).addEventListener("input", bulkReset);
+$("bulk-form").addEventListener("submit", bulkCount);
+$("bulk-apply").addEventListener("click", bulkApply);
+bulkStatuses();
+
 // ---- refresh loop -------------------------------------------------------------------------
 
 async function refresh() {

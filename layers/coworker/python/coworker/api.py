@@ -9,6 +9,7 @@ Routes (details, limits and the error format in docs/api.md; the OpenAPI documen
     GET  /tasks?status=...         a page of the status index (todo, processing, failed, ignored)
     POST /tasks/{key}/retry        redrive a failed or ignored task
     POST /tasks/{key}/cancel       stop a task that is not finished or ignored
+    POST /bulk                     retry or cancel every task matching a filter, a page per call
     GET  /batches/{id}             a batch's counters and done flag
     POST /batches/{id}/retry       redrive a batch's ignored (or failed) tasks, a bounded slice per call
     GET  /stats                    counts by status, bounded
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -41,13 +43,16 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValida
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from pydantic import BaseModel
 
-from coworker import batches, dispatch, handlers, lifecycle, offload, queries, schema
+from coworker import batches, bulk, dispatch, handlers, lifecycle, offload, queries, schema
 from coworker.api_models import (
     DEFAULT_PAGE_SIZE,
+    MAX_CURSOR_CHARS,
     MAX_PAGE_SIZE,
     MAX_REDRIVE_PER_REQUEST,
     BatchIn,
     BatchOut,
+    BulkIn,
+    BulkOut,
     ErrorOut,
     IndexedStatus,
     Order,
@@ -72,7 +77,7 @@ from coworker.errors import (
     TaskNotFoundError,
 )
 from coworker.lifecycle import PutOutcome, TaskSpec
-from coworker.model import TaskModel, TaskStatus, status_shards, utcnow
+from coworker.model import TaskModel, TaskStatus, iso_utc, status_shards, utcnow
 from coworker.observability import logger
 
 API_TITLE = "Coworker task API"
@@ -202,9 +207,6 @@ def validation_error_response(exc: RequestValidationError) -> Response:
 
 # Cursors name the index layout they read: a cursor of another layout is refused, not misread.
 CURSOR_VERSION = "sharded-1"
-# A cursor holds a key per index shard (deflated): 4 shards of keys up to 512 characters fit.
-# API Gateway takes about 10 KB of request line and headers in all.
-MAX_CURSOR_CHARS = 4096
 _BAD_CURSOR = "the cursor is not valid: pass back the cursor of a previous answer unchanged"
 
 
@@ -597,6 +599,26 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
             raise TaskStateConflictError(f"task {key!r} is already {current.status}; "
                                          "only todo, failed or processing tasks can be cancelled")
         return TaskOut.model_validate(task.to_dict())
+
+    @app.post("/bulk", summary="Retry or cancel every task matching a filter, a page per call",
+              tags=["tasks"], responses=_responses("What this page matched and changed"))
+    def bulk_action(body: Annotated[BulkIn, Body(description="The action, the filter, and the cursor of the "
+                                                             "previous page")]) -> BulkOut:
+        task_filter = bulk.TaskFilter(status=body.status.value, task_type=body.type, batch_id=body.batch_id,
+                                      created_after=body.created_after, created_before=body.created_before)
+        listing = ("bulk", body.action.value, body.status.value, body.type, body.batch_id,
+                   iso_utc(body.created_after), iso_utc(body.created_before), status_shards())
+        start = cursors.decode(body.cursor, listing)
+        tasks, last_key, scanned = read_index(body.status.value, want=body.limit, start=start,
+                                              batch_id=body.batch_id, task_type=body.type)
+        outcome = bulk.apply(body.action, tasks, task_filter, settings, dry_run=body.dry_run,
+                             reason="cancelled in bulk through the API")
+        if not body.dry_run:
+            logger.info("bulk action", extra={"action": body.action.value, "filter": dataclasses.asdict(task_filter),
+                                              "changed": outcome.changed, "skipped": outcome.skipped})
+        return BulkOut(action=body.action, status=body.status, dry_run=body.dry_run, matched=outcome.matched,
+                       changed=outcome.changed, skipped=outcome.skipped, scanned=scanned,
+                       cursor=cursors.encode(last_key, listing))
 
     @app.get("/batches/<batch_id>", summary="A batch's progress", tags=["batches"],
              responses=_responses("The batch's counters"))

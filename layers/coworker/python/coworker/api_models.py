@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from coworker.batches import BATCH_KEY_PREFIX
+from coworker.bulk import BulkAction, check_action
 from coworker.leases import LEASE_KEY_PREFIX, SLOT_KEY_PREFIX
 
 MAX_BATCH_TASKS = 1000
@@ -34,12 +35,25 @@ BATCH_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 MAX_REDRIVE_PER_REQUEST = 200
+# A cursor holds a key per index shard (deflated): 4 shards of keys up to 512 characters fit.
+# API Gateway takes about 10 KB of request line and headers in all.
+MAX_CURSOR_CHARS = 4096
 
 
 def _no_control_characters(value: str, what: str) -> str:
     if any(unicodedata.category(ch) == "Cc" for ch in value):
         raise ValueError(f"{what} must not contain control characters (tabs, newlines, NUL...)")
     return value
+
+
+def _as_utc(value: datetime | None) -> datetime | None:
+    """An aware UTC time (a naive one is taken as UTC)."""
+    if value is None:
+        return None
+    try:
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("the time is out of range once converted to UTC (years 1 to 9999)") from None
 
 
 class IndexedStatus(enum.StrEnum):
@@ -53,6 +67,15 @@ class IndexedStatus(enum.StrEnum):
 
 
 class RedriveStatus(enum.StrEnum):
+    FAILED = "failed"
+    IGNORED = "ignored"
+
+
+class BulkStatus(enum.StrEnum):
+    """Statuses a bulk action can start from (see :data:`coworker.bulk.ACTION_STATUSES`)."""
+
+    TODO = "todo"
+    PROCESSING = "processing"
     FAILED = "failed"
     IGNORED = "ignored"
 
@@ -116,12 +139,7 @@ class TaskIn(_Strict):
     @field_validator("run_at")
     @classmethod
     def _aware(cls, value: datetime | None) -> datetime | None:
-        if value is None:
-            return None
-        try:
-            return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-        except OverflowError:
-            raise ValueError("run_at is out of range once converted to UTC (years 1 to 9999)") from None
+        return _as_utc(value)
 
 
 class BatchIn(_Strict):
@@ -263,6 +281,69 @@ class BatchOut(BaseModel):
     done: bool
     created_at: str | None
     updated_at: str | None
+
+
+MAX_BULK_PER_REQUEST = 200  # tasks changed by one bulk request (each is a read and a write)
+MAX_BULK_DRY_RUN_PER_REQUEST = 1000  # tasks counted by one dry-run request
+
+
+class BulkIn(_Strict):
+    """A bulk action: retry or cancel every task matching a filter, a page per request."""
+
+    action: BulkAction = Field(description="retry (failed or ignored tasks) or cancel (todo, failed or "
+                                           "processing tasks).")
+    status: BulkStatus = Field(description="The status of the tasks to act on.")
+    type: str | None = Field(None, min_length=1, max_length=MAX_TYPE_CHARS, description="Only tasks of this type.")
+    batch_id: str | None = Field(None, pattern=BATCH_ID_PATTERN, description="Only tasks of this batch.")
+    created_after: datetime | None = Field(None, description="Only tasks created at or after this ISO-8601 "
+                                                             "time (no zone means UTC).")
+    created_before: datetime | None = Field(None, description="Only tasks created before this time.")
+    dry_run: bool = Field(False, description="Count the matching tasks of this page; change nothing.")
+    limit: StrictInt = Field(100, ge=1, le=MAX_BULK_DRY_RUN_PER_REQUEST,
+                             description=f"Tasks acted on per request: at most {MAX_BULK_PER_REQUEST}, "
+                                         f"{MAX_BULK_DRY_RUN_PER_REQUEST} in a dry run.")
+    cursor: str | None = Field(None, max_length=MAX_CURSOR_CHARS,
+                               description="From the previous answer, to go on where it stopped.")
+
+    @field_validator("type")
+    @classmethod
+    def _type_is_usable(cls, value: str | None) -> str | None:
+        return None if value is None else _no_control_characters(value, "type")
+
+    @field_validator("created_after", "created_before", mode="before")
+    @classmethod
+    def _time_is_text(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, str | datetime):
+            raise ValueError("must be an ISO-8601 time as a string, e.g. \"2026-12-01T09:00:00Z\"")
+        return value
+
+    @field_validator("created_after", "created_before")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        return _as_utc(value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BulkIn:
+        check_action(self.action, self.status.value)
+        if self.created_after and self.created_before and self.created_after >= self.created_before:
+            raise ValueError("created_after must be earlier than created_before")
+        if not self.dry_run and self.limit > MAX_BULK_PER_REQUEST:
+            raise ValueError(f"limit is at most {MAX_BULK_PER_REQUEST} when acting "
+                             f"({MAX_BULK_DRY_RUN_PER_REQUEST} in a dry run)")
+        return self
+
+
+class BulkOut(BaseModel):
+    action: BulkAction
+    status: BulkStatus
+    dry_run: bool
+    matched: int = Field(description="Tasks of this page that match the filter: in a dry run, what would "
+                                     "change.")
+    changed: int = Field(description="Tasks this request changed (0 in a dry run).")
+    skipped: int = Field(description="Matching tasks that changed state before the action reached them.")
+    scanned: int = Field(description="Index entries read.")
+    cursor: str | None = Field(description="More may remain: call again with the same filter and this cursor. "
+                                           "null when the whole status has been read.")
 
 
 class RedriveOut(BaseModel):

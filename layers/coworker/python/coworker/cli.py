@@ -7,6 +7,8 @@
     coworker batch BATCH_ID [--once]              # live progress until the batch is done
     coworker retry order-1 | coworker retry --batch BATCH_ID [--status failed]
     coworker cancel order-1
+    coworker bulk retry --status ignored [--type T] [--batch ID] [--created-after ISO] [--dry-run]
+    coworker bulk cancel --status todo --type T   # a progress bar; prints how to resume if stopped
     coworker stats
     coworker migrate-index --table NAME [--shards N] [--dry-run]   # talks to DynamoDB itself
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 import uuid
@@ -354,6 +357,81 @@ def cmd_cancel(client: ApiClient, args: argparse.Namespace, out: TextIO, err: Te
     return EXIT_OK
 
 
+BULK_PAGE = 200  # tasks changed per request (the API's limit)
+BULK_COUNT_PAGE = 1000  # tasks counted per dry-run request
+
+
+def _bulk_body(args: argparse.Namespace) -> dict[str, Any]:
+    body = {"action": args.action, "status": args.status, "type": args.type, "batch_id": args.batch,
+            "created_after": args.created_after, "created_before": args.created_before}
+    return {name: value for name, value in body.items() if value is not None}
+
+
+def _bulk_pages(client: ApiClient, body: dict[str, Any], cursor: str | None):
+    """Each answer of the bulk route, page after page, to the end."""
+    while True:
+        answer = client.request("POST", "/bulk", body=body | ({"cursor": cursor} if cursor else {}))
+        yield answer
+        cursor = answer["cursor"]
+        if not cursor:
+            return
+
+
+def cmd_bulk(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Count the matching tasks (a dry run), then act on them page by page with a progress bar.
+    Interrupted, it prints how far it got and the command that resumes; running the same command
+    again is safe too (changed tasks no longer match)."""
+    body = _bulk_body(args)
+    verb = "retried" if args.action == "retry" else "cancelled"
+    total = None
+    if args.dry_run or not args.no_count:
+        counting = Progress(None, err, enabled=not args.json)
+        total = scanned = 0
+        for answer in _bulk_pages(client, body | {"dry_run": True, "limit": BULK_COUNT_PAGE}, args.cursor):
+            total += answer["matched"]
+            scanned += answer["scanned"]
+            counting.show(total, f"matching {args.status} tasks found ({scanned} read)")
+        counting.close()
+        if args.dry_run:
+            if args.json:
+                _print_json({**body, "dry_run": True, "matched": total}, out)
+            else:
+                out.write(f"{total} {args.status} tasks would be {verb} (dry run: nothing changed)\n")
+            return EXIT_OK
+    progress = Progress(total, err, enabled=not args.json)
+    changed = skipped = 0
+    cursor = args.cursor
+    try:
+        for answer in _bulk_pages(client, body | {"limit": args.page}, args.cursor):
+            changed += answer["changed"]
+            skipped += answer["skipped"]
+            cursor = answer["cursor"]
+            progress.show(changed + skipped, f"{verb} {changed}" + (f", skipped {skipped}" if skipped else ""))
+    except (KeyboardInterrupt, ApiError, Unreachable) as exc:
+        progress.close()
+        flags = [*_bulk_flags(args), *(["--cursor", cursor] if cursor else [])]
+        resume = shlex.join(["coworker", "bulk", args.action, *flags])
+        err.write(f"stopped after {changed} tasks {verb}" + (f" ({exc})" if str(exc) else "") + "\n"
+                  f"resume with: {resume}\n(or run the same command again: {verb} tasks no longer match)\n")
+        return EXIT_API_ERROR
+    progress.close()
+    if args.json:
+        _print_json({**body, "changed": changed, "skipped": skipped}, out)
+    else:
+        out.write(f"{changed} {args.status} tasks {verb}"
+                  + (f", {skipped} skipped (they changed state meanwhile)" if skipped else "") + "\n")
+    return EXIT_OK
+
+
+def _bulk_flags(args: argparse.Namespace) -> list[str]:
+    flags = ["--status", args.status]
+    for flag, value in (("--type", args.type), ("--batch", args.batch), ("--created-after", args.created_after),
+                        ("--created-before", args.created_before)):
+        if value is not None:
+            flags += [flag, value]
+    return [*flags, "--no-count"]
+
+
 def cmd_stats(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     stats = client.request("GET", "/stats", query={"cap": args.cap})
     if args.json:
@@ -453,6 +531,20 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("key")
     cancel.set_defaults(run=cmd_cancel)
 
+    bulk = commands.add_parser("bulk", help="retry or cancel every task matching a filter, with a progress bar")
+    bulk.add_argument("action", choices=["retry", "cancel"])
+    bulk.add_argument("--status", required=True, choices=["todo", "processing", "failed", "ignored"],
+                      help="retry: failed or ignored; cancel: todo, failed or processing")
+    bulk.add_argument("--type", help="only tasks of this type")
+    bulk.add_argument("--batch", help="only tasks of this batch")
+    bulk.add_argument("--created-after", help="only tasks created at or after this ISO-8601 time")
+    bulk.add_argument("--created-before", help="only tasks created before this ISO-8601 time")
+    bulk.add_argument("--dry-run", action="store_true", help="count what would change; change nothing")
+    bulk.add_argument("--no-count", action="store_true", help="skip the counting pass (no total in the bar)")
+    bulk.add_argument("--page", type=int, default=BULK_PAGE, help=f"tasks per request (at most {BULK_PAGE})")
+    bulk.add_argument("--cursor", help="resume where an interrupted run stopped (it prints the command)")
+    bulk.set_defaults(run=cmd_bulk)
+
     stats = commands.add_parser("stats", help="counts by status (bounded)")
     stats.add_argument("--cap", type=int, help="most entries counted per status")
     stats.set_defaults(run=cmd_stats)
@@ -463,7 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.add_argument("--table", default=os.environ.get("COWORKER_TABLE_NAME"),
                          help="the task table (env COWORKER_TABLE_NAME; the stack's TableName output)")
     migrate.add_argument("--shards", type=int, default=os.environ.get("COWORKER_STATUS_SHARDS"),
-                         help="index shards per status, as deployed (statusShards; default 8)")
+                         help="index shards per status, as deployed (statusShards; default 4)")
     migrate.add_argument("--endpoint", default=os.environ.get("COWORKER_DYNAMODB_ENDPOINT"),
                          help="DynamoDB endpoint (local runs); default AWS")
     migrate.add_argument("--segments", type=int, default=1, help="parallel scan segments (default 1)")
