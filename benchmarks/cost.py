@@ -33,7 +33,7 @@ os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "ERROR")
 os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
 
-from coworker import batches, dispatch, leases, lifecycle  # noqa: E402
+from coworker import batches, control, dispatch, leases, lifecycle  # noqa: E402
 from coworker.bootstrap import configure  # noqa: E402
 from coworker.config import Settings  # noqa: E402
 from coworker.model import TaskModel, utcnow  # noqa: E402
@@ -186,7 +186,8 @@ def scaling(endpoint: str, backlog: int, load_seconds: float) -> tuple[list[dict
     lifecycle.put_task(lifecycle.TaskSpec(key="template", type="quick", payload={"n": 0}), settings)
     template = client.get_item(TableName=settings.table_name, Key={"key": {"S": "template"}})["Item"]
     client.delete_item(TableName=settings.table_name, Key={"key": {"S": "template"}})
-    meter = CapacityMeter.for_model(TaskModel, client, leases.LeaseModel._get_connection().connection).attach()
+    meter = CapacityMeter.for_model(TaskModel, client, leases.LeaseModel._get_connection().connection,
+                                    control.ControlModel._get_connection().connection).attach()
     rows, loaded = [], 0
     for size in sorted({min(SMALL_BACKLOG, backlog), backlog}):
         started = time.monotonic()

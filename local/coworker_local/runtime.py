@@ -59,6 +59,7 @@ LOCAL_DEFAULTS: dict[str, Any] = {
     "backoff_base_seconds": 2.0,
     "backoff_max_seconds": 30.0,
     "backlog_seconds": 2.0,  # the dashboard's backlog figures refresh with it
+    "control_cache_seconds": 1.0,  # a pause from the dashboard takes effect within a second
 }
 
 # Environment variables a worker process inherits besides the settings (credentials and region

@@ -244,3 +244,15 @@ def test_bulk_dry_run_then_cancel_with_a_progress_bar_and_a_resume_hint(served):
     assert "resume with: coworker bulk retry --status ignored --type slow --no-count" in stopped.stderr
     resumed = served.run("bulk", "retry", "--status", "ignored", "--type", "slow")
     assert (resumed.returncode, resumed.stdout) == (0, "250 ignored tasks retried\n")
+
+
+def test_pause_resume_and_types(served):
+    result = served.run("pause", "slow")
+    assert (result.returncode, result.stdout) == (0, "slow: paused\n")
+    result = served.run("pause", "slow")
+    assert (result.returncode, result.stdout) == (0, "slow: paused (it was paused already)\n")
+    assert "slow: paused\n" in served.run("types").stdout and "quick: running\n" in served.run("types").stdout
+    result = served.run("resume", "slow")
+    assert (result.returncode, result.stdout) == (0, "slow: running\n")
+    result = served.run("pause", "no-such-type")
+    assert result.returncode == 1 and "no task type 'no-such-type' here (known: always-fail" in result.stderr

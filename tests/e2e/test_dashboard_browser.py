@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -171,5 +172,34 @@ def test_a_bulk_retry_from_the_dashboard(browser, runtime):
     # Each ran once more (and, always failing, was ignored again, with two errors now)
     runtime.wait_for(lambda: all(len(runtime.task(t["key"])["errors"]) == 2 for t in tasks), 60,
                      "every task retried once")
+    assert not errors, errors
+    page.close()
+
+
+def test_pause_and_resume_a_type_from_the_dashboard(browser, runtime):
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(runtime.url + "/dashboard")
+    pause = page.locator("#types button[data-type='slow'][data-verb='pause']")
+    pause.wait_for(timeout=30_000)
+    pause.click()
+    page.locator("#types tr[data-type='slow'] .pill.paused").wait_for(timeout=30_000)
+    slow = next(t for t in runtime.get("/types").json()["types"] if t["type"] == "slow")
+    assert slow["paused"] is True
+
+    run = uuid.uuid4().hex[:6]
+    tasks = [{"key": f"{run}-slow{i}", "type": "slow", "payload": {"seconds": 0.1}} for i in range(3)]
+    assert runtime.post("/tasks", json={"batch_id": f"paused-{run}", "tasks": tasks}).status_code == 201
+    # paused: nothing runs (the coordinator ticks every second here); they are parked, still todo
+    page.wait_for_function(
+        "Number(document.querySelector(\"#types tr[data-type='slow'] td.num\").textContent) === 3", timeout=30_000)
+    time.sleep(2)
+    assert {runtime.task(t["key"])["status"] for t in tasks} == {"todo"}
+
+    page.locator("#types button[data-type='slow'][data-verb='resume']").click()
+    page.locator("#types tr[data-type='slow'] .pill.running").wait_for(timeout=30_000)
+    runtime.wait_for(lambda: runtime.get(f"/batches/paused-{run}").json()["done"], 60, "the slow tasks to finish")
+    assert {runtime.task(t["key"])["status"] for t in tasks} == {"finished"}
     assert not errors, errors
     page.close()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from coworker import batches, dispatch, leases, lifecycle, queries
+from coworker import batches, control, dispatch, leases, lifecycle, queries
 from coworker.lifecycle import TaskSpec
 from coworker.model import TaskModel, status_shards, utcnow
 from coworker_local.capacity import CapacityMeter, Reported, item_size, read_units, status_index
@@ -53,9 +53,16 @@ def load_backlog(settings, count: int) -> None:
             pending = client.batch_write_item(RequestItems=pending).get("UnprocessedItems") or {}
 
 
+def partition(read) -> str:
+    """The index partition a metered read queried ("" for a GetItem)."""
+    return str(read.key_values[0]) if read.key_values else ""
+
+
 def metered_tick(settings) -> tuple[dispatch.TickReport, CapacityMeter]:
     lease_connection = leases.LeaseModel._get_connection().connection
-    with CapacityMeter.for_model(TaskModel, dynamodb_client(settings), lease_connection) as meter:
+    control_connection = control.ControlModel._get_connection().connection
+    with CapacityMeter.for_model(TaskModel, dynamodb_client(settings), lease_connection,
+                                 control_connection) as meter:
         report = dispatch.tick(settings, RecordingInvoker())
     return report, meter
 
@@ -78,24 +85,28 @@ def test_tick_reads_what_it_dispatches_not_the_backlog(make_settings):
     shards = status_shards()
     assert (report.busy_slots, report.free_slots, report.dispatched, report.invocations) == (3, 7, 7, 7)
     slot_reads = [r for r in meter.reads if r.key_values[:1] == (leases.SLOT_STATUS,)]
-    todo_reads = [r for r in meter.reads if str(r.key_values[0]).startswith("todo#")]
+    todo_reads = [r for r in meter.reads if partition(r).startswith("todo#")]
     assert [r.items_read for r in slot_reads] == [7]
     assert len({r.key_values[0] for r in todo_reads}) == shards
     assert report.dispatched <= sum(r.items_read for r in todo_reads) <= 2 * report.dispatched + shards
-    assert set(meter.totals.requests) == {"Query", "UpdateItem"}  # no scan, no per-item reads
+    # no scan, no per-item reads: the one GetItem is the control record (paused types)
+    assert set(meter.totals.requests) == {"Query", "UpdateItem", "GetItem"}
+    assert [r.key_values for r in meter.reads if r.operation == "GetItem"] == [()]
     assert meter.totals.requests["UpdateItem"] == 7  # one reservation per worker started
     # plus one read per shard of the running tasks (none here), to count them and find lost ones
-    running_reads = [r for r in meter.reads if str(r.key_values[0]).startswith("processing#")]
+    running_reads = [r for r in meter.reads if partition(r).startswith("processing#")]
     assert len(running_reads) == shards and sum(r.items_read for r in running_reads) == 0
     assert not [r for r in meter.reads if r.select == "COUNT"]
-    # every query here reads well under 4 KB: the minimum half unit each
+    # every read here is well under 4 KB: the minimum half unit each
     assert meter.totals.read_units == 0.5 * len(meter.reads)
-    # and DynamoDB Local reports the same for each query that read something; for an empty one
-    # (no expired locks, no due retries, nothing running here) it reports 0 where AWS bills
-    # its 0.5 minimum
-    for read in meter.reads:
+    # and DynamoDB Local reports the same for each query that read something, and for the
+    # GetItem of the (absent) control record; for an empty query (no expired locks, no due
+    # retries, nothing running here) it reports 0 where AWS bills its 0.5 minimum
+    queries_read = [r for r in meter.reads if r.operation == "Query"]
+    for read in queries_read:
         assert read.reported_units == (read.units if read.items_read else 0.0)
-    empty = sum(1 for r in meter.reads if not r.items_read)
+    assert [r.reported_units for r in meter.reads if r.operation == "GetItem"] == [0.5]
+    empty = sum(1 for r in queries_read if not r.items_read)
     assert meter.totals.reported_read_units == meter.totals.read_units - 0.5 * empty
 
     # And the same tick over a backlog 100 times smaller reads exactly as much
@@ -215,9 +226,9 @@ def test_backlog_measure_reads_at_most_the_cap_whatever_the_backlog(make_setting
     # reading about the cap's worth of todo entries, each shard its share, plus one entry per
     # shard to find the oldest; failed has nothing, so its reads are empty
     shards = status_shards()
-    todo_reads = [r for r in meter.reads if str(r.key_values[0]).startswith("todo#")]
+    todo_reads = [r for r in meter.reads if partition(r).startswith("todo#")]
     assert cap <= sum(r.items_read for r in todo_reads) <= cap + 2 * shards
-    assert not [r for r in meter.reads if str(r.key_values[0]).startswith("failed#") and r.items_read]
+    assert not [r for r in meter.reads if partition(r).startswith("failed#") and r.items_read]
     # which costs about half a unit per 4 KB of index entries read (eventually consistent)
     assert meter.totals.read_units <= read_units(sum(r.bytes_read for r in meter.reads)) + 0.5 * len(meter.reads)
     print(f"backlog measure over {LARGE_BACKLOG} due tasks, cap {cap}: {len(meter.reads)} queries, "

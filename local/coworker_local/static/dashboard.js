@@ -280,6 +280,37 @@ function select(key) {
   renderDetail();
 }
 
+// ---- task types -----------------------------------------------------------------------------
+
+function renderTypes(answer) {
+  const types = (answer && answer.types) || [];
+  if (!types.length) {
+    $("types").innerHTML = '<tr><td colspan="4" class="empty">no task types</td></tr>';
+    return;
+  }
+  $("types").innerHTML = types.map(t => {
+    const state = t.paused ? "paused" : "running";
+    const verb = t.paused ? "resume" : "pause";
+    return `<tr data-type="${esc(t.type)}"><td class="kind">${esc(t.type)}${t.registered ? "" : " (no handler)"}</td>
+      <td><span class="pill ${state}">${state}</span></td><td class="num">${fmt(t.held)}</td>
+      <td><button type="button" data-verb="${verb}" data-type="${esc(t.type)}">${verb === "pause" ? "Pause" : "Resume"}</button></td></tr>`;
+  }).join("");
+}
+
+$("types").addEventListener("click", async event => {
+  const button = event.target.closest("button[data-verb]");
+  if (!button) return;
+  button.disabled = true;
+  try {
+    await postJSON(`/types/${encodeURIComponent(button.dataset.type)}/${button.dataset.verb}`, {});
+    renderTypes(await getJSON("/types"));
+  } catch (error) {
+    $("error-banner").style.display = "block";
+    $("error-banner").textContent = error.message;
+    button.disabled = false;
+  }
+});
+
 // ---- bulk actions -------------------------------------------------------------------------
 
 const BULK_STATUSES = {retry: ["ignored", "failed"], cancel: ["todo", "failed", "processing"]};
@@ -380,10 +411,12 @@ async function refresh() {
   // The failures are read before the counts and everything is drawn together, so the cards never
   // lag the table: a task listed as ignored is already in the ignored count read after it.
   const failures = await loadFailures().catch(e => { problems.push(e.message); return {items: [], details: []}; });
-  const [stats, info] = await Promise.all([
+  const [stats, info, types] = await Promise.all([
     getJSON("/stats").catch(e => { problems.push(e.message); return null; }),
     getJSON("/local/info").catch(() => null),
+    getJSON("/types").catch(e => { problems.push(e.message); return null; }),
   ]);
+  renderTypes(types);
   renderFailures(failures);
   renderCounts(stats, info);
   renderBacklog(info);

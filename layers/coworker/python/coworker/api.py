@@ -13,6 +13,9 @@ Routes (details, limits and the error format in docs/api.md; the OpenAPI documen
     GET  /batches/{id}             a batch's counters and done flag
     POST /batches/{id}/retry       redrive a batch's ignored (or failed) tasks, a bounded slice per call
     GET  /stats                    counts by status, bounded
+    GET  /types                    task types: registered, paused, held
+    POST /types/{type}/pause       stop dispatching and claiming a type (running tasks finish)
+    POST /types/{type}/resume      let a paused type run again
 
 Bad input is refused before anything is written. Every error answer has the shape
 ``{"statusCode", "error", "message", "errors"?}``; domain errors are mapped to HTTP codes in
@@ -43,7 +46,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValida
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from pydantic import BaseModel
 
-from coworker import batches, bulk, dispatch, handlers, lifecycle, offload, queries, schema
+from coworker import batches, bulk, control, dispatch, handlers, lifecycle, offload, queries, schema
 from coworker.api_models import (
     DEFAULT_PAGE_SIZE,
     MAX_CURSOR_CHARS,
@@ -68,6 +71,8 @@ from coworker.api_models import (
     TaskOut,
     TaskPage,
     TaskSummary,
+    TypeOut,
+    TypesOut,
 )
 from coworker.config import Settings
 from coworker.errors import (
@@ -108,11 +113,21 @@ class TaskStateConflictError(CoworkerError):
     """The task exists but its state does not allow the operation."""
 
 
+class TaskTypeNotFoundError(CoworkerError):
+    """No handler is registered for the type, and it is neither paused nor held."""
+
+
+# Held tasks counted per type in GET /types (a count reads the held partitions).
+HELD_COUNT_CAP = 1000
+
+
 # The one mapping from domain errors to HTTP answers: (status, short error name).
 ERROR_STATUS: dict[type[CoworkerError], tuple[HTTPStatus, str]] = {
     TaskNotFoundError: (HTTPStatus.NOT_FOUND, "task_not_found"),
     batches.BatchNotFoundError: (HTTPStatus.NOT_FOUND, "batch_not_found"),
     TaskStateConflictError: (HTTPStatus.CONFLICT, "conflict"),
+    TaskTypeNotFoundError: (HTTPStatus.NOT_FOUND, "type_not_found"),
+    control.TooManyPausedTypesError: (HTTPStatus.CONFLICT, "too_many_paused_types"),
     offload.PayloadTooLargeError: (HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "payload_too_large"),
     BadRequestError: (HTTPStatus.BAD_REQUEST, "bad_request"),
     StorageError: (HTTPStatus.SERVICE_UNAVAILABLE, "storage_unavailable"),
@@ -438,7 +453,9 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
     cursors = CursorCodec(cursor_secret(settings))
 
     def start_due(specs: Sequence[TaskSpec], now: datetime) -> None:
-        due = [spec.key for spec in specs if lifecycle.first_due_at(spec, now) <= now]
+        paused = control.cached(settings.control_cache_seconds).paused
+        due = [spec.key for spec in specs
+               if lifecycle.first_due_at(spec, now) <= now and spec.type not in paused]
         dispatch.dispatch_submitted(settings, invoker, due)
     app.enable_swagger(path="/docs", title=API_TITLE, version=API_VERSION,
                        description="Submit, inspect, list, retry and cancel Coworker tasks.")
@@ -619,6 +636,43 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
         return BulkOut(action=body.action, status=body.status, dry_run=body.dry_run, matched=outcome.matched,
                        changed=outcome.changed, skipped=outcome.skipped, scanned=scanned,
                        cursor=cursors.encode(last_key, listing))
+
+    def type_out(task_type: str, view: control.ControlView, changed: bool | None = None) -> TypeOut:
+        held, _ = control.count_held(task_type, HELD_COUNT_CAP) if task_type in view.held_types else (0, False)
+        return TypeOut(type=task_type, registered=task_type in handlers.registered_types(),
+                       paused=view.is_paused(task_type), held=held, changed=changed)
+
+    def known_type(raw: str) -> str:
+        task_type = unquote(raw)
+        view = control.read(consistent=True)
+        if task_type not in control.types_listed(view, handlers.registered_types()):
+            known = ", ".join(control.types_listed(view, handlers.registered_types())) or "none"
+            raise TaskTypeNotFoundError(f"no task type {task_type!r} here (known: {known})")
+        return task_type
+
+    @app.get("/types", summary="Task types: registered, paused, held", tags=["types"],
+             responses=_responses("Every registered, paused or held task type"))
+    def list_types() -> TypesOut:
+        view = control.read(consistent=True)
+        return TypesOut(types=[type_out(t, view) for t in control.types_listed(view, handlers.registered_types())],
+                        note=f"a pause stops new claims within COWORKER_CONTROL_CACHE_SECONDS "
+                             f"({settings.control_cache_seconds:g} s); running tasks finish")
+
+    @app.post("/types/<task_type>/pause", summary="Pause a task type: its tasks wait, running ones finish",
+              tags=["types"], responses=_responses("The type, paused"))
+    def pause_type(task_type: str) -> TypeOut:
+        task_type = known_type(task_type)
+        changed = control.pause(task_type)
+        logger.info("task type paused", extra={"task_type": task_type, "changed": changed})
+        return type_out(task_type, control.read(consistent=True), changed)
+
+    @app.post("/types/<task_type>/resume", summary="Resume a paused task type", tags=["types"],
+              responses=_responses("The type, resumed"))
+    def resume_type(task_type: str) -> TypeOut:
+        task_type = known_type(task_type)
+        changed = control.resume(task_type)
+        logger.info("task type resumed", extra={"task_type": task_type, "changed": changed})
+        return type_out(task_type, control.read(consistent=True), changed)
 
     @app.get("/batches/<batch_id>", summary="A batch's progress", tags=["batches"],
              responses=_responses("The batch's counters"))

@@ -24,6 +24,7 @@ from pydantic import (
 
 from coworker.batches import BATCH_KEY_PREFIX
 from coworker.bulk import BulkAction, check_action
+from coworker.control import CONTROL_KEY_PREFIX
 from coworker.leases import LEASE_KEY_PREFIX, SLOT_KEY_PREFIX
 
 MAX_BATCH_TASKS = 1000
@@ -119,7 +120,7 @@ class TaskIn(_Strict):
         _no_control_characters(value, "key")
         if value.startswith(BATCH_KEY_PREFIX):
             raise ValueError(f"keys starting with '{BATCH_KEY_PREFIX}' are reserved for batches")
-        for prefix in (SLOT_KEY_PREFIX, LEASE_KEY_PREFIX):
+        for prefix in (SLOT_KEY_PREFIX, LEASE_KEY_PREFIX, CONTROL_KEY_PREFIX):
             if value.startswith(prefix):
                 raise ValueError(f"keys starting with '{prefix}' are reserved for Coworker's own items")
         return value
@@ -344,6 +345,20 @@ class BulkOut(BaseModel):
     scanned: int = Field(description="Index entries read.")
     cursor: str | None = Field(description="More may remain: call again with the same filter and this cursor. "
                                            "null when the whole status has been read.")
+
+
+class TypeOut(BaseModel):
+    type: str
+    registered: bool = Field(description="A handler is registered for it in this deployment.")
+    paused: bool = Field(description="Its tasks are neither dispatched nor claimed; running ones finish.")
+    held: int = Field(description="Its tasks parked out of the queue while paused (counted up to 1,000), "
+                                  "put back once it is resumed.")
+    changed: bool | None = Field(None, description="For pause and resume: false when it was so already.")
+
+
+class TypesOut(BaseModel):
+    types: list[TypeOut]
+    note: str
 
 
 class RedriveOut(BaseModel):

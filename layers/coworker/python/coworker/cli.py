@@ -10,6 +10,7 @@
     coworker bulk retry --status ignored [--type T] [--batch ID] [--created-after ISO] [--dry-run]
     coworker bulk cancel --status todo --type T   # a progress bar; prints how to resume if stopped
     coworker stats
+    coworker types | coworker pause TYPE | coworker resume TYPE
     coworker migrate-index --table NAME [--shards N] [--dry-run]   # talks to DynamoDB itself
 
 The API is found at ``--url`` or ``COWORKER_API_URL`` (default http://127.0.0.1:8000); an API
@@ -432,6 +433,33 @@ def _bulk_flags(args: argparse.Namespace) -> list[str]:
     return [*flags, "--no-count"]
 
 
+def _type_line(entry: dict[str, Any]) -> str:
+    state = "paused" if entry["paused"] else "running"
+    held = f", {entry['held']} held" if entry["held"] else ""
+    unregistered = "" if entry["registered"] else " (no handler here)"
+    return f"{entry['type']}: {state}{held}{unregistered}"
+
+
+def cmd_types(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    answer = client.request("GET", "/types")
+    if args.json:
+        _print_json(answer, out)
+    else:
+        out.writelines(_type_line(entry) + "\n" for entry in answer["types"])
+    return EXIT_OK
+
+
+def cmd_pause(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    verb = "pause" if args.command == "pause" else "resume"
+    answer = client.request("POST", f"/types/{_key_path(args.type)}/{verb}")
+    if args.json:
+        _print_json(answer, out)
+    else:
+        already = "" if answer["changed"] else f" (it was {verb}d already)"
+        out.write(_type_line(answer) + already + "\n")
+    return EXIT_OK
+
+
 def cmd_stats(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     stats = client.request("GET", "/stats", query={"cap": args.cap})
     if args.json:
@@ -544,6 +572,15 @@ def build_parser() -> argparse.ArgumentParser:
     bulk.add_argument("--page", type=int, default=BULK_PAGE, help=f"tasks per request (at most {BULK_PAGE})")
     bulk.add_argument("--cursor", help="resume where an interrupted run stopped (it prints the command)")
     bulk.set_defaults(run=cmd_bulk)
+
+    types = commands.add_parser("types", help="task types: registered, paused, held")
+    types.set_defaults(run=cmd_types)
+    pause = commands.add_parser("pause", help="pause a task type: its tasks wait, running ones finish")
+    pause.add_argument("type")
+    pause.set_defaults(run=cmd_pause)
+    resume = commands.add_parser("resume", help="resume a paused task type")
+    resume.add_argument("type")
+    resume.set_defaults(run=cmd_pause)
 
     stats = commands.add_parser("stats", help="counts by status (bounded)")
     stats.add_argument("--cap", type=int, help="most entries counted per status")

@@ -78,6 +78,10 @@ class Settings(BaseModel):
                                    description="Most due index entries counted per status for the backlog "
                                                "metrics (about 1 read unit per 100 entries counted); "
                                                "above it the figure stays at the cap.")
+    control_cache_seconds: float = Field(5.0, ge=0, le=300, alias="COWORKER_CONTROL_CACHE_SECONDS",
+                                         description="How long a worker or the API keeps its view of the "
+                                                     "control record (paused types): a pause stops new claims "
+                                                     "within this long.")
     dispatch_on_submit: bool = Field(True, alias="COWORKER_DISPATCH_ON_SUBMIT",
                                      description="Start a worker from the API when a task is put and a "
                                                  "slot is free (else the next tick does).")

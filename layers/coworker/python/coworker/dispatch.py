@@ -31,9 +31,9 @@ from typing import Any, Protocol
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from coworker import leases, lifecycle, queries, worker
+from coworker import control, leases, lifecycle, queries, worker
 from coworker.config import Settings
-from coworker.model import TaskStatus, utcnow
+from coworker.model import TaskModel, TaskStatus, utcnow
 from coworker.observability import MetricName, logger, metrics, publish_metrics, tracer
 from coworker.worker import WorkerRequest
 
@@ -44,6 +44,10 @@ DISPATCH_ORDER = worker.FEED_ORDER
 SUBMIT_GRACE_SECONDS = 2.0
 # Invocations sent at once by one dispatcher.
 FAN_OUT_THREADS = 16
+# Tasks of paused types a tick reads past and parks out of the queue, and held tasks of
+# resumed types it puts back, at most (each is one conditional write, FAN_OUT_THREADS at a time).
+PARK_BUDGET = 1000
+RELEASE_BUDGET = 1000
 # The coordinator's lease outlives this many missed ticks before another may take over.
 LEASE_TICKS = 3
 MIN_LEASE_SECONDS = 10.0
@@ -228,6 +232,8 @@ class TickReport:
     invocations: int  # workers started
     reaped: int
     running_tasks: int  # tasks holding a live lock (all of them, however many)
+    parked: int = 0  # due tasks of paused types moved out of the queue
+    released: int = 0  # held tasks of resumed types put back
     backlog: queries.Backlog | None = None  # measured this tick (every backlog_seconds), else None
 
 
@@ -250,14 +256,27 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     fresh_after = now - timedelta(seconds=SUBMIT_GRACE_SECONDS) if settings.dispatch_on_submit else now
     keys: list[str] = []
     due = reaped = 0
+    view = control.read()
+    to_park: list[TaskModel] = []
     running, lost = queries.running_and_lost(now)
     backlog = queries.backlog(now, settings.backlog_count_cap, lost) if measure_backlog else None
     for status in DISPATCH_ORDER:
         if len(keys) >= capacity:
             break
-        found = (lost[:capacity - len(keys)] if status is TaskStatus.PROCESSING
-                 else queries.due(status, now, capacity - len(keys)))
+        limit = capacity - len(keys)
+        # Tasks of paused types are read past (up to PARK_BUDGET) and parked, so that a paused
+        # backlog at the head of the queue does not hold back the other types.
+        read_past = PARK_BUDGET - len(to_park) if view.paused else 0
+        found = (lost[:limit + read_past] if status is TaskStatus.PROCESSING
+                 else queries.due(status, now, limit, read_past))
+        taken = 0
         for task in found:
+            if view.is_paused(task.task_type):
+                to_park.append(task)
+                continue
+            if taken >= limit:
+                break
+            taken += 1
             due += 1
             if status is TaskStatus.PROCESSING and task.attempts >= task.max_attempts:
                 # Lost on its last allowed attempt: no claim can take it, so retire it here.
@@ -269,13 +288,15 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
                 continue
             keys.append(task.key)
     keys = keys[:free_threads]
+    parked = _each(lambda task: control.park(task, now), to_park)
+    released = _release_held(view)
     requests = start_workers(settings, invoker, keys, free=free, now=now) if free else []
     sent = [key for request in requests for key in request.keys]
     if memory is not None:
         memory.remember(sent)
     report = TickReport(busy_slots=slots - len(free), free_slots=len(free), due=due,
                         dispatched=len(sent), invocations=len(requests), reaped=reaped,
-                        running_tasks=running, backlog=backlog)
+                        running_tasks=running, parked=parked, released=released, backlog=backlog)
     metrics.add_metric(name=MetricName.COORDINATOR_TICKS, unit=MetricUnit.Count, value=1)
     metrics.add_metric(name=MetricName.BUSY_SLOTS, unit=MetricUnit.Count, value=report.busy_slots)
     metrics.add_metric(name=MetricName.RUNNING_TASKS, unit=MetricUnit.Count, value=report.running_tasks)
@@ -285,8 +306,35 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     metrics.add_metric(name=MetricName.WORKER_INVOCATIONS, unit=MetricUnit.Count, value=len(requests))
     if reaped:
         metrics.add_metric(name=MetricName.REAPED, unit=MetricUnit.Count, value=reaped)
+    if parked or released:
+        metrics.add_metric(name=MetricName.PARKED, unit=MetricUnit.Count, value=parked)
+        metrics.add_metric(name=MetricName.RELEASED, unit=MetricUnit.Count, value=released)
     logger.debug("coordinator tick", extra=dataclasses.asdict(report))
     return report
+
+
+def _each(write: Callable[[TaskModel], bool], tasks: Sequence[TaskModel]) -> int:
+    """Apply a conditional write to each of ``tasks``, FAN_OUT_THREADS at a time; how many took."""
+    if not tasks:
+        return 0
+    with ThreadPoolExecutor(max_workers=min(FAN_OUT_THREADS, len(tasks))) as pool:
+        return sum(pool.map(write, tasks))
+
+
+def _release_held(view: control.ControlView) -> int:
+    """Put back held tasks of types that are no longer paused (RELEASE_BUDGET per tick in all);
+    a type with none left is dropped from the held types."""
+    released = 0
+    for task_type in sorted(view.to_release):
+        budget = RELEASE_BUDGET - released
+        if budget <= 0:
+            break
+        held = control.held(task_type, budget)
+        if not held:
+            control.forget_held(task_type)
+            continue
+        released += _each(control.unpark, held)
+    return released
 
 
 def publish_backlog(backlog: queries.Backlog) -> None:

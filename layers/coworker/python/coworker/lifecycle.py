@@ -28,7 +28,7 @@ import dataclasses
 import enum
 import random
 import traceback as tb
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -41,6 +41,7 @@ from coworker.config import Settings
 from coworker.errors import RecordTooLargeError, StorageError, TaskNotFoundError
 from coworker.handlers import FollowUp
 from coworker.model import ErrorKind, ErrorRecord, TaskModel, TaskStatus, utcnow
+from coworker.schema import HELD_PREFIX
 
 MAX_MESSAGE_CHARS = 1000
 MAX_TRACEBACK_CHARS = 2000
@@ -223,11 +224,13 @@ def get_task(key: str, consistent: bool = True) -> TaskModel:
         raise TaskNotFoundError(f"no task with key {key!r}") from exc
 
 
-def claim(key: str, owner: str, settings: Settings, now: datetime | None = None) -> Claim | None:
+def claim(key: str, owner: str, settings: Settings, now: datetime | None = None,
+          paused: Collection[str] = ()) -> Claim | None:
     """Take the task for ``owner`` with one conditional UpdateItem; ``None`` if not claimable.
 
     Claimable: todo or failed and due, or processing with an expired lock, and below the
-    attempt ceiling. Of any number of concurrent claimers exactly one succeeds.
+    attempt ceiling; not held (parked while its type is paused) and not of a ``paused`` type.
+    Of any number of concurrent claimers exactly one succeeds.
     """
     now = now or utcnow()
     expires = now + timedelta(seconds=settings.effective_lock_seconds)
@@ -235,7 +238,10 @@ def claim(key: str, owner: str, settings: Settings, now: datetime | None = None)
         TaskModel.status.is_in(*(s.value for s in TaskStatus.open()))
         & (TaskModel.due_at <= now)
         & (TaskModel.attempts < TaskModel.max_attempts)
+        & ~TaskModel.status_shard.startswith(HELD_PREFIX)
     )
+    if paused:
+        claimable &= ~TaskModel.task_type.is_in(*sorted(paused))
     task = TaskModel(key)
     try:
         task.update(

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from pynamodb.exceptions import UpdateError
 
-from coworker import schema
+from coworker import control, schema
 from coworker.errors import StorageError
 from coworker.leases import SLOT_STATUS
 from coworker.model import TaskModel
@@ -30,9 +30,14 @@ class ReshardReport:
     changed_meanwhile: int = 0  # items another writer moved first (already right)
 
 
-def expected_shard(key: str, status: str) -> str:
-    """The ``status_shard`` an item of this key and status must carry."""
-    return SLOT_STATUS if status == SLOT_STATUS else TaskModel.shard_value_of(key, status)
+def expected_shard(key: str, status: str, current: str | None = None, task_type: str | None = None) -> str:
+    """The ``status_shard`` an item of this key and status must carry (a task held while its
+    type is paused stays held, in the held partition of its shard)."""
+    if status == SLOT_STATUS:
+        return SLOT_STATUS
+    if control.is_held(current) and task_type is not None:
+        return control.held_value(task_type, key)
+    return TaskModel.shard_value_of(key, status)
 
 
 def reshard(dry_run: bool = False, progress: Callable[[ReshardReport], None] | None = None,
@@ -47,14 +52,15 @@ def reshard(dry_run: bool = False, progress: Callable[[ReshardReport], None] | N
     report = ReshardReport()
     items = TaskModel.scan(
         filter_condition=TaskModel.due_at.exists(),
-        attributes_to_get=[schema.PARTITION_KEY, schema.STATUS_ATTRIBUTE, schema.STATUS_INDEX_PARTITION_KEY],
+        attributes_to_get=[schema.PARTITION_KEY, schema.STATUS_ATTRIBUTE, schema.STATUS_INDEX_PARTITION_KEY,
+                           "type"],
         segment=segment, total_segments=total_segments,
     )
     for item in items:
         report.scanned += 1
         if item.status is None:
             continue
-        wanted = expected_shard(item.key, item.status)
+        wanted = expected_shard(item.key, item.status, item.status_shard, item.task_type)
         if item.status_shard == wanted:
             continue
         if not dry_run and not _move(item, wanted):

@@ -233,6 +233,7 @@ def build_clients() -> None:
 
 
 def _models() -> tuple[type[Model], ...]:
-    from coworker.leases import LeaseModel  # leases builds on this module
+    from coworker.control import ControlModel  # these modules build on this one
+    from coworker.leases import LeaseModel
 
-    return (TaskModel, BatchModel, LeaseModel)
+    return (TaskModel, BatchModel, LeaseModel, ControlModel)

@@ -91,4 +91,6 @@ class MetricName:
     OLDEST_DUE_AGE = "OldestDueTaskAge"  # seconds the longest-waiting due task has been due
     COORDINATOR_TICKS = "CoordinatorTicks"  # one per tick: the heartbeat alarm watches it
     REAPED = "TasksReaped"
+    PARKED = "TasksParked"  # due tasks of a paused type moved out of the queue
+    RELEASED = "TasksReleased"  # held tasks of a resumed type put back
     DISPATCHED_ON_SUBMIT = "WorkersStartedOnSubmit"

@@ -149,8 +149,10 @@ class MergedRead:
             yield TaskModel.from_raw_data(stream.take())
 
 
-def due(status: TaskStatus, now: datetime, limit: int) -> Iterator[TaskModel]:
-    """Tasks in ``status`` whose ``due_at`` has passed, oldest first, at most ``limit``.
+def due(status: TaskStatus, now: datetime, limit: int, read_past: int = 0) -> Iterator[TaskModel]:
+    """Tasks in ``status`` whose ``due_at`` has passed, oldest first, at most ``limit`` (plus
+    ``read_past`` more for a caller that skips some: pages stay sized for ``limit``, and further
+    pages are read only as the caller goes on).
 
     Key-condition queries on the index's shards (eventually consistent, as every GSI read is),
     merged; they read about ``limit + sqrt(limit * S)`` entries, however large the backlog.
@@ -158,7 +160,7 @@ def due(status: TaskStatus, now: datetime, limit: int) -> Iterator[TaskModel]:
     if limit <= 0:
         return iter(())
     read = MergedRead(status.value, want=limit, range_key_condition=TaskModel.due_at <= now)
-    return _first(iter(read), limit)
+    return _first(iter(read), limit + read_past)
 
 
 def due_from_shard(status: TaskStatus, now: datetime, limit: int, first_shard: int) -> Iterator[TaskModel]:
@@ -228,12 +230,26 @@ def count_capped(status: str, cap: int, range_key_condition: Condition | None = 
     Each shard counts up to its share of ``cap``; ``capped`` means some shard had more (or the
     sum passed ``cap``), so the true count is at least ``count``, which is never above ``cap``.
     """
-    shards = status_shards()
-    share = max(1, math.ceil(cap / shards))
-    counted = _parallel([lambda v=value: _count_shard(v, share, range_key_condition)
-                         for value in schema.shard_values(status, shards)])
+    return count_partitions(schema.shard_values(status, status_shards()), cap, range_key_condition)
+
+
+def count_partitions(values: Sequence[str], cap: int, range_key_condition: Condition | None = None
+                     ) -> tuple[int, bool]:
+    """Entries of the index partitions ``values`` (in parallel), each counted up to its share of
+    ``cap``: ``(count, capped)`` as :func:`count_capped`."""
+    share = max(1, math.ceil(cap / len(values)))
+    counted = _parallel([lambda v=value: _count_shard(v, share, range_key_condition) for value in values])
     total = sum(n for n, _ in counted)
     return min(total, cap), total > cap or any(capped for _, capped in counted)
+
+
+def first_entries(values: Sequence[str], limit: int) -> list[TaskModel]:
+    """About ``limit`` entries from the index partitions ``values`` together (a page of each, in
+    parallel, oldest first within each)."""
+    share = max(1, math.ceil(limit / len(values)))
+    pages = _parallel([lambda v=value: list(TaskModel.status_index.query(v, limit=share, page_size=share))
+                       for value in values])
+    return [task for page in pages for task in page]
 
 
 def _count_shard(value: str, cap: int, range_key_condition: Condition | None = None) -> tuple[int, bool]:

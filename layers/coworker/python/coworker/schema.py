@@ -47,6 +47,8 @@ STATUS_INDEX_PROJECTED: Final = (
     STATUS_ATTRIBUTE, "type", "attempts", "max_attempts", "updated_at", "batch_id", "lock_owner",
 )
 TTL_ATTRIBUTE: Final = "delete_after_epoch"
+# Index partitions ``held#<type>#<shard>``: tasks of a paused type, parked out of the queue.
+HELD_PREFIX: Final = "held#"
 
 
 def shard_of(key: str, shards: int) -> int:

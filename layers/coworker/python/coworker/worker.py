@@ -23,7 +23,7 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from coworker import leases, lifecycle, offload, queries, schema
+from coworker import control, leases, lifecycle, offload, queries, schema
 from coworker.config import Settings
 from coworker.errors import InvalidEventError, StorageError, TaskFailedError, UnknownTaskTypeError
 from coworker.handlers import TaskContext, get_handler
@@ -367,6 +367,7 @@ class Feeder:
         # About two windows of this stripe's keys (a stripe is 1/stripes of the keys); exactly one
         # window when this worker is the only stripe.
         limit = min(MAX_FEED_PAGE, self._window * (2 * self._stripes - 1))
+        paused = control.cached(settings.control_cache_seconds).paused
         page: list[str] = []
         for status in FEED_ORDER:
             if len(page) >= limit:
@@ -379,8 +380,8 @@ class Feeder:
                 found += 1
                 # Start the next look where this one found work: a drained shard is not read again.
                 self._first_shard[status] = schema.shard_of(task.key, status_shards())
-                if task.key in self._seen:
-                    continue
+                if task.key in self._seen or task.task_type in paused:
+                    continue  # a paused type's tasks wait (the coordinator parks them)
                 if status is TaskStatus.PROCESSING and task.attempts >= task.max_attempts:
                     self._seen.add(task.key)
                     continue  # lost on its last attempt: the coordinator retires it
@@ -423,7 +424,7 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float,
     handler_deadline = deadline - settings.timeout_margin_seconds
     if handler_deadline - time.monotonic() <= 0:
         return TaskReport(key, TaskOutcome.SKIPPED, source=source)
-    claim = lifecycle.claim(key, owner, settings)
+    claim = lifecycle.claim(key, owner, settings, paused=control.cached(settings.control_cache_seconds).paused)
     if claim is None:
         metrics.add_metric(name=MetricName.NOT_CLAIMED, unit=MetricUnit.Count, value=1)
         logger.debug("task not claimed: taken or not due", extra={"task_key": key})

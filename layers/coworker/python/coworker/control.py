@@ -1,0 +1,218 @@
+"""Control of task types: pause and resume, through one control record in the task table.
+
+The record ``control#types`` holds the set of paused types and the set of types whose tasks may
+be *held* (parked out of the way, see below). Pausing a type:
+
+* stops its claims: every claim carries the claimer's view of the paused types in its condition
+  (:func:`coworker.lifecycle.claim`), and that view is at most ``control_cache_seconds`` old;
+* stops its dispatch: the coordinator reads the record once per tick, the API and self-feeding
+  workers use the same cached view, so a paused type costs no read per task;
+* moves its waiting tasks out of the way: the coordinator *parks* the due ``todo`` and ``failed``
+  tasks of a paused type it meets (and lost ones) by moving their index entry to the partition
+  ``held#<type>#<shard>``. Their status does not change (they stay todo or failed), and a held
+  task cannot be claimed by anyone, whatever their view; other types behind them in the queue
+  start at once instead of waiting behind a paused backlog.
+
+Running tasks of a paused type finish normally. Resuming removes the type from the paused set;
+the coordinator then moves its held tasks back, oldest first, a bounded number per tick.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from pynamodb.attributes import NumberAttribute, UnicodeAttribute, UnicodeSetAttribute, UTCDateTimeAttribute
+from pynamodb.exceptions import DoesNotExist, UpdateError
+from pynamodb.models import Model
+
+from coworker import queries, schema
+from coworker.errors import CoworkerError, StorageError
+from coworker.model import TaskModel, status_shards, utcnow
+from coworker.observability import logger
+
+CONTROL_KEY_PREFIX = "control#"
+CONTROL_KEY = CONTROL_KEY_PREFIX + "types"
+HELD_PREFIX = schema.HELD_PREFIX
+# DynamoDB's IN takes at most 100 operands: the claim condition lists the paused types.
+MAX_PAUSED_TYPES = 100
+_CONDITION_FAILED = "ConditionalCheckFailedException"
+
+
+class TooManyPausedTypesError(CoworkerError):
+    """The claim condition can exclude at most MAX_PAUSED_TYPES types."""
+
+
+class ControlModel(Model):
+    """The control record (one item, next to the tasks)."""
+
+    class Meta:
+        table_name = schema.DEFAULT_TABLE_NAME
+        region = "us-east-1"
+
+    key = UnicodeAttribute(hash_key=True, attr_name=schema.PARTITION_KEY)
+    paused = UnicodeSetAttribute(null=True)
+    held_types = UnicodeSetAttribute(null=True)  # types whose tasks may be parked
+    version = NumberAttribute(default=0)
+    updated_at = UTCDateTimeAttribute(null=True)
+
+
+@dataclass(frozen=True)
+class ControlView:
+    """The control record as read at one moment."""
+
+    paused: frozenset[str] = frozenset()
+    held_types: frozenset[str] = frozenset()
+    version: int = 0
+
+    def is_paused(self, task_type: str | None) -> bool:
+        return task_type is not None and task_type in self.paused
+
+    @property
+    def to_release(self) -> frozenset[str]:
+        """Types that were paused and are not now: their held tasks go back to the queue."""
+        return self.held_types - self.paused
+
+
+def read(consistent: bool = False) -> ControlView:
+    """Read the control record (half a read unit); an absent record means nothing is paused."""
+    try:
+        item = ControlModel.get(CONTROL_KEY, consistent_read=consistent)
+    except DoesNotExist:
+        return ControlView()
+    return ControlView(frozenset(item.paused or ()), frozenset(item.held_types or ()), int(item.version or 0))
+
+
+def _update(actions: list, condition=None) -> bool:
+    try:
+        ControlModel(CONTROL_KEY).update(actions=actions, condition=condition)
+    except UpdateError as exc:
+        if exc.cause_response_code == _CONDITION_FAILED:
+            return False
+        raise StorageError(f"could not update the control record: {exc.cause_response_message}") from exc
+    return True
+
+
+def pause(task_type: str, now: datetime | None = None) -> bool:
+    """Pause ``task_type``; ``False`` if it was paused already."""
+    now = now or utcnow()
+    current = read(consistent=True)
+    if task_type in current.paused:
+        return False
+    if len(current.paused) >= MAX_PAUSED_TYPES:
+        raise TooManyPausedTypesError(f"{MAX_PAUSED_TYPES} task types are paused already; resume one first")
+    changed = _update([ControlModel.paused.add({task_type}), ControlModel.held_types.add({task_type}),
+                       ControlModel.version.add(1), ControlModel.updated_at.set(now)],
+                      ~ControlModel.paused.contains(task_type))
+    if changed:
+        _cache.invalidate()
+    return changed
+
+
+def resume(task_type: str, now: datetime | None = None) -> bool:
+    """Resume ``task_type``; ``False`` if it was not paused."""
+    now = now or utcnow()
+    changed = _update([ControlModel.paused.delete({task_type}), ControlModel.version.add(1),
+                       ControlModel.updated_at.set(now)], ControlModel.paused.contains(task_type))
+    if changed:
+        _cache.invalidate()
+    return changed
+
+
+def forget_held(task_type: str) -> bool:
+    """Drop ``task_type`` from the held types once none of its tasks is held (unless it was
+    paused again meanwhile)."""
+    return _update([ControlModel.held_types.delete({task_type})], ~ControlModel.paused.contains(task_type))
+
+
+class ControlCache:
+    """The control record as a process sees it: read again once ``seconds`` have passed, so
+    checking a task against it costs no request. A failed read keeps the last view."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._view = ControlView()
+        self._read_at: float | None = None
+
+    def get(self, seconds: float) -> ControlView:
+        with self._lock:
+            if self._read_at is not None and time.monotonic() - self._read_at < seconds:
+                return self._view
+            try:
+                self._view = read()
+            except Exception:  # noqa: BLE001 - keep working with the last view; logged
+                logger.exception("could not read the control record; using the last view")
+            self._read_at = time.monotonic()
+            return self._view
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._read_at = None
+
+
+_cache = ControlCache()
+
+
+def cached(seconds: float) -> ControlView:
+    """This process's view of the control record, at most ``seconds`` old."""
+    return _cache.get(seconds)
+
+
+# -- held tasks ----------------------------------------------------------------------------------
+
+
+def held_value(task_type: str, key: str) -> str:
+    """The index partition where a held task of ``task_type`` waits."""
+    return f"{HELD_PREFIX}{task_type}#{schema.shard_of(key, status_shards())}"
+
+
+def held_values(task_type: str) -> list[str]:
+    return [f"{HELD_PREFIX}{task_type}#{shard}" for shard in range(status_shards())]
+
+
+def is_held(status_shard: str | None) -> bool:
+    return bool(status_shard) and status_shard.startswith(HELD_PREFIX)
+
+
+def park(task: TaskModel, now: datetime) -> bool:
+    """Move a due task of a paused type out of the queue (status unchanged), if it is still
+    where the index showed it; ``False`` otherwise."""
+    key, status = task.key, task.status
+    condition = ((TaskModel.status == status) & (TaskModel.task_type == task.task_type)
+                 & (TaskModel.status_shard == TaskModel.shard_value_of(key, status)) & (TaskModel.due_at <= now))
+    return _task_update(key, [TaskModel.status_shard.set(held_value(task.task_type, key))], condition)
+
+
+def unpark(task: TaskModel) -> bool:
+    """Put a held task back in its status's queue (its place kept: ``due_at`` is unchanged)."""
+    key = task.key
+    condition = TaskModel.status_shard == held_value(task.task_type, key)
+    return _task_update(key, [TaskModel.status_shard.set(TaskModel.shard_value_of(key, task.status))], condition)
+
+
+def _task_update(key: str, actions: list, condition) -> bool:
+    try:
+        TaskModel(key).update(actions=actions, condition=condition)
+    except UpdateError as exc:
+        if exc.cause_response_code == _CONDITION_FAILED:
+            return False
+        raise StorageError(f"could not move task {key!r}: {exc.cause_response_message}") from exc
+    return True
+
+
+def held(task_type: str, limit: int) -> list[TaskModel]:
+    """About ``limit`` held tasks of ``task_type``, oldest first within each shard."""
+    return queries.first_entries(held_values(task_type), limit)
+
+
+def count_held(task_type: str, cap: int) -> tuple[int, bool]:
+    """Held tasks of ``task_type``, counted up to about ``cap``."""
+    return queries.count_partitions(held_values(task_type), cap)
+
+
+def types_listed(view: ControlView, registered: Iterable[str]) -> list[str]:
+    """Every type worth showing: the registered ones, and any paused or held."""
+    return sorted(set(registered) | view.paused | view.held_types)
