@@ -260,6 +260,8 @@ class Monitoring(Construct):
                     m(MetricName.DISPATCHED_ON_SUBMIT),
                     m(MetricName.REAPED),
                     m(MetricName.SLOT_TAKEN_OVER),
+                    m(MetricName.PARKED),
+                    m(MetricName.RELEASED),
                 ],
                 [m(MetricName.FEED_PAGES)],
             ),

@@ -13,49 +13,17 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from coworker import dispatch, leases, lifecycle
-from coworker.api import create_app
+from coworker import dispatch, lifecycle
 from coworker.api_models import MAX_BATCH_TASKS, MAX_KEY_CHARS
 from coworker.dispatch import InProcessInvoker
 from coworker.handlers import task_handler
 from coworker.lifecycle import TaskSpec
 from coworker.offload import MAX_RECORD_PAYLOAD_BYTES
-from coworker_local.database import dynamodb_client
 from coworker_local.gateway import LocalLambdaContext, build_proxy_event
 
+from tests.support.doubles import Api, RecordingInvoker
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class Api:
-    """Calls the resolver the way API Gateway's Lambda proxy integration does."""
-
-    def __init__(self, settings, invoker=None) -> None:
-        self.settings = settings
-        self.app = create_app(settings, invoker)
-
-    def call(self, method: str, path: str, body=None, headers=None, raw: str | None = None):
-        headers = {"Content-Type": "application/json", **(headers or {})}
-        text = raw if raw is not None else (None if body is None else json.dumps(body))
-        response = self.app.resolve(build_proxy_event(method, path, headers, text), LocalLambdaContext())
-        parsed = json.loads(response["body"]) if response["body"] and response["body"][0] in "{[" else None
-        return response["statusCode"], parsed, response
-
-    def items(self) -> list[dict]:
-        """Every task and batch item of the table, to prove a request changed nothing (worker
-        slots, which the fixture creates, are left out)."""
-        client = dynamodb_client(self.settings)
-        pages = client.get_paginator("scan").paginate(TableName=self.settings.table_name, ConsistentRead=True)
-        items = (item for page in pages for item in page["Items"]
-                 if not item["key"]["S"].startswith(leases.SLOT_KEY_PREFIX))
-        return sorted(items, key=lambda i: i["key"]["S"])
-
-
-class RecordingInvoker:
-    def __init__(self) -> None:
-        self.requests = []
-
-    def invoke(self, request) -> None:
-        self.requests.append(request)
 
 
 @pytest.fixture
@@ -348,7 +316,8 @@ def test_batch_progress_follows_the_tasks_and_redrive(api):
     api.call("POST", "/tasks", {"batch_id": "run-1", "tasks": tasks})
     assert api.call("GET", "/batches/run-1")[1] | {"created_at": None, "updated_at": None} == {
         "batch_id": "run-1", "total": 7, "finished": 0, "ignored": 0, "open": 7, "done": False,
-        "created_at": None, "updated_at": None}
+        "state": "running", "failure_reason": None, "failed_at": None, "tolerated_failure_percent": None,
+        "tolerated_failure_count": None, "created_at": None, "updated_at": None}
 
     _run_all(api.settings)
     progress = api.call("GET", "/batches/run-1")[1]

@@ -12,7 +12,7 @@ from coworker.lifecycle import TaskSpec
 from coworker.model import TaskStatus, utcnow
 from coworker.worker import run_batch
 
-from tests.api.test_api import Api
+from tests.support.doubles import Api
 
 
 @pytest.fixture

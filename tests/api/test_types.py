@@ -5,7 +5,7 @@ from __future__ import annotations
 from coworker import control, lifecycle
 from coworker.lifecycle import TaskSpec
 
-from tests.api.test_api import Api, RecordingInvoker
+from tests.support.doubles import Api, RecordingInvoker
 
 
 def test_pause_and_resume_a_type(settings):

@@ -12,8 +12,7 @@ from coworker.lifecycle import TaskSpec
 from coworker.model import TaskStatus, utcnow
 from coworker.worker import TaskOutcome, run_batch, run_invocation
 
-from tests.integration.test_continuous_dispatch import _reserved_request
-from tests.integration.test_coordinator import RecordingInvoker
+from tests.support.doubles import RecordingInvoker, reserved_request
 
 pytestmark = pytest.mark.both_backends
 
@@ -114,7 +113,7 @@ def test_self_feeding_workers_skip_a_paused_type(make_settings):
     _put(settings, ["q1", "q2", "q3"], "quick", ago=10)
     control.pause("slow")
     # A worker started for q1 feeds itself: it takes the other quick tasks, not the paused ones
-    reports = run_invocation(_reserved_request(settings, ["q1"]), "feeder", settings, time.monotonic() + 60)
+    reports = run_invocation(reserved_request(settings, ["q1"]), "feeder", settings, time.monotonic() + 60)
     ran = sorted(r.key for r in reports if r.outcome is TaskOutcome.FINISHED)
     assert ran == ["q1", "q2", "q3"]
     assert not [r for r in reports if r.key.startswith("p")]  # not even tried: skipped when feeding

@@ -12,7 +12,7 @@ from coworker.lifecycle import TaskSpec
 from coworker.model import TaskModel, TaskStatus, utcnow
 from coworker_local.database import dynamodb_client
 
-from tests.integration.test_coordinator_cost import RecordingInvoker
+from tests.support.doubles import Api, RecordingInvoker
 
 
 def _put_spread(settings, count: int, seed: int = 7) -> list[str]:
@@ -87,8 +87,6 @@ def test_the_coordinator_dispatches_oldest_first_across_shards(make_settings):
 
 
 def test_api_listing_pages_through_all_shards_in_order(make_settings):
-    from tests.api.test_api import Api
-
     settings = make_settings(status_shards=4)
     oldest_first = _put_spread(settings, 25)
     api = Api(settings)
@@ -187,7 +185,6 @@ def test_a_reshard_leaves_a_task_a_worker_moved_meanwhile(make_settings):
 def test_a_cursor_over_four_shards_of_the_longest_keys_stays_under_its_limit(make_settings):
     from coworker.api import MAX_CURSOR_CHARS
 
-    from tests.api.test_api import Api
 
     settings = make_settings(status_shards=4)
     rng = random.Random(3)

@@ -191,7 +191,8 @@ async function renderBatches(info) {
     const done = b.finished + b.ignored;
     return `<div class="batch" data-batch="${esc(b.batch_id)}">
       <div class="top"><span class="id">${esc(b.batch_id)}</span>
-        <span>${fmt(done)} / ${fmt(b.total)} ${b.done ? "· done" : ""}</span></div>
+        <span>${fmt(done)} / ${fmt(b.total)} ${b.state === "failed" ? "· <b>failed</b>" : b.done ? "· done" : ""}</span></div>
+      ${b.state === "failed" ? `<div class="note batch-failure">${esc(b.failure_reason)} — redrive: coworker retry --batch ${esc(b.batch_id)}</div>` : ""}
       <div class="bar" title="finished ${b.finished}, ignored ${b.ignored}, open ${b.open}">
         <span style="width:${pct(b.finished)};background:var(--finished)"></span>
         <span style="width:${pct(b.ignored)};background:var(--ignored)"></span>

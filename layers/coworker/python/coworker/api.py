@@ -125,6 +125,7 @@ HELD_COUNT_CAP = 1000
 ERROR_STATUS: dict[type[CoworkerError], tuple[HTTPStatus, str]] = {
     TaskNotFoundError: (HTTPStatus.NOT_FOUND, "task_not_found"),
     batches.BatchNotFoundError: (HTTPStatus.NOT_FOUND, "batch_not_found"),
+    batches.BatchFailedError: (HTTPStatus.CONFLICT, "batch_failed"),
     TaskStateConflictError: (HTTPStatus.CONFLICT, "conflict"),
     TaskTypeNotFoundError: (HTTPStatus.NOT_FOUND, "type_not_found"),
     control.TooManyPausedTypesError: (HTTPStatus.CONFLICT, "too_many_paused_types"),
@@ -529,7 +530,10 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
         batch_id = body.batch_id or uuid.uuid4().hex
         specs = lifecycle.stage_payloads([_spec(task, batch_id) for task in body.tasks], settings)
         items = [lifecycle.new_task(spec, settings, now) for spec in specs]
-        created = batches.put_tasks(items, batch_id, now)
+        tolerance = (batches.Tolerance(body.tolerated_failure_percent, body.tolerated_failure_count)
+                     if body.tolerated_failure_percent is not None or body.tolerated_failure_count is not None
+                     else None)
+        created = batches.put_tasks(items, batch_id, now, tolerance)
         results = [PutResult(key=spec.key, outcome="created" if made else "exists")
                    for spec, made in zip(specs, created, strict=True)]
         made_count = sum(created)
@@ -688,7 +692,9 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
         cursor: Annotated[str | None, Query(max_length=MAX_CURSOR_CHARS)] = None,
     ) -> RedriveOut:
         batch_id = unquote(batch_id)
-        batches.get_batch(batch_id)  # BatchNotFoundError -> 404
+        if batches.get_batch(batch_id).failed_at is not None:  # BatchNotFoundError -> 404
+            batches.reopen(batch_id)  # a stopped batch runs again: its redriven tasks are claimable
+            logger.info("stopped batch reopened for a redrive", extra={"batch_id": batch_id})
         listing = ("redrive", status.value, batch_id, status_shards())
         start = cursors.decode(cursor, listing)
         tasks, last_key, scanned = read_index(status.value, want=limit, start=start, batch_id=batch_id)

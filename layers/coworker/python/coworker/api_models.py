@@ -152,6 +152,13 @@ class BatchIn(_Strict):
         None, pattern=BATCH_ID_PATTERN,
         description="Batch id; pass the same id to re-submit a batch idempotently. Generated when absent.",
     )
+    tolerated_failure_percent: float | None = Field(
+        None, ge=0, le=100, allow_inf_nan=False,
+        description="The batch stops once more than this share of its tasks end ignored: its open tasks "
+                    "are cancelled (running ones finish) and it shows state failed, until it is redriven. "
+                    "Kept from the batch's first submission.")
+    tolerated_failure_count: StrictInt | None = Field(
+        None, ge=0, description="The same, as a number of ignored tasks; the batch stops at whichever passes first.")
 
     @model_validator(mode="after")
     def _keys_unique(self) -> BatchIn:
@@ -280,6 +287,12 @@ class BatchOut(BaseModel):
     ignored: int
     open: int = Field(description="total - finished - ignored: tasks still todo, processing or failed.")
     done: bool
+    state: Literal["running", "done", "failed"] = Field(
+        description="failed: stopped at its failure threshold (see failure_reason); redrive it to go on.")
+    failure_reason: str | None
+    failed_at: str | None
+    tolerated_failure_percent: float | None
+    tolerated_failure_count: int | None
     created_at: str | None
     updated_at: str | None
 

@@ -42,6 +42,7 @@ from pynamodb.transactions import TransactWrite
 from coworker import schema
 from coworker.errors import CoworkerError, RecordTooLargeError, StorageError
 from coworker.model import BatchModel, TaskModel, iso_utc, utcnow
+from coworker.observability import logger
 
 BATCH_KEY_PREFIX = "batch#"
 # Items the outcome counters of one batch are spread over (a task's share: a hash of its key).
@@ -67,11 +68,35 @@ class BatchDelta:
 
     finished: int = 0
     ignored: int = 0
+    failure: bool = False  # the task failed for good (not a cancel): counts toward the threshold
 
 
 FINISHED = BatchDelta(finished=1)
-IGNORED = BatchDelta(ignored=1)
+IGNORED = BatchDelta(ignored=1, failure=True)  # attempt ceiling, not retryable, lost, too large
+CANCELLED = BatchDelta(ignored=1)
 UNIGNORED = BatchDelta(ignored=-1)  # redrive of an ignored task
+
+
+class BatchFailedError(CoworkerError):
+    """The batch stopped at its failure threshold: it takes no new tasks until it is redriven."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """How many of a batch's tasks may end ignored before the batch stops (like Step Functions'
+    ToleratedFailurePercentage / ToleratedFailureCount): stops once ``ignored`` passes either."""
+
+    percent: float | None = None
+    count: int | None = None
+
+    def exceeded(self, ignored: int, total: int) -> str | None:
+        """Why a batch with these counts must stop, or ``None``."""
+        if self.count is not None and ignored > self.count:
+            return f"{ignored} of {total} tasks ignored, more than the {self.count} tolerated"
+        if self.percent is not None and total and 100 * ignored / total > self.percent:
+            return (f"{ignored} of {total} tasks ignored ({100 * ignored / total:.1f}%), more than the "
+                    f"{self.percent:g}% tolerated")
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +109,9 @@ class BatchProgress:
     ignored: int
     created_at: datetime | None
     updated_at: datetime | None
+    tolerance: Tolerance = Tolerance()
+    failed_at: datetime | None = None
+    failure_reason: str | None = None
 
     @property
     def open(self) -> int:
@@ -94,6 +122,11 @@ class BatchProgress:
     def done(self) -> bool:
         return self.open <= 0
 
+    @property
+    def state(self) -> str:
+        """``failed`` (stopped at its threshold), ``done`` or ``running``."""
+        return "failed" if self.failed_at else "done" if self.done else "running"
+
     def to_dict(self) -> dict[str, Any]:
         iso = iso_utc
         return {
@@ -103,6 +136,11 @@ class BatchProgress:
             "ignored": self.ignored,
             "open": self.open,
             "done": self.done,
+            "state": self.state,
+            "failure_reason": self.failure_reason,
+            "failed_at": iso(self.failed_at),
+            "tolerated_failure_percent": self.tolerance.percent,
+            "tolerated_failure_count": self.tolerance.count,
             "created_at": iso(self.created_at),
             "updated_at": iso(self.updated_at),
         }
@@ -202,6 +240,11 @@ def update_task(task: TaskModel, actions: list, condition: Condition, delta: Bat
         return False
     if refresh:
         task.refresh(consistent_read=True)
+    if delta.failure:
+        try:
+            stop_if_failing(task.batch_id, now)
+        except (StorageError, PynamoDBException):  # the task's write stands; the next failure checks again
+            logger.exception("could not check the batch's failure threshold", extra={"batch_id": task.batch_id})
     return True
 
 
@@ -244,12 +287,15 @@ def fold_room(batch_id: str | None) -> int:
     return MAX_TRANSACTION_ITEMS - 1 - (1 if batch_id else 0)
 
 
-def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = None) -> list[bool]:
+def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = None,
+              tolerance: Tolerance | None = None) -> list[bool]:
     """Create ``tasks`` (all with ``batch_id``) and add the created ones to the batch's total.
 
     Each chunk of puts and its ``total`` increment form one transaction, so the total counts
     exactly the tasks created, even across crashes and re-submissions. Returns, per task,
     whether it was created (``False``: a task with that key existed and was left untouched).
+    A ``tolerance`` is kept by the batch from its first put on. A batch that stopped at its
+    threshold takes nothing: :class:`BatchFailedError`.
     """
     now = now or utcnow()
     for task in tasks:
@@ -257,7 +303,7 @@ def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = 
             raise ValueError(f"task {task.key!r} does not carry batch id {batch_id!r}")
     created = [False] * len(tasks)
     try:
-        written = _put_in_chunks(tasks, batch_id, now, progress=created)
+        written = _put_in_chunks(tasks, batch_id, now, progress=created, tolerance=tolerance)
     except StorageError as exc:
         stored = [task.key for task, made in zip(tasks, created, strict=True) if made]
         raise PartialPutError(f"{exc}; {len(stored)} of {len(tasks)} tasks were stored before it", stored) from exc
@@ -300,8 +346,8 @@ def put_guarded(tasks: Sequence[TaskModel], guard_key: str, guard: Condition,
 
 
 def _put_in_chunks(tasks: Sequence[TaskModel], batch_id: str | None, now: datetime,
-                   guard: tuple[str, Condition] | None = None, progress: list[bool] | None = None
-                   ) -> list[bool] | None:
+                   guard: tuple[str, Condition] | None = None, progress: list[bool] | None = None,
+                   tolerance: Tolerance | None = None) -> list[bool] | None:
     """Put ``tasks`` in transactions within DynamoDB's limits; ``None`` when the guard failed.
 
     ``progress`` (one flag per task) is filled in as chunks commit, so a caller that sees an
@@ -313,12 +359,12 @@ def _put_in_chunks(tasks: Sequence[TaskModel], batch_id: str | None, now: dateti
     for index, task in enumerate(tasks):
         size_of_task = item_size(task)
         if chunk and (len(chunk) >= room or size + size_of_task > PUT_CHUNK_BYTES):
-            if not _put_chunk(tasks, chunk, batch_id, now, created, guard):
+            if not _put_chunk(tasks, chunk, batch_id, now, created, guard, tolerance):
                 return None
             chunk, size = [], 0
         chunk.append(index)
         size += size_of_task
-    if chunk and not _put_chunk(tasks, chunk, batch_id, now, created, guard):
+    if chunk and not _put_chunk(tasks, chunk, batch_id, now, created, guard, tolerance):
         return None
     return created
 
@@ -330,7 +376,8 @@ def item_size(task: TaskModel) -> int:
 
 
 def _put_chunk(tasks: Sequence[TaskModel], indexes: list[int], batch_id: str | None, now: datetime,
-               created: list[bool], guard: tuple[str, Condition] | None = None) -> bool:
+               created: list[bool], guard: tuple[str, Condition] | None = None,
+               tolerance: Tolerance | None = None) -> bool:
     """One chunk; ``False`` when the guard failed (nothing of the chunk written)."""
     pending = list(indexes)
     while pending:
@@ -338,11 +385,21 @@ def _put_chunk(tasks: Sequence[TaskModel], indexes: list[int], batch_id: str | N
             for index in pending:
                 transaction.save(tasks[index], condition=TaskModel.key.does_not_exist())
             if batch_id:
-                transaction.update(BatchModel(batch_key(batch_id)), actions=[
+                actions = [
                     BatchModel.created_at.set(BatchModel.created_at | now),
                     BatchModel.updated_at.set(now),
                     BatchModel.total.add(len(pending)),
-                ])
+                ]
+                if tolerance is not None and tolerance.percent is not None:
+                    actions.append(BatchModel.tolerated_failure_percent.set(
+                        BatchModel.tolerated_failure_percent | tolerance.percent))
+                if tolerance is not None and tolerance.count is not None:
+                    actions.append(BatchModel.tolerated_failure_count.set(
+                        BatchModel.tolerated_failure_count | tolerance.count))
+                # A stopped batch refuses new tasks from callers; a running task's follow-ups (the
+                # guarded puts) still go in, and are cancelled like the batch's other open tasks.
+                refuse = BatchModel.failed_at.does_not_exist() if guard is None else None
+                transaction.update(BatchModel(batch_key(batch_id)), actions=actions, condition=refuse)
             if guard is not None:
                 transaction.condition_check(TaskModel, guard[0], condition=guard[1])
 
@@ -356,9 +413,82 @@ def _put_chunk(tasks: Sequence[TaskModel], indexes: list[int], batch_id: str | N
             if reasons[0] == _CONDITION_FAILED:
                 return False
             reasons = reasons[1:]
+        if batch_id and guard is None and reasons[len(pending)] == _CONDITION_FAILED:
+            raise BatchFailedError(f"batch {batch_id!r} stopped at its failure threshold ({_reason(batch_id)}); "
+                                   "it takes no new tasks until it is redriven (POST /batches/{id}/retry)")
         # Drop the keys that exist and try again.
         pending = [index for index, code in zip(pending, reasons, strict=False) if code != _CONDITION_FAILED]
     return True
+
+
+def _reason(batch_id: str) -> str:
+    try:
+        head = BatchModel.get(batch_key(batch_id), consistent_read=True, attributes_to_get=["failure_reason"])
+    except DoesNotExist:
+        return "unknown"
+    return head.failure_reason or "unknown"
+
+
+def stop_if_failing(batch_id: str, now: datetime | None = None) -> bool:
+    """Stop the batch if more of its tasks are ignored than it tolerates; ``True`` for the one
+    call that stopped it.
+
+    Called after each task of the batch that is ignored for failing (not for cancels). Costs one
+    consistent read of the batch's head item when the batch has no threshold, plus the batch's
+    progress (one BatchGetItem) when it has one. Stopping is one transaction: the head item gets
+    ``failed_at`` and the reason (on the condition that it had none: exactly once) and the batch
+    joins the control record's stopped batches, whose open tasks are then cancelled as the
+    coordinator meets them, and not claimed meanwhile.
+    """
+    from coworker import control  # control builds on the task model; batches is lower
+
+    now = now or utcnow()
+    try:
+        head = BatchModel.get(batch_key(batch_id), consistent_read=True, attributes_to_get=[
+            "tolerated_failure_percent", "tolerated_failure_count", "failed_at"])
+    except DoesNotExist:
+        return False
+    tolerance = _tolerance_of(head)
+    if head.failed_at is not None or tolerance == Tolerance():
+        return False
+    progress = get_batch(batch_id)
+    reason = tolerance.exceeded(progress.ignored, progress.total)
+    if reason is None:
+        return False
+
+    def build(transaction: TransactWrite) -> None:
+        transaction.update(BatchModel(batch_key(batch_id)), actions=[
+            BatchModel.failed_at.set(now), BatchModel.failure_reason.set(reason), BatchModel.updated_at.set(now)],
+            condition=BatchModel.failed_at.does_not_exist())
+        control.stop_batch_actions(transaction, batch_id, now)
+
+    if _transact(build, f"stop batch {batch_id!r}") is not None:
+        return False  # another worker stopped it first
+    logger.warning("batch stopped at its failure threshold", extra={"batch_id": batch_id, "reason": reason})
+    return True
+
+
+def reopen(batch_id: str, now: datetime | None = None) -> bool:
+    """Clear a stopped batch's failure (before its redrive): it takes tasks and runs them again.
+    ``False`` if it had not stopped."""
+    from coworker import control
+
+    now = now or utcnow()
+
+    def build(transaction: TransactWrite) -> None:
+        transaction.update(BatchModel(batch_key(batch_id)), actions=[
+            BatchModel.failed_at.remove(), BatchModel.failure_reason.remove(), BatchModel.updated_at.set(now)],
+            condition=BatchModel.failed_at.exists())
+        control.reopen_batch_actions(transaction, batch_id, now)
+
+    return _transact(build, f"reopen batch {batch_id!r}") is None
+
+
+def _tolerance_of(head: BatchModel) -> Tolerance:
+    percent = head.tolerated_failure_percent
+    count = head.tolerated_failure_count
+    return Tolerance(percent=float(percent) if percent is not None else None,
+                     count=int(count) if count is not None else None)
 
 
 def _touch(batch_id: str, now: datetime) -> None:
@@ -392,6 +522,9 @@ def get_batch(batch_id: str) -> BatchProgress:
         ignored=sum(int(item.ignored or 0) for item in items),
         created_at=head.created_at,
         updated_at=max(updated) if updated else None,
+        tolerance=_tolerance_of(head),
+        failed_at=head.failed_at,
+        failure_reason=head.failure_reason,
     )
 
 

@@ -292,8 +292,10 @@ def cmd_list(client: ApiClient, args: argparse.Namespace, out: TextIO, err: Text
 
 
 def _batch_line(batch: dict[str, Any]) -> str:
-    return (f"finished {batch['finished']}, ignored {batch['ignored']}, open {batch['open']}"
-            + (" - done" if batch["done"] else ""))
+    line = f"finished {batch['finished']}, ignored {batch['ignored']}, open {batch['open']}"
+    if batch.get("state") == "failed":
+        return line + f" - FAILED: {batch.get('failure_reason')} (coworker retry --batch {batch['batch_id']})"
+    return line + (" - done" if batch["done"] else "")
 
 
 def cmd_batch(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -1,4 +1,5 @@
-"""Control of task types: pause and resume, through one control record in the task table.
+"""Control of task types (pause and resume) and of stopped batches, through one control record
+in the task table.
 
 The record ``control#types`` holds the set of paused types and the set of types whose tasks may
 be *held* (parked out of the way, see below). Pausing a type:
@@ -15,6 +16,11 @@ be *held* (parked out of the way, see below). Pausing a type:
 
 Running tasks of a paused type finish normally. Resuming removes the type from the paused set;
 the coordinator then moves its held tasks back, oldest first, a bounded number per tick.
+
+A batch stopped at its failure threshold (:func:`coworker.batches.stop_if_failing`) is in the
+record's ``stopped_batches``: its tasks are excluded from claims and skipped by self-feeding
+workers, and the coordinator cancels the open ones it meets (todo, failed, lost). Running tasks
+finish. A redrive of the batch takes it out again.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from pynamodb.attributes import NumberAttribute, UnicodeAttribute, UnicodeSetAttribute, UTCDateTimeAttribute
 from pynamodb.exceptions import DoesNotExist, UpdateError
@@ -56,6 +63,7 @@ class ControlModel(Model):
     key = UnicodeAttribute(hash_key=True, attr_name=schema.PARTITION_KEY)
     paused = UnicodeSetAttribute(null=True)
     held_types = UnicodeSetAttribute(null=True)  # types whose tasks may be parked
+    stopped_batches = UnicodeSetAttribute(null=True)  # batches stopped at their failure threshold
     version = NumberAttribute(default=0)
     updated_at = UTCDateTimeAttribute(null=True)
 
@@ -67,9 +75,20 @@ class ControlView:
     paused: frozenset[str] = frozenset()
     held_types: frozenset[str] = frozenset()
     version: int = 0
+    stopped_batches: frozenset[str] = frozenset()
 
     def is_paused(self, task_type: str | None) -> bool:
         return task_type is not None and task_type in self.paused
+
+    def is_stopped(self, batch_id: str | None) -> bool:
+        return batch_id is not None and batch_id in self.stopped_batches
+
+    @property
+    def claim_exclusions(self) -> tuple[frozenset[str], frozenset[str]]:
+        """(paused types, stopped batches) for a claim's condition: at most MAX_PAUSED_TYPES of
+        each (DynamoDB's IN limit); stopped batches beyond it are still skipped and cancelled by
+        the coordinator and by self-feeding workers, only a stale hint could claim one."""
+        return self.paused, frozenset(sorted(self.stopped_batches)[:MAX_PAUSED_TYPES])
 
     @property
     def to_release(self) -> frozenset[str]:
@@ -83,7 +102,8 @@ def read(consistent: bool = False) -> ControlView:
         item = ControlModel.get(CONTROL_KEY, consistent_read=consistent)
     except DoesNotExist:
         return ControlView()
-    return ControlView(frozenset(item.paused or ()), frozenset(item.held_types or ()), int(item.version or 0))
+    return ControlView(frozenset(item.paused or ()), frozenset(item.held_types or ()), int(item.version or 0),
+                       frozenset(item.stopped_batches or ()))
 
 
 def _update(actions: list, condition=None) -> bool:
@@ -126,6 +146,26 @@ def forget_held(task_type: str) -> bool:
     """Drop ``task_type`` from the held types once none of its tasks is held (unless it was
     paused again meanwhile)."""
     return _update([ControlModel.held_types.delete({task_type})], ~ControlModel.paused.contains(task_type))
+
+
+def stop_batch_actions(transaction: Any, batch_id: str, now: datetime) -> None:
+    """Add ``batch_id`` to the stopped batches, inside the caller's transaction."""
+    transaction.update(ControlModel(CONTROL_KEY), actions=[
+        ControlModel.stopped_batches.add({batch_id}), ControlModel.version.add(1), ControlModel.updated_at.set(now)])
+    _cache.invalidate()
+
+
+def reopen_batch_actions(transaction: Any, batch_id: str, now: datetime) -> None:
+    """Take ``batch_id`` out of the stopped batches, inside the caller's transaction."""
+    transaction.update(ControlModel(CONTROL_KEY), actions=[
+        ControlModel.stopped_batches.delete({batch_id}), ControlModel.version.add(1),
+        ControlModel.updated_at.set(now)])
+    _cache.invalidate()
+
+
+def forget_stopped_batch(batch_id: str) -> bool:
+    """Drop a stopped batch that has no open task left (it stays failed on its own item)."""
+    return _update([ControlModel.stopped_batches.delete({batch_id})])
 
 
 class ControlCache:
@@ -216,3 +256,4 @@ def count_held(task_type: str, cap: int) -> tuple[int, bool]:
 def types_listed(view: ControlView, registered: Iterable[str]) -> list[str]:
     """Every type worth showing: the registered ones, and any paused or held."""
     return sorted(set(registered) | view.paused | view.held_types)
+

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from coworker import control, leases, lifecycle, queries, worker
+from coworker import batches, control, leases, lifecycle, queries, worker
 from coworker.config import Settings
 from coworker.model import TaskModel, TaskStatus, utcnow
 from coworker.observability import MetricName, logger, metrics, publish_metrics, tracer
@@ -48,6 +48,7 @@ FAN_OUT_THREADS = 16
 # resumed types it puts back, at most (each is one conditional write, FAN_OUT_THREADS at a time).
 PARK_BUDGET = 1000
 RELEASE_BUDGET = 1000
+STOPPED_BATCH_REASON = "its batch stopped at its failure threshold"
 # The coordinator's lease outlives this many missed ticks before another may take over.
 LEASE_TICKS = 3
 MIN_LEASE_SECONDS = 10.0
@@ -233,6 +234,7 @@ class TickReport:
     reaped: int
     running_tasks: int  # tasks holding a live lock (all of them, however many)
     parked: int = 0  # due tasks of paused types moved out of the queue
+    cancelled: int = 0  # open tasks of stopped batches cancelled
     released: int = 0  # held tasks of resumed types put back
     backlog: queries.Backlog | None = None  # measured this tick (every backlog_seconds), else None
 
@@ -258,6 +260,7 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     due = reaped = 0
     view = control.read()
     to_park: list[TaskModel] = []
+    to_cancel: list[TaskModel] = []
     running, lost = queries.running_and_lost(now)
     backlog = queries.backlog(now, settings.backlog_count_cap, lost) if measure_backlog else None
     for status in DISPATCH_ORDER:
@@ -266,11 +269,14 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
         limit = capacity - len(keys)
         # Tasks of paused types are read past (up to PARK_BUDGET) and parked, so that a paused
         # backlog at the head of the queue does not hold back the other types.
-        read_past = PARK_BUDGET - len(to_park) if view.paused else 0
+        read_past = PARK_BUDGET - len(to_park) - len(to_cancel) if view.paused or view.stopped_batches else 0
         found = (lost[:limit + read_past] if status is TaskStatus.PROCESSING
                  else queries.due(status, now, limit, read_past))
         taken = 0
         for task in found:
+            if view.is_stopped(task.batch_id):
+                to_cancel.append(task)  # its batch stopped at its failure threshold
+                continue
             if view.is_paused(task.task_type):
                 to_park.append(task)
                 continue
@@ -289,6 +295,10 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
             keys.append(task.key)
     keys = keys[:free_threads]
     parked = _each(lambda task: control.park(task, now), to_park)
+    cancelled = _each(lambda task: lifecycle.cancel(task.key, settings, reason=STOPPED_BATCH_REASON) is not None,
+                      to_cancel)
+    if measure_backlog:
+        _forget_finished_batches(view)
     released = _release_held(view)
     requests = start_workers(settings, invoker, keys, free=free, now=now) if free else []
     sent = [key for request in requests for key in request.keys]
@@ -296,7 +306,8 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
         memory.remember(sent)
     report = TickReport(busy_slots=slots - len(free), free_slots=len(free), due=due,
                         dispatched=len(sent), invocations=len(requests), reaped=reaped,
-                        running_tasks=running, parked=parked, released=released, backlog=backlog)
+                        running_tasks=running, parked=parked, released=released, cancelled=cancelled,
+                        backlog=backlog)
     metrics.add_metric(name=MetricName.COORDINATOR_TICKS, unit=MetricUnit.Count, value=1)
     metrics.add_metric(name=MetricName.BUSY_SLOTS, unit=MetricUnit.Count, value=report.busy_slots)
     metrics.add_metric(name=MetricName.RUNNING_TASKS, unit=MetricUnit.Count, value=report.running_tasks)
@@ -319,6 +330,17 @@ def _each(write: Callable[[TaskModel], bool], tasks: Sequence[TaskModel]) -> int
         return 0
     with ThreadPoolExecutor(max_workers=min(FAN_OUT_THREADS, len(tasks))) as pool:
         return sum(pool.map(write, tasks))
+
+
+def _forget_finished_batches(view: control.ControlView) -> None:
+    """Stopped batches with no open task left need no more cancelling: drop them from the
+    control record (they stay failed on their own item)."""
+    for batch_id in sorted(view.stopped_batches):
+        try:
+            if batches.get_batch(batch_id).done:
+                control.forget_stopped_batch(batch_id)
+        except batches.BatchNotFoundError:
+            control.forget_stopped_batch(batch_id)
 
 
 def _release_held(view: control.ControlView) -> int:

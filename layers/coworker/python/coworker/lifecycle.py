@@ -225,12 +225,13 @@ def get_task(key: str, consistent: bool = True) -> TaskModel:
 
 
 def claim(key: str, owner: str, settings: Settings, now: datetime | None = None,
-          paused: Collection[str] = ()) -> Claim | None:
+          paused: Collection[str] = (), stopped_batches: Collection[str] = ()) -> Claim | None:
     """Take the task for ``owner`` with one conditional UpdateItem; ``None`` if not claimable.
 
     Claimable: todo or failed and due, or processing with an expired lock, and below the
-    attempt ceiling; not held (parked while its type is paused) and not of a ``paused`` type.
-    Of any number of concurrent claimers exactly one succeeds.
+    attempt ceiling; not held (parked while its type is paused), not of a ``paused`` type and
+    not of a batch in ``stopped_batches``. Of any number of concurrent claimers exactly one
+    succeeds.
     """
     now = now or utcnow()
     expires = now + timedelta(seconds=settings.effective_lock_seconds)
@@ -242,6 +243,8 @@ def claim(key: str, owner: str, settings: Settings, now: datetime | None = None,
     )
     if paused:
         claimable &= ~TaskModel.task_type.is_in(*sorted(paused))
+    if stopped_batches:
+        claimable &= ~TaskModel.batch_id.is_in(*sorted(stopped_batches))
     task = TaskModel(key)
     try:
         task.update(
@@ -608,5 +611,5 @@ def cancel(key: str, settings: Settings, reason: str = "cancelled", now: datetim
         *_release_lock_actions(now),
     ]
     condition = TaskModel.status.is_in(*(s.value for s in TaskStatus.open()))
-    changed = _write_with_error(task, entry, settings, actions, condition, batches.IGNORED, "cancel", refresh=True)
+    changed = _write_with_error(task, entry, settings, actions, condition, batches.CANCELLED, "cancel", refresh=True)
     return task if changed else None

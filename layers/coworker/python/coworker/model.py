@@ -206,6 +206,12 @@ class BatchModel(Model):
     ignored = NumberAttribute(default=0)
     created_at = UTCDateTimeAttribute(null=True)
     updated_at = UTCDateTimeAttribute(null=True)
+    # Failure threshold (on the head item only): the batch stops once more of its tasks are
+    # ignored than it tolerates; failed_at and failure_reason say when and why.
+    tolerated_failure_percent = NumberAttribute(null=True)
+    tolerated_failure_count = NumberAttribute(null=True)
+    failed_at = UTCDateTimeAttribute(null=True)
+    failure_reason = UnicodeAttribute(null=True)
 
 
 def bind(settings: Settings) -> None:

@@ -367,7 +367,7 @@ class Feeder:
         # About two windows of this stripe's keys (a stripe is 1/stripes of the keys); exactly one
         # window when this worker is the only stripe.
         limit = min(MAX_FEED_PAGE, self._window * (2 * self._stripes - 1))
-        paused = control.cached(settings.control_cache_seconds).paused
+        view = control.cached(settings.control_cache_seconds)
         page: list[str] = []
         for status in FEED_ORDER:
             if len(page) >= limit:
@@ -380,8 +380,8 @@ class Feeder:
                 found += 1
                 # Start the next look where this one found work: a drained shard is not read again.
                 self._first_shard[status] = schema.shard_of(task.key, status_shards())
-                if task.key in self._seen or task.task_type in paused:
-                    continue  # a paused type's tasks wait (the coordinator parks them)
+                if task.key in self._seen or view.is_paused(task.task_type) or view.is_stopped(task.batch_id):
+                    continue  # paused types wait, stopped batches end: the coordinator sees to both
                 if status is TaskStatus.PROCESSING and task.attempts >= task.max_attempts:
                     self._seen.add(task.key)
                     continue  # lost on its last attempt: the coordinator retires it
@@ -424,7 +424,8 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float,
     handler_deadline = deadline - settings.timeout_margin_seconds
     if handler_deadline - time.monotonic() <= 0:
         return TaskReport(key, TaskOutcome.SKIPPED, source=source)
-    claim = lifecycle.claim(key, owner, settings, paused=control.cached(settings.control_cache_seconds).paused)
+    paused, stopped_batches = control.cached(settings.control_cache_seconds).claim_exclusions
+    claim = lifecycle.claim(key, owner, settings, paused=paused, stopped_batches=stopped_batches)
     if claim is None:
         metrics.add_metric(name=MetricName.NOT_CLAIMED, unit=MetricUnit.Count, value=1)
         logger.debug("task not claimed: taken or not due", extra={"task_key": key})

@@ -1,0 +1,124 @@
+"""A batch's failure threshold: it stops exactly once when too many of its tasks are ignored,
+its open tasks are cancelled (running ones finish), it takes no new tasks, and a redrive
+starts it again."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import pytest
+from coworker import batches, control, dispatch, lifecycle
+from coworker.lifecycle import TaskSpec
+from coworker.model import utcnow
+from coworker.worker import run_batch
+
+from tests.support.doubles import Api, RecordingInvoker
+
+pytestmark = pytest.mark.both_backends
+
+
+def _put_batch(settings, batch_id, specs, tolerance=None) -> None:
+    now = utcnow() - timedelta(seconds=30)
+    items = [lifecycle.new_task(TaskSpec(key=key, type=type_, batch_id=batch_id, max_attempts=1), settings, now)
+             for key, type_ in specs]
+    assert all(batches.put_tasks(items, batch_id, now, tolerance))
+
+
+def test_the_batch_stops_once_more_than_the_tolerated_share_is_ignored(make_settings):
+    settings = make_settings()
+    fails = [f"f{i}" for i in range(3)]
+    others = [f"q{i}" for i in range(7)]
+    _put_batch(settings, "b", [(k, "always-fail") for k in fails] + [(k, "quick") for k in others],
+               batches.Tolerance(percent=25))
+    running = lifecycle.claim("q0", "w", settings)  # already running when the batch stops
+
+    run_batch(fails[:2], "w", settings, time.monotonic() + 30)
+    assert batches.get_batch("b").state == "running"  # 2 of 10 is within 25%
+    run_batch(fails[2:], "w", settings, time.monotonic() + 30)
+
+    progress = batches.get_batch("b")
+    assert progress.state == "failed" and progress.failed_at is not None
+    assert progress.failure_reason == "3 of 10 tasks ignored (30.0%), more than the 25% tolerated"
+    assert control.read().stopped_batches == frozenset({"b"})
+
+    # its open tasks are not claimed, and the coordinator cancels them; the running one finishes
+    assert lifecycle.claim("q1", "w", settings, stopped_batches=control.read().stopped_batches) is None
+    invoker = RecordingInvoker()
+    report = dispatch.tick(settings, invoker)
+    assert report.cancelled == 6 and invoker.keys == []
+    assert {lifecycle.get_task(k).errors[-1].message for k in others[1:]} == {dispatch.STOPPED_BATCH_REASON}
+    assert lifecycle.complete(running, settings, result=1) is lifecycle.RecordOutcome.FINISHED
+    progress = batches.get_batch("b")
+    assert (progress.finished, progress.ignored, progress.open, progress.state) == (1, 9, 0, "failed")
+
+    # and it takes no new task
+    with pytest.raises(batches.BatchFailedError, match="stopped at its failure threshold"):
+        _put_batch(settings, "b", [("late", "quick")])
+    # once every open task has ended the coordinator forgets it (it stays failed on its item)
+    dispatch.tick(settings, RecordingInvoker(), measure_backlog=True)
+    assert control.read().stopped_batches == frozenset()
+    assert batches.get_batch("b").state == "failed"
+
+
+def test_concurrent_failures_stop_the_batch_exactly_once(make_settings):
+    settings = make_settings()
+    _put_batch(settings, "b", [(f"t{i}", "quick") for i in range(8)], batches.Tolerance(count=1))
+    for i in range(8):  # ignored by cancels, which do not check the threshold themselves
+        lifecycle.cancel(f"t{i}", settings)
+    assert batches.get_batch("b").state == "done"
+    # eight workers whose tasks failed at the same moment all check it: one of them stops it
+    with ThreadPoolExecutor(8) as pool:
+        stopped = list(pool.map(lambda _: batches.stop_if_failing("b"), range(8)))
+    assert sorted(stopped) == [False] * 7 + [True]
+    assert batches.get_batch("b").failure_reason == "8 of 8 tasks ignored, more than the 1 tolerated"
+    assert batches.stop_if_failing("b") is False
+
+
+def test_a_redrive_reopens_a_stopped_batch(make_settings):
+    settings = make_settings()
+    _put_batch(settings, "b", [("f0", "always-fail"), ("q0", "quick"), ("q1", "quick")],
+               batches.Tolerance(count=0))
+    run_batch(["f0"], "w", settings, time.monotonic() + 30)
+    dispatch.tick(settings, RecordingInvoker())  # cancels q0, q1
+    api = Api(settings)
+    status, answer, _ = api.call("GET", "/batches/b")
+    assert status == 200 and answer["state"] == "failed" and answer["tolerated_failure_count"] == 0
+    assert api.call("POST", "/tasks", {"batch_id": "b", "tasks": [{"key": "n", "type": "quick"}]})[0] == 409
+
+    status, answer, _ = api.call("POST", "/batches/b/retry")
+    assert status == 200 and answer["redriven"] == 3
+    assert api.call("GET", "/batches/b")[1]["state"] == "running"
+    assert control.read().stopped_batches == frozenset()
+    assert {lifecycle.get_task(k).status for k in ("f0", "q0", "q1")} == {"todo"}
+    assert lifecycle.claim("q0", "w", settings, stopped_batches=control.read().stopped_batches) is not None
+
+
+def test_a_batch_without_a_threshold_never_stops(make_settings):
+    settings = make_settings()
+    _put_batch(settings, "b", [(f"f{i}", "always-fail") for i in range(3)])
+    run_batch([f"f{i}" for i in range(3)], "w", settings, time.monotonic() + 30)
+    assert batches.get_batch("b").state == "done"
+    assert control.read().stopped_batches == frozenset()
+
+
+def test_a_cancel_does_not_stop_the_batch_by_itself(make_settings):
+    settings = make_settings()
+    _put_batch(settings, "b", [(f"t{i}", "quick") for i in range(3)], batches.Tolerance(count=0))
+    lifecycle.cancel("t0", settings)
+    assert batches.get_batch("b").state == "running"
+
+
+@pytest.mark.parametrize(("extra", "where"), [
+    ({"tolerated_failure_percent": 150}, "body.tolerated_failure_percent"),
+    ({"tolerated_failure_percent": "NaN"}, "body.tolerated_failure_percent"),
+    ({"tolerated_failure_count": -1}, "body.tolerated_failure_count"),
+    ({"tolerated_failure_count": 2.5}, "body.tolerated_failure_count"),
+])
+def test_a_bad_threshold_is_refused_and_stores_nothing(make_settings, extra, where):
+    api = Api(make_settings())
+    before = api.items()
+    status, answer, _ = api.call("POST", "/tasks", {"batch_id": "b", "tasks": [{"type": "quick"}], **extra})
+    assert status == 422 and any(e["location"] == where for e in answer["errors"]), answer
+    assert api.items() == before
