@@ -15,28 +15,12 @@ from coworker import dispatch, lifecycle
 from coworker.dispatch import InProcessInvoker
 from coworker.lifecycle import TaskSpec
 from coworker.model import TaskStatus, utcnow
-from coworker.worker import TaskOutcome, WorkerRequest, run_batch, run_invocation
+from coworker.worker import TaskOutcome, run_batch, run_invocation
+
+from tests.support.doubles import RecordingInvoker
 
 # Part of the lifecycle contract (expired locks, killed workers): runs on DynamoDB Local and on moto.
 pytestmark = pytest.mark.both_backends
-
-
-class RecordingInvoker:
-    """Invoker that only records what it was asked to start (implements dispatch.Invoker)."""
-
-    def __init__(self) -> None:
-        self.requests: list[WorkerRequest] = []
-
-    def invoke(self, request: WorkerRequest) -> None:
-        self.requests.append(request)
-
-    @property
-    def batches(self) -> list[list[str]]:
-        return [list(request.keys) for request in self.requests]
-
-    @property
-    def keys(self) -> list[str]:
-        return [key for batch in self.batches for key in batch]
 
 
 def _put_many(settings, count, prefix="t", type_="quick", now=None, **kw):

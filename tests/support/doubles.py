@@ -47,8 +47,12 @@ class RecordingInvoker:
         self.requests.append(request)
 
     @property
+    def batches(self) -> list[list[str]]:
+        return [list(request.keys) for request in self.requests]
+
+    @property
     def keys(self) -> list[str]:
-        return [key for request in self.requests for key in request.keys]
+        return [key for batch in self.batches for key in batch]
 
 
 def reserved_request(settings, keys=()) -> WorkerRequest:

@@ -106,14 +106,19 @@ def read(consistent: bool = False) -> ControlView:
                        frozenset(item.stopped_batches or ()))
 
 
-def _update(actions: list, condition=None) -> bool:
+def _conditional_update(item: Model, actions: list, condition, what: str) -> bool:
+    """One UpdateItem; ``False`` when ``condition`` does not hold."""
     try:
-        ControlModel(CONTROL_KEY).update(actions=actions, condition=condition)
+        item.update(actions=actions, condition=condition)
     except UpdateError as exc:
         if exc.cause_response_code == _CONDITION_FAILED:
             return False
-        raise StorageError(f"could not update the control record: {exc.cause_response_message}") from exc
+        raise StorageError(f"could not update {what}: {exc.cause_response_message}") from exc
     return True
+
+
+def _update(actions: list, condition=None) -> bool:
+    return _conditional_update(ControlModel(CONTROL_KEY), actions, condition, "the control record")
 
 
 def pause(task_type: str, now: datetime | None = None) -> bool:
@@ -234,13 +239,7 @@ def unpark(task: TaskModel) -> bool:
 
 
 def _task_update(key: str, actions: list, condition) -> bool:
-    try:
-        TaskModel(key).update(actions=actions, condition=condition)
-    except UpdateError as exc:
-        if exc.cause_response_code == _CONDITION_FAILED:
-            return False
-        raise StorageError(f"could not move task {key!r}: {exc.cause_response_message}") from exc
-    return True
+    return _conditional_update(TaskModel(key), actions, condition, f"(move) task {key!r}")
 
 
 def held(task_type: str, limit: int) -> list[TaskModel]:
