@@ -267,8 +267,9 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
         if len(keys) >= capacity:
             break
         limit = capacity - len(keys)
-        # Tasks of paused types are read past (up to PARK_BUDGET) and parked, so that a paused
-        # backlog at the head of the queue does not hold back the other types.
+        # Tasks of paused types (parked) and of stopped batches (cancelled) are read past, up to
+        # PARK_BUDGET in all, so that such a backlog at the head of the queue does not hold back
+        # the other work.
         read_past = PARK_BUDGET - len(to_park) - len(to_cancel) if view.paused or view.stopped_batches else 0
         found = (lost[:limit + read_past] if status is TaskStatus.PROCESSING
                  else queries.due(status, now, limit, read_past))
