@@ -646,13 +646,19 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
         return TypeOut(type=task_type, registered=task_type in handlers.registered_types(),
                        paused=view.is_paused(task_type), held=held, changed=changed)
 
-    def known_type(raw: str) -> str:
+    def switch_type(raw: str, pause: bool) -> TypeOut:
+        """Pause or resume the type named in the path (404 for a type nobody knows)."""
         task_type = unquote(raw)
         view = control.read(consistent=True)
-        if task_type not in control.types_listed(view, handlers.registered_types()):
-            known = ", ".join(control.types_listed(view, handlers.registered_types())) or "none"
-            raise TaskTypeNotFoundError(f"no task type {task_type!r} here (known: {known})")
-        return task_type
+        listed = control.types_listed(view, handlers.registered_types())
+        if task_type not in listed:
+            raise TaskTypeNotFoundError(f"no task type {task_type!r} here (known: {', '.join(listed) or 'none'})")
+        changed = control.pause(task_type) if pause else control.resume(task_type)
+        logger.info("task type paused" if pause else "task type resumed",
+                    extra={"task_type": task_type, "changed": changed})
+        after = dataclasses.replace(view, paused=view.paused | {task_type} if pause else view.paused - {task_type},
+                                    held_types=view.held_types | {task_type} if pause else view.held_types)
+        return type_out(task_type, after, changed)
 
     @app.get("/types", summary="Task types: registered, paused, held", tags=["types"],
              responses=_responses("Every registered, paused or held task type"))
@@ -665,18 +671,12 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
     @app.post("/types/<task_type>/pause", summary="Pause a task type: its tasks wait, running ones finish",
               tags=["types"], responses=_responses("The type, paused"))
     def pause_type(task_type: str) -> TypeOut:
-        task_type = known_type(task_type)
-        changed = control.pause(task_type)
-        logger.info("task type paused", extra={"task_type": task_type, "changed": changed})
-        return type_out(task_type, control.read(consistent=True), changed)
+        return switch_type(task_type, pause=True)
 
     @app.post("/types/<task_type>/resume", summary="Resume a paused task type", tags=["types"],
               responses=_responses("The type, resumed"))
     def resume_type(task_type: str) -> TypeOut:
-        task_type = known_type(task_type)
-        changed = control.resume(task_type)
-        logger.info("task type resumed", extra={"task_type": task_type, "changed": changed})
-        return type_out(task_type, control.read(consistent=True), changed)
+        return switch_type(task_type, pause=False)
 
     @app.get("/batches/<batch_id>", summary="A batch's progress", tags=["batches"],
              responses=_responses("The batch's counters"))

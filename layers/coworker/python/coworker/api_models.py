@@ -47,6 +47,13 @@ def _no_control_characters(value: str, what: str) -> str:
     return value
 
 
+def _time_as_text(value: Any, name: str) -> Any:
+    """Refuse a time given as anything but a string (a number would be read as epoch seconds)."""
+    if value is not None and not isinstance(value, str | datetime):
+        raise ValueError(f"{name} must be an ISO-8601 time as a string, e.g. \"2026-12-01T09:00:00Z\"")
+    return value
+
+
 def _as_utc(value: datetime | None) -> datetime | None:
     """An aware UTC time (a naive one is taken as UTC)."""
     if value is None:
@@ -133,9 +140,7 @@ class TaskIn(_Strict):
     @field_validator("run_at", mode="before")
     @classmethod
     def _run_at_is_text(cls, value: Any) -> Any:
-        if value is not None and not isinstance(value, str | datetime):
-            raise ValueError("run_at must be an ISO-8601 time as a string, e.g. \"2026-12-01T09:00:00Z\"")
-        return value
+        return _time_as_text(value, "run_at")
 
     @field_validator("run_at")
     @classmethod
@@ -327,9 +332,7 @@ class BulkIn(_Strict):
     @field_validator("created_after", "created_before", mode="before")
     @classmethod
     def _time_is_text(cls, value: Any) -> Any:
-        if value is not None and not isinstance(value, str | datetime):
-            raise ValueError("must be an ISO-8601 time as a string, e.g. \"2026-12-01T09:00:00Z\"")
-        return value
+        return _time_as_text(value, "the time")
 
     @field_validator("created_after", "created_before")
     @classmethod
