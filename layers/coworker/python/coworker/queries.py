@@ -287,8 +287,9 @@ class Backlog:
 
 
 def backlog(now: datetime, cap: int, lost: Sequence[TaskModel] = ()) -> Backlog:
-    """Count due ``todo`` and ``failed`` tasks (at most ``cap`` index entries each, S COUNT
-    queries per status) and find the oldest due one (S one-entry queries per status); ``lost``
+    """Count due ``todo`` and ``failed`` tasks (at most ``cap`` index entries each, read keys-only
+    by S parallel queries per status) and find the oldest due one (S one-entry queries per
+    status); ``lost``
     are the expired ``processing`` entries the caller already read (see :func:`running_and_lost`).
     """
     due_now = TaskModel.due_at <= now
