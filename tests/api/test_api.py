@@ -584,7 +584,7 @@ def test_a_storage_failure_mid_batch_names_what_was_stored_and_a_resend_complete
     from coworker import batches
 
     tasks = [{"key": f"part-{n:03d}", "type": "quick"} for n in range(150)]  # two transactions: 99 + 51
-    real = batches._transact
+    real = batches.transact
     calls = []
 
     def second_fails(build, what):
@@ -593,13 +593,13 @@ def test_a_storage_failure_mid_batch_names_what_was_stored_and_a_resend_complete
             raise batches.StorageError("DynamoDB is unavailable")
         return real(build, what)
 
-    monkeypatch.setattr(batches, "_transact", second_fails)
+    monkeypatch.setattr(batches, "transact", second_fails)
     status, answer, _ = api.call("POST", "/tasks", {"batch_id": "halfway", "tasks": tasks})
     assert (status, answer["error"]) == (503, "storage_unavailable")
     assert answer["stored"] == [task["key"] for task in tasks[:99]]
     assert "99 of 150 tasks were stored" in answer["message"] and "re-send the same request" in answer["message"]
     assert api.call("GET", "/batches/halfway")[1]["total"] == 99
-    monkeypatch.setattr(batches, "_transact", real)
+    monkeypatch.setattr(batches, "transact", real)
     status, answer, _ = api.call("POST", "/tasks", {"batch_id": "halfway", "tasks": tasks})
     assert (status, answer["created"], answer["existing"]) == (201, 51, 99)
     assert api.call("GET", "/batches/halfway")[1]["total"] == 150

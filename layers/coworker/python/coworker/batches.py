@@ -193,7 +193,7 @@ def _reasons(exc: TransactWriteError) -> list[str | None]:
     return [reason.code if reason else None for reason in (exc.cancellation_reasons or [])]
 
 
-def _transact(build: Callable[[TransactWrite], None], what: str) -> list[str | None] | None:
+def transact(build: Callable[[TransactWrite], None], what: str) -> list[str | None] | None:
     """Run one transaction, retrying conflicts with jittered backoff.
 
     Returns ``None`` on success, or the per-item cancellation reasons when a condition failed.
@@ -236,7 +236,7 @@ def update_task(task: TaskModel, actions: list, condition: Condition, delta: Bat
         transaction.update(task, actions=actions, condition=condition)
         transaction.update(BatchModel(counter_key(task.batch_id, task.key)), actions=_counter_actions(delta, now))
 
-    if _transact(build, f"update task {task.key!r} of batch {task.batch_id!r}") is not None:
+    if transact(build, f"update task {task.key!r} of batch {task.batch_id!r}") is not None:
         return False
     if refresh:
         task.refresh(consistent_read=True)
@@ -273,7 +273,7 @@ def update_task_and_put(task: TaskModel, actions: list, condition: Condition, de
                     counters.append(BatchModel.total.add(joining))
                 transaction.update(BatchModel(counter_key(batch_id, task.key)), actions=counters)
 
-        reasons = _transact(build, f"update task {task.key!r} with {len(pending)} new tasks")
+        reasons = transact(build, f"update task {task.key!r} with {len(pending)} new tasks")
         if reasons is None:
             return True
         # Puts come first (in order), then the task's update, then the counter's.
@@ -403,7 +403,7 @@ def _put_chunk(tasks: Sequence[TaskModel], indexes: list[int], batch_id: str | N
             if guard is not None:
                 transaction.condition_check(TaskModel, guard[0], condition=guard[1])
 
-        reasons = _transact(build, f"put {len(pending)} tasks" + (f" of batch {batch_id!r}" if batch_id else ""))
+        reasons = transact(build, f"put {len(pending)} tasks" + (f" of batch {batch_id!r}" if batch_id else ""))
         if reasons is None:
             for index in pending:
                 created[index] = True
@@ -462,7 +462,7 @@ def stop_if_failing(batch_id: str, now: datetime | None = None) -> bool:
             condition=BatchModel.failed_at.does_not_exist())
         control.stop_batch_actions(transaction, batch_id, now)
 
-    if _transact(build, f"stop batch {batch_id!r}") is not None:
+    if transact(build, f"stop batch {batch_id!r}") is not None:
         return False  # another worker stopped it first
     logger.warning("batch stopped at its failure threshold", extra={"batch_id": batch_id, "reason": reason})
     return True
@@ -481,7 +481,7 @@ def reopen(batch_id: str, now: datetime | None = None) -> bool:
             condition=BatchModel.failed_at.exists())
         control.reopen_batch_actions(transaction, batch_id, now)
 
-    return _transact(build, f"reopen batch {batch_id!r}") is None
+    return transact(build, f"reopen batch {batch_id!r}") is None
 
 
 def _tolerance_of(head: BatchModel) -> Tolerance:

@@ -25,14 +25,21 @@ finish. A redrive of the batch takes it out again.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pynamodb.attributes import NumberAttribute, UnicodeAttribute, UnicodeSetAttribute, UTCDateTimeAttribute
+from pynamodb.attributes import (
+    MapAttribute,
+    NumberAttribute,
+    UnicodeAttribute,
+    UnicodeSetAttribute,
+    UTCDateTimeAttribute,
+)
 from pynamodb.exceptions import DoesNotExist, UpdateError
 from pynamodb.models import Model
 
@@ -64,6 +71,7 @@ class ControlModel(Model):
     paused = UnicodeSetAttribute(null=True)
     held_types = UnicodeSetAttribute(null=True)  # types whose tasks may be parked
     stopped_batches = UnicodeSetAttribute(null=True)  # batches stopped at their failure threshold
+    limits = MapAttribute(null=True)  # task type -> at most this many of its tasks run at once
     version = NumberAttribute(default=0)
     updated_at = UTCDateTimeAttribute(null=True)
 
@@ -76,6 +84,7 @@ class ControlView:
     held_types: frozenset[str] = frozenset()
     version: int = 0
     stopped_batches: frozenset[str] = frozenset()
+    limits: Mapping[str, int] = dataclasses.field(default_factory=dict)  # type -> concurrency limit
 
     def is_paused(self, task_type: str | None) -> bool:
         return task_type is not None and task_type in self.paused
@@ -102,8 +111,9 @@ def read(consistent: bool = False) -> ControlView:
         item = ControlModel.get(CONTROL_KEY, consistent_read=consistent)
     except DoesNotExist:
         return ControlView()
+    limits = item.limits.as_dict() if item.limits is not None else {}
     return ControlView(frozenset(item.paused or ()), frozenset(item.held_types or ()), int(item.version or 0),
-                       frozenset(item.stopped_batches or ()))
+                       frozenset(item.stopped_batches or ()), {name: int(n) for name, n in limits.items()})
 
 
 def _conditional_update(item: Model, actions: list, condition, what: str) -> bool:
@@ -142,6 +152,22 @@ def resume(task_type: str, now: datetime | None = None) -> bool:
     now = now or utcnow()
     changed = _update([ControlModel.paused.delete({task_type}), ControlModel.version.add(1),
                        ControlModel.updated_at.set(now)], ControlModel.paused.contains(task_type))
+    if changed:
+        _cache.invalidate()
+    return changed
+
+
+def set_limit(task_type: str, limit: int | None, now: datetime | None = None) -> bool:
+    """Let at most ``limit`` tasks of ``task_type`` run at once (``None``: no limit); ``False``
+    if that was the limit already. Claimers see it within ``control_cache_seconds``."""
+    now = now or utcnow()
+    if read(consistent=True).limits.get(task_type) == limit:
+        return False
+    path = ControlModel.limits[task_type]
+    # A record made before limits existed has no map to set an entry in: make it first.
+    _update([ControlModel.limits.set(ControlModel.limits | {})])
+    changed = _update([path.set(limit) if limit is not None else path.remove(), ControlModel.version.add(1),
+                       ControlModel.updated_at.set(now)])
     if changed:
         _cache.invalidate()
     return changed
@@ -253,6 +279,6 @@ def count_held(task_type: str, cap: int) -> tuple[int, bool]:
 
 
 def types_listed(view: ControlView, registered: Iterable[str]) -> list[str]:
-    """Every type worth showing: the registered ones, and any paused or held."""
-    return sorted(set(registered) | view.paused | view.held_types)
+    """Every type worth showing: the registered ones, and any paused, held or limited."""
+    return sorted(set(registered) | view.paused | view.held_types | set(view.limits))
 

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from coworker import batches, control, leases, lifecycle, queries, worker
+from coworker import batches, concurrency, control, leases, lifecycle, queries, worker
 from coworker.config import Settings
 from coworker.model import TaskModel, TaskStatus, utcnow
 from coworker.observability import MetricName, logger, metrics, publish_metrics, tracer
@@ -236,6 +236,7 @@ class TickReport:
     parked: int = 0  # due tasks of paused types moved out of the queue
     cancelled: int = 0  # open tasks of stopped batches cancelled
     released: int = 0  # held tasks of resumed types put back
+    woken: int = 0  # blocked tasks put back by the concurrency sweep
     backlog: queries.Backlog | None = None  # measured this tick (every backlog_seconds), else None
 
 
@@ -259,6 +260,7 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     keys: list[str] = []
     due = reaped = 0
     view = control.read()
+    woken = concurrency.sweep(view.limits, now)  # before reading the queue: they are due at once
     to_park: list[TaskModel] = []
     to_cancel: list[TaskModel] = []
     running, lost = queries.running_and_lost(now)
@@ -308,7 +310,7 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     report = TickReport(busy_slots=slots - len(free), free_slots=len(free), due=due,
                         dispatched=len(sent), invocations=len(requests), reaped=reaped,
                         running_tasks=running, parked=parked, released=released, cancelled=cancelled,
-                        backlog=backlog)
+                        woken=woken, backlog=backlog)
     metrics.add_metric(name=MetricName.COORDINATOR_TICKS, unit=MetricUnit.Count, value=1)
     metrics.add_metric(name=MetricName.BUSY_SLOTS, unit=MetricUnit.Count, value=report.busy_slots)
     metrics.add_metric(name=MetricName.RUNNING_TASKS, unit=MetricUnit.Count, value=report.running_tasks)
@@ -318,6 +320,8 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     metrics.add_metric(name=MetricName.WORKER_INVOCATIONS, unit=MetricUnit.Count, value=len(requests))
     if reaped:
         metrics.add_metric(name=MetricName.REAPED, unit=MetricUnit.Count, value=reaped)
+    if woken:
+        metrics.add_metric(name=MetricName.WOKEN, unit=MetricUnit.Count, value=woken)
     if parked or released:
         metrics.add_metric(name=MetricName.PARKED, unit=MetricUnit.Count, value=parked)
         metrics.add_metric(name=MetricName.RELEASED, unit=MetricUnit.Count, value=released)

@@ -41,7 +41,7 @@ from coworker.config import Settings
 from coworker.errors import RecordTooLargeError, StorageError, TaskNotFoundError
 from coworker.handlers import FollowUp
 from coworker.model import ErrorKind, ErrorRecord, TaskModel, TaskStatus, utcnow
-from coworker.schema import HELD_PREFIX
+from coworker.schema import BLOCKED_PREFIX, HELD_PREFIX
 
 MAX_MESSAGE_CHARS = 1000
 MAX_TRACEBACK_CHARS = 2000
@@ -60,6 +60,8 @@ class TaskSpec:
     batch_id: str | None = None
     priority: int | None = None
     parent: str | None = None  # the task that spawned this one (a follow-up)
+    concurrency_key: str | None = None  # at most concurrency_limit tasks of one key run at once
+    concurrency_limit: int | None = None
     payload_ref: dict[str, Any] | None = None  # set by stage_payloads: the payload is in the store
 
 
@@ -101,6 +103,8 @@ class Claim:
     task: TaskModel
     owner: str
     attempt: int
+    # The concurrency groups whose places this attempt holds (see :mod:`coworker.concurrency`).
+    groups: tuple[Any, ...] = ()
 
     @property
     def key(self) -> str:
@@ -191,6 +195,8 @@ def new_task(spec: TaskSpec, settings: Settings, now: datetime) -> TaskModel:
         batch_id=spec.batch_id,
         priority=spec.priority,
         parent=spec.parent,
+        concurrency_key=spec.concurrency_key,
+        concurrency_limit=(spec.concurrency_limit or 1) if spec.concurrency_key else None,
     )
 
 
@@ -229,17 +235,19 @@ def claim(key: str, owner: str, settings: Settings, now: datetime | None = None,
     """Take the task for ``owner`` with one conditional UpdateItem; ``None`` if not claimable.
 
     Claimable: todo or failed and due, or processing with an expired lock, and below the
-    attempt ceiling; not held (parked while its type is paused), not of a ``paused`` type and
+    attempt ceiling; not held (parked while its type is paused) or blocked (waiting for a place
+    in its concurrency group), not of a ``paused`` type and
     not of a batch in ``stopped_batches``. Of any number of concurrent claimers exactly one
     succeeds.
     """
     now = now or utcnow()
-    expires = now + timedelta(seconds=settings.effective_lock_seconds)
+    expires = lock_expiry(settings, now)
     claimable = (
         TaskModel.status.is_in(*(s.value for s in TaskStatus.open()))
         & (TaskModel.due_at <= now)
         & (TaskModel.attempts < TaskModel.max_attempts)
         & ~TaskModel.status_shard.startswith(HELD_PREFIX)
+        & ~TaskModel.status_shard.startswith(BLOCKED_PREFIX)
     )
     if paused:
         claimable &= ~TaskModel.task_type.is_in(*sorted(paused))
@@ -275,16 +283,31 @@ def release_unstarted(claim: Claim, now: datetime | None = None) -> bool:
     returns to the status it was claimed from, due now, and the attempt does not count. Fenced;
     ``False`` when the claim was no longer this worker's."""
     now = now or utcnow()
-    actions = [
-        *TaskModel.status_actions(claim.key, claim.task.claimed_from or TaskStatus.TODO.value),
-        TaskModel.due_at.set(now),
+    return _write(TaskModel(claim.key), give_back_actions(claim, now), fenced(claim), None, "release")
+
+
+def give_back_actions(claim: Claim, now: datetime, partition: str | None = None) -> list:
+    """Update actions that return an unstarted claim: the status it was claimed from, due now,
+    lock removed, the attempt not counted (write them under :func:`fenced`).
+
+    ``partition`` puts its index entry there instead of in its status's queue (a task blocked
+    on its concurrency group), due as of its creation (less its priority): blocked tasks wait
+    oldest first, and one put back goes to the head of the queue, not behind newer work.
+    """
+    status = claim.task.claimed_from or TaskStatus.TODO.value
+    due = now
+    if partition is not None:
+        due = min(now, claim.task.created_at - timedelta(seconds=int(claim.task.priority or 0)))
+    return [
+        TaskModel.status.set(status),
+        TaskModel.status_shard.set(partition or TaskModel.shard_value_of(claim.key, status)),
+        TaskModel.due_at.set(due),
         TaskModel.attempts.add(-1),
-        *_release_lock_actions(now),
+        *release_lock_actions(now),
     ]
-    return _write(TaskModel(claim.key), actions, _fenced(claim), None, "release")
 
 
-def _fenced(claim: Claim) -> Condition:
+def fenced(claim: Claim) -> Condition:
     """Condition that holds only while ``claim`` is still the task's current attempt."""
     generation = (
         TaskModel.generation == claim.generation if claim.generation
@@ -298,17 +321,21 @@ def _fenced(claim: Claim) -> Condition:
     )
 
 
+def lock_expiry(settings: Settings, now: datetime) -> datetime:
+    """When a lock taken or extended at ``now`` expires."""
+    return now + timedelta(seconds=settings.effective_lock_seconds)
+
+
 def extend_lock(claim: Claim, settings: Settings, now: datetime | None = None) -> bool:
     """Heartbeat: push the lock of a running attempt ``lock_seconds`` into the future.
 
     Fenced like a result: ``False`` (nothing written) when the claim was taken over, cancelled
     or already recorded, which tells the worker that its attempt no longer counts.
     """
-    now = now or utcnow()
-    expires = now + timedelta(seconds=settings.effective_lock_seconds)
+    expires = lock_expiry(settings, now or utcnow())
     # A fresh item object: the worker thread may be reading ``claim.task`` at this moment.
     return _write(TaskModel(claim.key), [TaskModel.lock_expires_at.set(expires), TaskModel.due_at.set(expires)],
-                  _fenced(claim), None, "extend the lock of")
+                  fenced(claim), None, "extend the lock of")
 
 
 def _history(claim: Claim, settings: Settings, now: datetime, new: list[ErrorRecord]) -> list[ErrorRecord]:
@@ -322,7 +349,7 @@ def _history(claim: Claim, settings: Settings, now: datetime, new: list[ErrorRec
     return entries[-settings.error_history:]
 
 
-def _release_lock_actions(now: datetime) -> list:
+def release_lock_actions(now: datetime) -> list:
     return [
         TaskModel.lock_owner.remove(),
         TaskModel.lock_expires_at.remove(),
@@ -378,7 +405,7 @@ def _end_too_large(task: TaskModel, condition: Condition, kept: ErrorRecord | No
             TaskModel.due_at.set(now),
             TaskModel.errors.set([*history, note]),
             TaskModel.result.remove(),
-            *_release_lock_actions(now),
+            *release_lock_actions(now),
         ]
         if drop_payload:
             actions.append(TaskModel.payload.remove())
@@ -392,7 +419,7 @@ def _end_too_large(task: TaskModel, condition: Condition, kept: ErrorRecord | No
 
 def _fenced_update(claim: Claim, actions: list, outcome: RecordOutcome,
                    delta: batches.BatchDelta | None = None) -> RecordOutcome:
-    if not _write(claim.task, actions, _fenced(claim), delta, "record"):
+    if not _write(claim.task, actions, fenced(claim), delta, "record"):
         return RecordOutcome.LOST
     return outcome
 
@@ -444,7 +471,7 @@ def complete(claim: Claim, settings: Settings, result: Any = None, now: datetime
         *TaskModel.status_actions(claim.key, TaskStatus.FINISHED.value),
         TaskModel.due_at.remove(),
         TaskModel.finished_at.set(now),
-        *_release_lock_actions(now),
+        *release_lock_actions(now),
     ]
     if result is not None:
         actions.append(TaskModel.result.set(result))
@@ -459,11 +486,11 @@ def complete(claim: Claim, settings: Settings, result: Any = None, now: datetime
     before, folded = _split_for_fold(_follow_up_tasks(claim, follow_ups, settings, now), claim.task.batch_id)
     try:
         for batch_id in dict.fromkeys(task.batch_id for task in before):
-            batches.put_guarded([t for t in before if t.batch_id == batch_id], claim.key, _fenced(claim), now)
+            batches.put_guarded([t for t in before if t.batch_id == batch_id], claim.key, fenced(claim), now)
     except batches.GuardFailedError:
         return RecordOutcome.LOST
     delta = batches.FINISHED if claim.task.batch_id else None
-    if not batches.update_task_and_put(claim.task, actions, _fenced(claim), delta, folded, now):
+    if not batches.update_task_and_put(claim.task, actions, fenced(claim), delta, folded, now):
         return RecordOutcome.LOST
     return RecordOutcome.FINISHED
 
@@ -487,12 +514,12 @@ def fail(
         *TaskModel.status_actions(claim.key, status.value),
         TaskModel.due_at.set(due_at),
         TaskModel.errors.set(_history(claim, settings, now, [error])),
-        *_release_lock_actions(now),
+        *release_lock_actions(now),
     ]
     try:
         return _fenced_update(claim, actions, outcome, batches.IGNORED if give_up else None)
     except RecordTooLargeError:
-        ended = _end_too_large(claim.task, _fenced(claim), error, now)
+        ended = _end_too_large(claim.task, fenced(claim), error, now)
         return RecordOutcome.IGNORED if ended else RecordOutcome.LOST
 
 
@@ -549,7 +576,7 @@ def reap_lost(key: str, attempt: int, batch_id: str | None, settings: Settings,
     actions = [
         *TaskModel.status_actions(key, TaskStatus.IGNORED.value),
         TaskModel.due_at.set(now),
-        *_release_lock_actions(now),
+        *release_lock_actions(now),
     ]
     condition = (
         (TaskModel.status == TaskStatus.PROCESSING.value)
@@ -608,7 +635,7 @@ def cancel(key: str, settings: Settings, reason: str = "cancelled", now: datetim
     actions = [
         *TaskModel.status_actions(key, TaskStatus.IGNORED.value),
         TaskModel.due_at.set(now),
-        *_release_lock_actions(now),
+        *release_lock_actions(now),
     ]
     condition = TaskModel.status.is_in(*(s.value for s in TaskStatus.open()))
     changed = _write_with_error(task, entry, settings, actions, condition, batches.CANCELLED, "cancel", refresh=True)

@@ -131,6 +131,9 @@ class TaskModel(Model):
     priority = NumberAttribute(null=True)
     # The task whose handler spawned this one (a follow-up), if any.
     parent = UnicodeAttribute(null=True)
+    # At most concurrency_limit tasks with the same concurrency_key run at once (fleet-wide).
+    concurrency_key = UnicodeAttribute(null=True)
+    concurrency_limit = NumberAttribute(null=True)
     delete_after_epoch = TTLAttribute(null=True, attr_name=schema.TTL_ATTRIBUTE)
 
     status_index = StatusIndex()
@@ -172,6 +175,9 @@ class TaskModel(Model):
             "batch_id": self.batch_id,
             "parent": self.parent,
             "priority": int(self.priority) if self.priority is not None else None,
+            "concurrency_key": self.concurrency_key,
+            "concurrency_limit": int(self.concurrency_limit) if self.concurrency_limit is not None else None,
+            "blocked": bool(self.status_shard and self.status_shard.startswith(schema.BLOCKED_PREFIX)),
             "result": self.result,
             "result_ref": self.result_ref,
             "errors": [
@@ -239,7 +245,8 @@ def build_clients() -> None:
 
 
 def _models() -> tuple[type[Model], ...]:
-    from coworker.control import ControlModel  # these modules build on this one
+    from coworker.concurrency import GateModel  # these modules build on this one
+    from coworker.control import ControlModel
     from coworker.leases import LeaseModel
 
-    return (TaskModel, BatchModel, LeaseModel, ControlModel)
+    return (TaskModel, BatchModel, LeaseModel, ControlModel, GateModel)

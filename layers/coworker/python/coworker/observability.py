@@ -93,4 +93,6 @@ class MetricName:
     REAPED = "TasksReaped"
     PARKED = "TasksParked"  # due tasks of a paused type moved out of the queue
     RELEASED = "TasksReleased"  # held tasks of a resumed type put back
+    BLOCKED = "TasksBlocked"  # claimed, but the concurrency group was full: waits out of the queue
+    WOKEN = "BlockedTasksWoken"  # blocked tasks the coordinator's sweep put back (places no release announced)
     DISPATCHED_ON_SUBMIT = "WorkersStartedOnSubmit"

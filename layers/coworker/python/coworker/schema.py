@@ -49,6 +49,11 @@ STATUS_INDEX_PROJECTED: Final = (
 TTL_ATTRIBUTE: Final = "delete_after_epoch"
 # Index partitions ``held#<type>#<shard>``: tasks of a paused type, parked out of the queue.
 HELD_PREFIX: Final = "held#"
+# Index partitions ``blocked#<group>``: tasks waiting for a place in their concurrency group.
+BLOCKED_PREFIX: Final = "blocked#"
+# Concurrency gates (``gate#<group>`` items); the index partition of gates with blocked tasks.
+GATE_PREFIX: Final = "gate#"
+WAITING_GATES: Final = "gates#waiting"
 
 
 def shard_of(key: str, shards: int) -> int:

@@ -23,7 +23,7 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from coworker import control, leases, lifecycle, offload, queries, schema
+from coworker import concurrency, control, leases, lifecycle, offload, queries, schema
 from coworker.config import Settings
 from coworker.errors import InvalidEventError, StorageError, TaskFailedError, UnknownTaskTypeError
 from coworker.handlers import TaskContext, get_handler
@@ -80,6 +80,7 @@ class TaskOutcome(str, enum.Enum):
     """What one worker did with one dispatched key."""
 
     NOT_CLAIMED = "not_claimed"  # another worker has it, or it is no longer due: nothing to do
+    BLOCKED = "blocked"  # its concurrency group was full: it waits for a place, out of the queue
     SKIPPED = "skipped"  # too little time left to start it; it stays due for the next dispatch
     FINISHED = "finished"
     FAILED = "failed"
@@ -226,7 +227,10 @@ class Heartbeat:
             if task.context.lost.is_set():
                 continue
             try:
-                extended = lifecycle.extend_lock(task.claim, settings)
+                # The concurrency leases first, with the same expiry: they never end before the lock.
+                now = utcnow()
+                extended = ((not task.claim.groups or concurrency.extend(task.claim, settings, now))
+                            and lifecycle.extend_lock(task.claim, settings, now))
             except Exception:  # noqa: BLE001 - a failed heartbeat is retried at the next beat
                 logger.exception("heartbeat failed", extra={"task_key": task.claim.key})
                 continue
@@ -424,7 +428,8 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float,
     handler_deadline = deadline - settings.timeout_margin_seconds
     if handler_deadline - time.monotonic() <= 0:
         return TaskReport(key, TaskOutcome.SKIPPED, source=source)
-    paused, stopped_batches = control.cached(settings.control_cache_seconds).claim_exclusions
+    view = control.cached(settings.control_cache_seconds)
+    paused, stopped_batches = view.claim_exclusions
     claim = lifecycle.claim(key, owner, settings, paused=paused, stopped_batches=stopped_batches)
     if claim is None:
         metrics.add_metric(name=MetricName.NOT_CLAIMED, unit=MetricUnit.Count, value=1)
@@ -436,6 +441,15 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float,
         lifecycle.release_unstarted(claim)
         logger.info("no time left after the claim; task given back", extra={"task_key": key})
         return TaskReport(key, TaskOutcome.SKIPPED, source=source)
+    groups = concurrency.groups_of(claim.task, view.limits)
+    if groups:
+        entry = concurrency.enter(claim, groups)
+        if entry is not concurrency.Entry.ENTERED:
+            metrics.add_metric(name=MetricName.BLOCKED, unit=MetricUnit.Count, value=1)
+            logger.debug("concurrency group full", extra={"task_key": key, "entry": entry.value})
+            outcome = TaskOutcome.BLOCKED if entry is concurrency.Entry.BLOCKED else TaskOutcome.NOT_CLAIMED
+            return TaskReport(key, outcome, source=source)
+        claim = dataclasses.replace(claim, groups=groups)
     logger.thread_safe_append_keys(task_key=key, attempt=claim.attempt)
     metrics.add_metric(name=MetricName.CLAIMED, unit=MetricUnit.Count, value=1)
     context = TaskContext(
@@ -460,6 +474,7 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float,
     finally:
         if heartbeat is not None:
             heartbeat.unwatch(key)
+        concurrency.leave(claim)  # the handler has returned (one that never does keeps its places until the lease ends)
         logger.thread_safe_remove_keys(["task_key", "attempt"])
     seconds = time.monotonic() - started
     if not timed_out:

@@ -1,0 +1,375 @@
+"""Concurrency limits: at most N tasks of one *group* run at once, across the whole fleet.
+
+A task belongs to up to two groups:
+
+* its **concurrency key**, ``key:<concurrency_key>``, with the limit the task carries (a crawled
+  domain, a tenant: ``concurrency_limit`` of them at once, 1 when not given);
+* its **type**, ``type:<type>``, when the type has a limit (set live in the control record,
+  :func:`coworker.control.set_limit`).
+
+A task in no group (no key, no type limit) pays nothing: no read, no write, no condition.
+
+Each group has a *gate*, one item ``gate#<group>`` in the task table. Its map ``holders`` has one
+entry per attempt that holds a place: a short token of (task key, fencing token) -> the moment
+(epoch ms) its lease ends, which is the attempt's lock expiry, extended with the lock.
+
+**Entering** (after the claim, before the handler; :func:`enter`):
+
+1. One UpdateItem adds this attempt under the condition ``size(holders) < limit``. Entries of
+   dead holders count too, so this can refuse a place that is free, never grant one that is not.
+2. Refused: one consistent read. Entries whose lease has ended (their worker died) are removed
+   in the UpdateItem that adds this one, under the condition that each still carries the
+   expiry read and that the map is smaller than ``limit`` + those removed. So a dead holder's
+   place comes back when its lock expires, and the count stays exact under any concurrency.
+3. Still full: the task is **blocked**. One transaction gives its claim back (the attempt does
+   not count, the task keeps its status) and moves its index entry to the partition
+   ``blocked#<group>``, out of the queue, so the coordinator and the self-feeding workers never
+   wade through it and tasks of other groups start at once; the transaction holds only if the
+   gate's ``released`` count is still the one read (a holder that left in between makes it fail,
+   and the task tries again). The gate joins the index partition ``gates#waiting``.
+
+**Leaving** (:func:`leave`, in the worker's ``finally``: finished, failed, lost, timed out):
+one UpdateItem removes the entry and counts a release; when the gate has waiters, the oldest
+blocked task goes back to its status queue, due at once (its place in line kept).
+
+**The sweep** (each coordinator tick, :func:`sweep`) covers what no release announces: a dead
+holder's place, and a task blocked just as the index showed the partition empty. It reads the
+gates with waiters (a few per tick, the longest unswept first) and wakes as many blocked tasks as
+each has free places; a gate that has blocked nobody for ``QUIET_SECONDS`` and has nobody left
+waiting leaves ``gates#waiting``.
+
+**Cost** in write units (items under 1 KB; the gate grows by about 30 bytes per place held):
+a keyed attempt that gets its place pays 1 to enter, 1 to leave and 1 per heartbeat on top of
+the task's own writes; a task that finds its group full pays 1 (claim) + 4 (the two-item
+transaction) + 1 when it is woken, each time it is turned away.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import enum
+import hashlib
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+
+from pynamodb.attributes import MapAttribute, NumberAttribute, UnicodeAttribute, UTCDateTimeAttribute
+from pynamodb.exceptions import DoesNotExist, PutError, UpdateError
+from pynamodb.expressions.condition import Condition, size
+from pynamodb.indexes import GlobalSecondaryIndex, KeysOnlyProjection
+from pynamodb.models import Model
+from pynamodb.transactions import TransactWrite
+
+from coworker import batches, schema
+from coworker.config import Settings
+from coworker.errors import StorageError
+from coworker.lifecycle import Claim, fenced, give_back_actions, lock_expiry, release_unstarted
+from coworker.model import TaskModel, utcnow
+from coworker.observability import logger
+
+GATE_PREFIX = schema.GATE_PREFIX
+BLOCKED_PREFIX = schema.BLOCKED_PREFIX
+WAITING_GATES = schema.WAITING_GATES
+KEY_GROUP = "key:"
+TYPE_GROUP = "type:"
+MAX_LIMIT = 1000
+MAX_CONCURRENCY_KEY_CHARS = 256
+# A gate leaves gates#waiting only when it has blocked nobody for this long (the index is
+# eventually consistent: a task blocked a moment ago may not show yet).
+QUIET_SECONDS = 30.0
+# Gates the sweep looks at per tick, and blocked tasks it wakes per gate.
+SWEEP_GATES = 25
+WAKE_BUDGET = 100
+# A gate is swept again at the earliest this long after its last sweep.
+SWEEP_INTERVAL_SECONDS = 5.0
+# Reads and conditional writes one entry tries while the gate changes under it.
+RACE_RETRIES = 5
+_CONDITION_FAILED = "ConditionalCheckFailedException"
+
+
+class GateIndex(GlobalSecondaryIndex["GateModel"]):
+    """The tasks' status index, read for the ``gates#waiting`` partition only."""
+
+    class Meta:
+        index_name = schema.STATUS_INDEX_NAME
+        projection = KeysOnlyProjection()
+
+    status_shard = UnicodeAttribute(hash_key=True)
+    due_at = UTCDateTimeAttribute(range_key=True)
+
+
+class GateModel(Model):
+    """The gate of one concurrency group (one item, next to the tasks)."""
+
+    class Meta:
+        table_name = schema.DEFAULT_TABLE_NAME
+        region = "us-east-1"
+
+    key = UnicodeAttribute(hash_key=True, attr_name=schema.PARTITION_KEY)
+    holders = MapAttribute(null=True)  # holder token -> lease end (epoch ms)
+    limit = NumberAttribute(null=True)  # the limit its last holder entered under
+    released = NumberAttribute(null=True)  # places given back so far (blocking checks it)
+    # "gates#waiting" while tasks may be blocked on it; due_at: when it was last swept.
+    status_shard = UnicodeAttribute(null=True, attr_name=schema.STATUS_INDEX_PARTITION_KEY)
+    due_at = UTCDateTimeAttribute(null=True, attr_name=schema.STATUS_INDEX_SORT_KEY)
+    blocked_at = UTCDateTimeAttribute(null=True)  # the last time it blocked a task
+    updated_at = UTCDateTimeAttribute(null=True)
+
+    waiting_index = GateIndex()
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """A set of tasks of which at most ``limit`` run at once."""
+
+    name: str  # "key:<concurrency key>" or "type:<type>"
+    limit: int
+
+    @property
+    def gate_key(self) -> str:
+        return GATE_PREFIX + self.name
+
+    @property
+    def blocked_partition(self) -> str:
+        return BLOCKED_PREFIX + self.name
+
+
+class Entry(str, enum.Enum):
+    """What :func:`enter` did with a claimed task."""
+
+    ENTERED = "entered"  # it holds a place in every group: run it
+    BLOCKED = "blocked"  # a group was full: the task waits, out of the queue, until a place frees
+    GIVEN_BACK = "given_back"  # the gate kept changing: the task is due again at once
+    LOST = "lost"  # the claim was no longer this worker's (cancelled meanwhile): nothing to do
+
+
+def groups_of(task: TaskModel, type_limits: Mapping[str, int]) -> tuple[Group, ...]:
+    """The groups ``task`` belongs to: its type's (if limited), then its concurrency key's."""
+    groups = []
+    if task.task_type in type_limits:
+        groups.append(Group(TYPE_GROUP + task.task_type, int(type_limits[task.task_type])))
+    if task.concurrency_key:
+        groups.append(Group(KEY_GROUP + task.concurrency_key, int(task.concurrency_limit or 1)))
+    return tuple(groups)
+
+
+def holder_token(claim: Claim) -> str:
+    """A short token unique to one attempt of one task: its entry in the gates' maps."""
+    digest = hashlib.blake2b(f"{claim.key}\0{claim.fencing_token}".encode(), digest_size=12).digest()
+    return base64.urlsafe_b64encode(digest).decode()
+
+
+def _epoch_ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def _update(key: str, actions: list, condition: Condition | None) -> GateModel | None:
+    """One UpdateItem on gate ``key``; the gate as written, or ``None`` when ``condition`` (or
+    the path to a map entry) does not hold."""
+    gate = GateModel(key)
+    try:
+        gate.update(actions=actions, condition=condition)
+    except UpdateError as exc:
+        if exc.cause_response_code == _CONDITION_FAILED:
+            return None
+        raise StorageError(f"could not update gate {key!r}: {exc.cause_response_message}") from exc
+    return gate
+
+
+def _take(group: Group, token: str, lease_end: int, now: datetime) -> tuple[bool, int | None]:
+    """Take a place in ``group``: ``(True, None)``; ``(False, released)`` when it is full
+    (``released`` as read, for the blocking transaction); ``(False, None)`` when the gate kept
+    changing."""
+    take = [GateModel.holders[token].set(lease_end), GateModel.limit.set(group.limit),
+            GateModel.updated_at.set(now)]
+    if _update(group.gate_key, take, GateModel.holders.exists() & (size(GateModel.holders) < group.limit)):
+        return True, None
+    for _ in range(RACE_RETRIES):
+        try:
+            current = GateModel.get(group.gate_key, consistent_read=True)
+        except DoesNotExist:
+            if _create(group, token, lease_end, now):
+                return True, None
+            continue
+        holders = current.holders.as_dict() if current.holders is not None else {}
+        if token in holders:
+            return True, None  # a retried request that did commit
+        now_ms = _epoch_ms(now)
+        ended = {holder: end for holder, end in holders.items() if int(end) <= now_ms}
+        if len(holders) - len(ended) >= group.limit:
+            return False, int(current.released or 0)
+        # Dead holders' entries go in the write that adds this one, each only if unchanged.
+        condition = size(GateModel.holders) < group.limit + len(ended)
+        for holder, end in ended.items():
+            condition &= GateModel.holders[holder] == end
+        actions = [*(GateModel.holders[holder].remove() for holder in ended), *take]
+        if ended:
+            actions.append(GateModel.released.add(len(ended)))
+        if _update(group.gate_key, actions, condition) is not None:
+            return True, None
+    return False, None
+
+
+def _create(group: Group, token: str, lease_end: int, now: datetime) -> bool:
+    """Make ``group``'s gate with this one entry; ``False`` if another writer made it first."""
+    gate = GateModel(group.gate_key, holders={token: lease_end}, limit=group.limit, released=0, updated_at=now)
+    try:
+        gate.save(condition=GateModel.key.does_not_exist())
+    except PutError as exc:
+        if exc.cause_response_code == _CONDITION_FAILED:
+            return False
+        raise StorageError(f"could not create gate {group.gate_key!r}: {exc.cause_response_message}") from exc
+    return True
+
+
+def enter(claim: Claim, groups: Sequence[Group], now: datetime | None = None) -> Entry:
+    """Take a place in each of ``groups`` for a claimed task, or give the task back.
+
+    All or nothing: a task that finds one group full gives back the places it took in the
+    others, then is blocked on the full one (see the module's docstring).
+    """
+    now = now or utcnow()
+    token, lease_end = holder_token(claim), _epoch_ms(claim.task.lock_expires_at)
+    for _ in range(RACE_RETRIES):
+        taken: list[Group] = []
+        for group in groups:
+            took, released = _take(group, token, lease_end, now)
+            if not took:
+                break
+            taken.append(group)
+        else:
+            return Entry.ENTERED
+        _leave(token, taken)
+        if released is None:
+            break
+        outcome = _block(claim, group, released, now)
+        if outcome is not None:
+            return outcome
+        # A holder left between the read and the block: there may be a place now.
+    return Entry.GIVEN_BACK if release_unstarted(claim, now) else Entry.LOST
+
+
+def _block(claim: Claim, group: Group, released: int, now: datetime) -> Entry | None:
+    """Give the claim back and move the task to ``group``'s blocked partition, if no holder has
+    left since ``released`` was read; ``None`` when one has (try again)."""
+    actions = give_back_actions(claim, now, partition=group.blocked_partition)
+    unchanged = (GateModel.released == released) if released else (
+        GateModel.released.does_not_exist() | (GateModel.released == 0))
+
+    def build(transaction: TransactWrite) -> None:
+        transaction.update(TaskModel(claim.key), actions=actions, condition=fenced(claim))
+        transaction.update(GateModel(group.gate_key), condition=unchanged, actions=[
+            GateModel.status_shard.set(WAITING_GATES), GateModel.due_at.set(GateModel.due_at | now),
+            GateModel.blocked_at.set(now)])
+
+    reasons = batches.transact(build, f"block task {claim.key!r} on {group.name!r}")
+    if reasons is None:
+        return Entry.BLOCKED
+    if reasons[0] == _CONDITION_FAILED:
+        return Entry.LOST
+    return None
+
+
+def _leave(token: str, groups: Sequence[Group]) -> None:
+    """Give back this holder's places; for each gate with waiters, wake the oldest one."""
+    for group in groups:
+        gate = _update(group.gate_key, [GateModel.holders[token].remove(), GateModel.released.add(1)],
+                       GateModel.holders[token].exists())
+        if gate is not None and gate.status_shard == WAITING_GATES:
+            wake(group, 1)
+
+
+def leave(claim: Claim) -> None:
+    """Give back the places ``claim`` holds (whatever its outcome); never raises: a place not
+    given back returns when its lease ends."""
+    if not claim.groups:
+        return
+    try:
+        _leave(holder_token(claim), claim.groups)
+    except Exception:  # noqa: BLE001 - the lease then ends with the lock
+        logger.exception("could not give back a concurrency place", extra={"task_key": claim.key})
+
+
+def extend(claim: Claim, settings: Settings, now: datetime) -> bool:
+    """Heartbeat: push this attempt's leases in its gates to the lock's new expiry (call it
+    before extending the lock, with the same ``now``); ``False`` when an entry is gone (it
+    ended and another task took the place)."""
+    token, lease_end = holder_token(claim), _epoch_ms(lock_expiry(settings, now))
+    return all(
+        _update(group.gate_key, [GateModel.holders[token].set(lease_end)], GateModel.holders[token].exists())
+        is not None for group in claim.groups)
+
+
+def wake(group: Group, count: int) -> int:
+    """Put up to ``count`` of ``group``'s blocked tasks, oldest first, back in their status's
+    queue (due at once); how many moved."""
+    woken = 0
+    for task in TaskModel.status_index.query(group.blocked_partition, limit=count):
+        moved = TaskModel(task.key)
+        try:
+            moved.update(actions=[TaskModel.status_shard.set(TaskModel.shard_value_of(task.key, task.status))],
+                         condition=TaskModel.status_shard == group.blocked_partition)
+        except UpdateError as exc:
+            if exc.cause_response_code == _CONDITION_FAILED:
+                continue  # cancelled or woken by someone else meanwhile
+            raise StorageError(f"could not wake task {task.key!r}: {exc.cause_response_message}") from exc
+        woken += 1
+        if woken >= count:
+            break
+    return woken
+
+
+def blocked(group_name: str, limit: int) -> list[TaskModel]:
+    """Up to ``limit`` tasks blocked on ``group_name``, oldest first (index entries)."""
+    return list(TaskModel.status_index.query(BLOCKED_PREFIX + group_name, limit=limit))
+
+
+def holding(gate: GateModel, now: datetime) -> int:
+    """Places of ``gate`` held by live leases at ``now``."""
+    holders = gate.holders.as_dict() if gate.holders is not None else {}
+    now_ms = _epoch_ms(now)
+    return sum(1 for end in holders.values() if int(end) > now_ms)
+
+
+def read_gate(group_name: str) -> GateModel | None:
+    try:
+        return GateModel.get(GATE_PREFIX + group_name, consistent_read=True)
+    except DoesNotExist:
+        return None
+
+
+def sweep(type_limits: Mapping[str, int], now: datetime | None = None) -> int:
+    """Wake the blocked tasks of gates with free places that no release announced (a dead
+    holder's lease ended; a task blocked just as its partition was read empty). Looks at up to
+    SWEEP_GATES gates not swept for SWEEP_INTERVAL_SECONDS; returns the tasks woken."""
+    now = now or utcnow()
+    woken = 0
+    swept_before = now - timedelta(seconds=SWEEP_INTERVAL_SECONDS)
+    for entry in GateModel.waiting_index.query(WAITING_GATES, GateModel.due_at <= swept_before,
+                                                limit=SWEEP_GATES):
+        woken += _sweep_gate(entry.key, type_limits, now)
+    return woken
+
+
+def _sweep_gate(key: str, type_limits: Mapping[str, int], now: datetime) -> int:
+    try:
+        gate = GateModel.get(key, consistent_read=True)
+    except DoesNotExist:
+        return 0
+    name = key[len(GATE_PREFIX):]
+    if name.startswith(TYPE_GROUP):
+        # A type whose limit was lifted lets its blocked tasks go, WAKE_BUDGET per sweep.
+        limit = int(type_limits.get(name[len(TYPE_GROUP):], WAKE_BUDGET))
+    else:
+        limit = int(gate.limit or 1)
+    group = Group(name, limit)
+    free = min(WAKE_BUDGET, max(0, limit - holding(gate, now)))
+    woken = wake(group, free) if free else 0
+    quiet = gate.blocked_at is None or gate.blocked_at <= now - timedelta(seconds=QUIET_SECONDS)
+    if free and woken == 0 and quiet:
+        # Nobody left waiting: out of gates#waiting, unless it blocked someone meanwhile.
+        seen = (GateModel.blocked_at == gate.blocked_at) if gate.blocked_at else GateModel.blocked_at.does_not_exist()
+        _update(key, [GateModel.status_shard.remove(), GateModel.due_at.remove()], seen)
+    else:
+        _update(key, [GateModel.due_at.set(now)], GateModel.status_shard == WAITING_GATES)
+    return woken
