@@ -394,13 +394,13 @@ class ProcessWorkerPool:
 
 
 def _interrupt(invocation: Any) -> int:
-    """Record the tasks ``invocation`` holds as failed (interrupted), release their locks and
-    its slot.
+    """Record the tasks ``invocation`` holds as failed (interrupted), release their locks, their
+    places in concurrency groups and its slot.
 
     Each write is fenced by (owner, attempt), like any outcome, so a handler that finishes at the
     same moment either records first (and this write is refused) or is refused itself.
     """
-    from coworker import leases, lifecycle
+    from coworker import concurrency, leases, lifecycle
     from coworker.model import ErrorKind, utcnow
 
     recorded = 0
@@ -410,6 +410,7 @@ def _interrupt(invocation: Any) -> int:
             "interrupted: the local runtime stopped (SIGTERM) before the task finished", utcnow())
         if lifecycle.fail(claim, invocation.settings, error) is not lifecycle.RecordOutcome.LOST:
             recorded += 1
+        concurrency.leave(claim)  # its places in concurrency groups, if any
     request = invocation.request
     if request.slot:
         leases.release(request.slot, request.token or "")

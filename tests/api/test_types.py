@@ -13,7 +13,7 @@ def test_pause_and_resume_a_type(settings):
     api = Api(settings, invoker)
     status, answer, _ = api.call("POST", "/types/slow/pause")
     assert status == 200 and answer == {"type": "slow", "registered": True, "paused": True, "held": 0,
-                                        "changed": True}
+                                        "limit": None, "running": None, "blocked": None, "changed": True}
     assert api.call("POST", "/types/slow/pause")[1]["changed"] is False  # idempotent
     assert control.read().paused == frozenset({"slow"})
 
@@ -54,3 +54,58 @@ def test_a_type_with_held_tasks_stays_listed_and_resumable_after_its_handler_is_
 def test_task_keys_may_not_use_the_control_prefix(settings):
     status, answer, _ = Api(settings).call("POST", "/tasks", {"key": "control#types", "type": "quick"})
     assert status == 422 and "reserved" in answer["message"]
+
+
+def test_set_and_lift_a_type_limit(settings):
+    api = Api(settings)
+    status, answer, _ = api.call("PUT", "/types/slow/limit", {"limit": 2})
+    assert status == 200 and (answer["limit"], answer["running"], answer["blocked"], answer["changed"]) == (
+        2, 0, 0, True)
+    assert api.call("PUT", "/types/slow/limit", {"limit": 2})[1]["changed"] is False
+    assert control.read().limits == {"slow": 2}
+    types = {t["type"]: t for t in api.call("GET", "/types")[1]["types"]}
+    assert types["slow"]["limit"] == 2 and types["quick"]["limit"] is None
+
+    status, answer, _ = api.call("PUT", "/types/slow/limit", {"limit": None})
+    assert status == 200 and answer["limit"] is None and answer["changed"] is True
+    assert control.read().limits == {}
+
+
+def test_bad_limits_are_refused_and_change_nothing(settings):
+    api = Api(settings)
+    api.call("PUT", "/types/slow/limit", {"limit": 3})
+    for body in ({"limit": 0}, {"limit": -1}, {"limit": "2"}, {"limit": 1001}, {}, {"limit": 2, "extra": 1},
+                 [2]):
+        status, answer, _ = api.call("PUT", "/types/slow/limit", body)
+        assert status == 422, (body, answer)
+        assert answer["message"], answer
+    status, answer, _ = api.call("PUT", "/types/nope/limit", {"limit": 2})
+    assert status == 404 and answer["error"] == "type_not_found"
+    assert control.read().limits == {"slow": 3}
+
+
+def test_a_task_with_a_concurrency_key_and_bad_ones(settings):
+    api = Api(settings)
+    status, answer, _ = api.call("POST", "/tasks", {"key": "p1", "type": "quick", "concurrency_key": "example.com",
+                                                    "concurrency_limit": 4})
+    assert status == 201, answer
+    task = api.call("GET", "/tasks/p1")[1]
+    assert (task["concurrency_key"], task["concurrency_limit"], task["blocked"]) == ("example.com", 4, False)
+    assert api.call("POST", "/tasks", {"key": "p2", "type": "quick", "concurrency_key": "x"})[0] == 201
+    assert api.call("GET", "/tasks/p2")[1]["concurrency_limit"] == 1  # one at a time unless told
+
+    before = api.items()
+    bad = [
+        ({"type": "quick", "concurrency_limit": 2}, "needs a concurrency_key"),
+        ({"type": "quick", "concurrency_key": "x", "concurrency_limit": 0}, "concurrency_limit"),
+        ({"type": "quick", "concurrency_key": "x", "concurrency_limit": 1001}, "concurrency_limit"),
+        ({"type": "quick", "concurrency_key": "x", "concurrency_limit": "3"}, "concurrency_limit"),
+        ({"type": "quick", "concurrency_key": ""}, "concurrency_key"),
+        ({"type": "quick", "concurrency_key": "x" * 257}, "concurrency_key"),
+        ({"type": "quick", "concurrency_key": "a\nb"}, "control characters"),
+        ({"key": "gate#key:x", "type": "quick"}, "reserved"),
+    ]
+    for body, words in bad:
+        status, answer, _ = api.call("POST", "/tasks", body)
+        assert status == 422 and words in answer["message"], (body, answer)
+    assert api.items() == before

@@ -256,3 +256,21 @@ def test_pause_resume_and_types(served):
     assert (result.returncode, result.stdout) == (0, "slow: running\n")
     result = served.run("pause", "no-such-type")
     assert result.returncode == 1 and "no task type 'no-such-type' here (known: always-fail" in result.stderr
+
+
+def test_limit_a_type_and_submit_with_a_concurrency_key(served):
+    result = served.run("limit", "slow", "2")
+    assert (result.returncode, result.stdout) == (0, "slow: running, limit 2 (0 running, 0 waiting)\n")
+    assert "slow: running, limit 2 (0 running, 0 waiting)\n" in served.run("types").stdout
+    result = served.run("limit", "slow", "two")
+    assert result.returncode == 2 and "LIMIT must be a whole number or 'none'" in result.stderr
+    result = served.run("limit", "slow", "0")
+    assert result.returncode == 1 and "limit" in result.stderr
+    result = served.run("limit", "slow", "none")
+    assert (result.returncode, result.stdout) == (0, "slow: running\n")
+
+    result = served.run("submit", "--type", "quick", "--key", "c1", "--concurrency-key", "example.com",
+                        "--concurrency-limit", "3")
+    assert result.returncode == 0, result.stderr
+    record = json.loads(served.run("status", "c1", "--json").stdout)
+    assert (record["concurrency_key"], record["concurrency_limit"]) == ("example.com", 3)

@@ -12,6 +12,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -201,5 +202,36 @@ def test_pause_and_resume_a_type_from_the_dashboard(browser, runtime):
     page.locator("#types tr[data-type='slow'] .pill.running").wait_for(timeout=30_000)
     runtime.wait_for(lambda: runtime.get(f"/batches/paused-{run}").json()["done"], 60, "the slow tasks to finish")
     assert {runtime.task(t["key"])["status"] for t in tasks} == {"finished"}
+    assert not errors, errors
+    page.close()
+
+
+def test_limit_a_type_from_the_dashboard(browser, runtime):
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(runtime.url + "/dashboard")
+    row = "#types tr[data-type='slow']"
+    page.locator(f"{row} input.limit-input").wait_for(timeout=30_000)
+    page.locator(f"{row} input.limit-input").fill("1")
+    page.locator(f"{row} button[data-verb='limit']").click()
+    page.wait_for_function(
+        f"document.querySelector(\"{row} td.limit-usage\").textContent.includes('of 1 running')", timeout=30_000)
+    assert next(t for t in runtime.get("/types").json()["types"] if t["type"] == "slow")["limit"] == 1
+    time.sleep(1.5)  # claimers see a new limit within COWORKER_CONTROL_CACHE_SECONDS (1 s here)
+
+    run = uuid.uuid4().hex[:6]
+    tasks = [{"key": f"{run}-lim{i}", "type": "slow", "payload": {"seconds": 0.6}} for i in range(3)]
+    assert runtime.post("/tasks", json={"batch_id": f"limited-{run}", "tasks": tasks}).status_code == 201
+    runtime.wait_for(lambda: runtime.get(f"/batches/limited-{run}").json()["done"], 60, "the limited tasks")
+    # one at a time: each finished at least a handler's run after the one before
+    finished = sorted(datetime.fromisoformat(runtime.task(t["key"])["finished_at"]) for t in tasks)
+    assert all((b - a).total_seconds() >= 0.5 for a, b in zip(finished, finished[1:], strict=False)), finished
+
+    page.locator(f"{row} input.limit-input").fill("")
+    page.locator(f"{row} button[data-verb='limit']").click()
+    page.wait_for_function(
+        f"document.querySelector(\"{row} td.limit-usage\").textContent === 'none'", timeout=30_000)
+    assert next(t for t in runtime.get("/types").json()["types"] if t["type"] == "slow")["limit"] is None
     assert not errors, errors
     page.close()

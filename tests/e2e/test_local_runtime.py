@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 import uuid
 
 import pytest
@@ -89,6 +90,38 @@ def test_a_killed_worker_process_loses_its_task_to_another_after_the_lock_expire
     recent = runtime.get("/local/invocations", params={"recent": 1}).json()["recent"]
     killed = next(i for i in recent if i["seq"] == invocation["seq"])
     assert killed["result"] == "crashed" and killed["pid"] == invocation["pid"]
+
+
+def test_a_killed_holders_place_in_its_concurrency_group_comes_back_when_its_lock_expires(runtime):
+    """Given a task of concurrency key K (limit 1) running in a worker process, and a second task
+    of K waiting for the place, when that process is SIGKILLed, then the second task stays
+    blocked until the dead holder's lock expires, and both then finish, one at a time."""
+    run = uuid.uuid4().hex[:6]
+    victim, waiter = f"{run}-holder", f"{run}-waiter"
+    group = {"concurrency_key": f"site-{run}", "concurrency_limit": 1}
+    _submit(runtime, [{"key": victim, "type": "slow", "payload": {"seconds": 3}, **group}])
+
+    def claimed_invocation():
+        task = runtime.task(victim)
+        if task["status"] != "processing":
+            return None
+        running = runtime.get("/local/invocations").json()["running"]
+        return next((i for i in running if i["owner"] == task["lock_owner"] and victim in i["keys"]), None)
+
+    invocation = runtime.wait_for(claimed_invocation, 30, "the holder to be claimed", interval=0.05)
+    _submit(runtime, [{"key": waiter, "type": "slow", "payload": {"seconds": 0.2}, **group}])
+    runtime.wait_for(lambda: runtime.task(waiter)["blocked"], 30, "the waiter to be blocked", interval=0.05)
+    os.kill(invocation["pid"], signal.SIGKILL)
+    killed_at = time.monotonic()
+
+    time.sleep(2)
+    assert runtime.task(waiter)["blocked"] is True  # the dead holder's lease has not ended yet
+    tasks = runtime.wait_for(lambda: all((t := [runtime.task(victim), runtime.task(waiter)])[i]["status"]
+                                         == "finished" for i in (0, 1)) and t, 60, "both tasks to finish")
+    assert time.monotonic() - killed_at >= 5  # not before the lock (10 s here, from the claim) expired
+    holder, other = tasks
+    assert holder["attempts"] == 2 and [e["kind"] for e in holder["errors"]] == ["worker_lost"]
+    assert other["attempts"] == 1 and not other["blocked"]
 
 
 def test_dashboard_and_api_documents_are_served(runtime):

@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import botocore.client
 import pytest
-from coworker import concurrency, control, dispatch, lifecycle
+from coworker import concurrency, control, dispatch, lifecycle, migration
 from coworker.concurrency import Entry, Group
 from coworker.handlers import TaskContext, task_handler
 from coworker.lifecycle import TaskSpec
@@ -292,3 +292,15 @@ def test_a_cancelled_blocked_task_ends_and_its_gate_stops_waiting(make_settings)
     quiet = utcnow() + timedelta(seconds=concurrency.QUIET_SECONDS + 1)
     assert concurrency.sweep({}, now=quiet) == 0
     assert concurrency.read_gate("key:c").status_shard is None  # out of gates#waiting
+
+
+def test_a_blocked_task_stays_blocked_through_a_reshard(make_settings):
+    settings = make_settings()
+    _put(settings, "a", ckey="m", limit=1, ago=20)
+    _put(settings, "b", ckey="m", limit=1, ago=10)
+    _enter("a", "w1", settings)
+    assert _enter("b", "w2", settings)[1] is Entry.BLOCKED
+
+    migration.reshard()
+
+    assert lifecycle.get_task("b").status_shard == "blocked#key:m"

@@ -283,28 +283,51 @@ function select(key) {
 
 // ---- task types -----------------------------------------------------------------------------
 
-function renderTypes(answer) {
+function renderTypes(answer, force = false) {
   const types = (answer && answer.types) || [];
+  // Someone typing a limit keeps their text: the periodic refresh skips the table meanwhile.
+  if (!force && $("types").contains(document.activeElement) && document.activeElement.tagName === "INPUT") return;
   if (!types.length) {
-    $("types").innerHTML = '<tr><td colspan="4" class="empty">no task types</td></tr>';
+    $("types").innerHTML = '<tr><td colspan="6" class="empty">no task types</td></tr>';
     return;
   }
   $("types").innerHTML = types.map(t => {
     const state = t.paused ? "paused" : "running";
     const verb = t.paused ? "resume" : "pause";
-    return `<tr data-type="${esc(t.type)}"><td class="kind">${esc(t.type)}${t.registered ? "" : " (no handler)"}</td>
+    const name = esc(t.type);
+    const usage = t.limit == null ? "none" : `${fmt(t.running)} of ${fmt(t.limit)} running, ${fmt(t.blocked)} waiting`;
+    return `<tr data-type="${name}"><td class="kind">${name}${t.registered ? "" : " (no handler)"}</td>
       <td><span class="pill ${state}">${state}</span></td><td class="num">${fmt(t.held)}</td>
-      <td><button type="button" data-verb="${verb}" data-type="${esc(t.type)}">${verb === "pause" ? "Pause" : "Resume"}</button></td></tr>`;
+      <td class="limit-usage">${usage}</td>
+      <td><input type="number" min="1" max="1000" class="limit-input" aria-label="limit of ${name}" placeholder="none"
+           value="${t.limit == null ? "" : t.limit}" data-type="${name}">
+          <button type="button" data-verb="limit" data-type="${name}">Set limit</button></td>
+      <td><button type="button" data-verb="${verb}" data-type="${name}">${verb === "pause" ? "Pause" : "Resume"}</button></td></tr>`;
   }).join("");
+}
+
+async function sendJSON(method, path, body) {
+  const response = await fetch(path, {method, cache: "no-store",
+    headers: {"Content-Type": "application/json", "Accept": "application/json"}, body: JSON.stringify(body)});
+  const answer = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Error(answer.message || `${path}: HTTP ${response.status}`);
+  return answer;
 }
 
 $("types").addEventListener("click", async event => {
   const button = event.target.closest("button[data-verb]");
   if (!button) return;
   button.disabled = true;
+  const path = `/types/${encodeURIComponent(button.dataset.type)}`;
   try {
-    await postJSON(`/types/${encodeURIComponent(button.dataset.type)}/${button.dataset.verb}`, {});
-    renderTypes(await getJSON("/types"));
+    if (button.dataset.verb === "limit") {
+      const text = button.parentElement.querySelector("input").value.trim();
+      await sendJSON("PUT", `${path}/limit`, {limit: text === "" ? null : Number(text)});
+    } else {
+      await sendJSON("POST", `${path}/${button.dataset.verb}`, {});
+    }
+    $("error-banner").style.display = "none";
+    renderTypes(await getJSON("/types"), true);
   } catch (error) {
     $("error-banner").style.display = "block";
     $("error-banner").textContent = error.message;
@@ -317,12 +340,8 @@ $("types").addEventListener("click", async event => {
 const BULK_STATUSES = {retry: ["ignored", "failed"], cancel: ["todo", "failed", "processing"]};
 const bulk = {counted: null, busy: false};
 
-async function postJSON(path, body) {
-  const response = await fetch(path, {method: "POST", cache: "no-store",
-    headers: {"Content-Type": "application/json", "Accept": "application/json"}, body: JSON.stringify(body)});
-  const answer = await response.json().catch(() => ({}));
-  if (!response.ok) throw new Error(answer.message || `${path}: HTTP ${response.status}`);
-  return answer;
+function postJSON(path, body) {
+  return sendJSON("POST", path, body);
 }
 
 function bulkFilter() {

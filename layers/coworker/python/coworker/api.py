@@ -16,6 +16,7 @@ Routes (details, limits and the error format in docs/api.md; the OpenAPI documen
     GET  /types                    task types: registered, paused, held
     POST /types/{type}/pause       stop dispatching and claiming a type (running tasks finish)
     POST /types/{type}/resume      let a paused type run again
+    PUT  /types/{type}/limit       set or lift how many tasks of a type run at once
 
 Bad input is refused before anything is written. Every error answer has the shape
 ``{"statusCode", "error", "message", "errors"?}``; domain errors are mapped to HTTP codes in
@@ -46,7 +47,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValida
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from pydantic import BaseModel
 
-from coworker import batches, bulk, control, dispatch, handlers, lifecycle, offload, queries, schema
+from coworker import batches, bulk, concurrency, control, dispatch, handlers, lifecycle, offload, queries, schema
 from coworker.api_models import (
     DEFAULT_PAGE_SIZE,
     MAX_CURSOR_CHARS,
@@ -58,6 +59,7 @@ from coworker.api_models import (
     BulkOut,
     ErrorOut,
     IndexedStatus,
+    LimitIn,
     Order,
     PutResult,
     RedriveOut,
@@ -360,7 +362,8 @@ def _task_key(raw: str) -> str:
 def _spec(task: TaskIn, batch_id: str | None) -> TaskSpec:
     return TaskSpec(key=task.key or str(uuid.uuid4()), type=task.type, payload=task.payload,
                     max_attempts=task.max_attempts, run_at=task.run_at, batch_id=batch_id,
-                    priority=task.priority)
+                    priority=task.priority, concurrency_key=task.concurrency_key,
+                    concurrency_limit=task.concurrency_limit)
 
 
 def check_task_types(tasks: Sequence[TaskIn], batch: bool) -> None:
@@ -643,16 +646,26 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
 
     def type_out(task_type: str, view: control.ControlView, changed: bool | None = None) -> TypeOut:
         held, _ = control.count_held(task_type, HELD_COUNT_CAP) if task_type in view.held_types else (0, False)
+        limit = view.limits.get(task_type)
+        running = blocked = None
+        if limit is not None:
+            running, blocked = concurrency.occupancy(concurrency.TYPE_GROUP + task_type, HELD_COUNT_CAP)
         return TypeOut(type=task_type, registered=task_type in handlers.registered_types(),
-                       paused=view.is_paused(task_type), held=held, changed=changed)
+                       paused=view.is_paused(task_type), held=held, limit=limit, running=running, blocked=blocked,
+                       changed=changed)
 
-    def switch_type(raw: str, pause: bool) -> TypeOut:
-        """Pause or resume the type named in the path (404 for a type nobody knows)."""
+    def known_type(raw: str, view: control.ControlView) -> str:
+        """The type named in the path; 404 for a type nobody knows."""
         task_type = unquote(raw)
-        view = control.read(consistent=True)
         listed = control.types_listed(view, handlers.registered_types())
         if task_type not in listed:
             raise TaskTypeNotFoundError(f"no task type {task_type!r} here (known: {', '.join(listed) or 'none'})")
+        return task_type
+
+    def switch_type(raw: str, pause: bool) -> TypeOut:
+        """Pause or resume the type named in the path (404 for a type nobody knows)."""
+        view = control.read(consistent=True)
+        task_type = known_type(raw, view)
         changed = control.pause(task_type) if pause else control.resume(task_type)
         logger.info("task type paused" if pause else "task type resumed",
                     extra={"task_type": task_type, "changed": changed})
@@ -677,6 +690,15 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
               responses=_responses("The type, resumed"))
     def resume_type(task_type: str) -> TypeOut:
         return switch_type(task_type, pause=False)
+
+    @app.put("/types/<task_type>/limit", summary="Set or lift a task type's concurrency limit", tags=["types"],
+             responses=_responses("The type, with its new limit"))
+    def limit_type(task_type: str, body: Annotated[LimitIn, Body(description="The new limit, or null")]) -> TypeOut:
+        view = control.read(consistent=True)
+        task_type = known_type(task_type, view)
+        changed = control.set_limit(task_type, body.limit)
+        logger.info("task type limit set", extra={"task_type": task_type, "limit": body.limit, "changed": changed})
+        return type_out(task_type, control.read(consistent=True), changed)
 
     @app.get("/batches/<batch_id>", summary="A batch's progress", tags=["batches"],
              responses=_responses("The batch's counters"))

@@ -26,12 +26,15 @@ from coworker.batches import BATCH_KEY_PREFIX
 from coworker.bulk import BulkAction, check_action
 from coworker.control import CONTROL_KEY_PREFIX
 from coworker.leases import LEASE_KEY_PREFIX, SLOT_KEY_PREFIX
+from coworker.schema import GATE_PREFIX
 
 MAX_BATCH_TASKS = 1000
 MAX_KEY_CHARS = 512  # DynamoDB allows 2048 bytes; 512 characters of UTF-8 always fit
 MAX_TYPE_CHARS = 128
 MAX_ATTEMPTS_CEILING = 100
 MAX_PRIORITY = 2**31 - 1
+MAX_CONCURRENCY_KEY_CHARS = 256
+MAX_CONCURRENCY_LIMIT = 1000  # a gate item holds ~30 bytes per place: 1,000 places stay under 32 KB
 BATCH_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
@@ -118,6 +121,26 @@ class TaskIn(_Strict):
     priority: StrictInt | None = Field(None, ge=-MAX_PRIORITY, le=MAX_PRIORITY,
                                  description="Seconds of head start in the oldest-first queue "
                                              "(negative: held back that long); ignored when run_at is set.")
+    concurrency_key: str | None = Field(
+        None, min_length=1, max_length=MAX_CONCURRENCY_KEY_CHARS,
+        description="Tasks with the same concurrency key run at most concurrency_limit at once, fleet-wide "
+                    "(a crawled domain, a tenant id). Tasks without one are not limited.")
+    concurrency_limit: StrictInt | None = Field(
+        None, ge=1, le=MAX_CONCURRENCY_LIMIT,
+        description=f"How many tasks of this concurrency key may run at once (1-{MAX_CONCURRENCY_LIMIT}; "
+                    "default 1). Only with concurrency_key.")
+
+    @model_validator(mode="after")
+    def _limit_needs_a_key(self) -> TaskIn:
+        if self.concurrency_limit is not None and self.concurrency_key is None:
+            raise ValueError("concurrency_limit needs a concurrency_key: the limit applies to the tasks "
+                             "that share the key")
+        return self
+
+    @field_validator("concurrency_key")
+    @classmethod
+    def _concurrency_key_is_usable(cls, value: str | None) -> str | None:
+        return value if value is None else _no_control_characters(value, "concurrency_key")
 
     @field_validator("key")
     @classmethod
@@ -127,7 +150,7 @@ class TaskIn(_Strict):
         _no_control_characters(value, "key")
         if value.startswith(BATCH_KEY_PREFIX):
             raise ValueError(f"keys starting with '{BATCH_KEY_PREFIX}' are reserved for batches")
-        for prefix in (SLOT_KEY_PREFIX, LEASE_KEY_PREFIX, CONTROL_KEY_PREFIX):
+        for prefix in (SLOT_KEY_PREFIX, LEASE_KEY_PREFIX, CONTROL_KEY_PREFIX, GATE_PREFIX):
             if value.startswith(prefix):
                 raise ValueError(f"keys starting with '{prefix}' are reserved for Coworker's own items")
         return value
@@ -257,6 +280,10 @@ class TaskOut(BaseModel):
     batch_id: str | None
     parent: str | None = Field(None, description="Key of the task whose handler spawned this one.")
     priority: int | None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    blocked: bool = Field(False, description="Waiting for a place in its concurrency group (its key's or its "
+                                             "type's limit is reached): out of the queue until one frees.")
     result: Any = None
     result_ref: ResultRefOut | None = Field(
         None, description="Set when the result was too large for the record: read it with "
@@ -369,7 +396,20 @@ class TypeOut(BaseModel):
     paused: bool = Field(description="Its tasks are neither dispatched nor claimed; running ones finish.")
     held: int = Field(description="Its tasks parked out of the queue while paused (counted up to 1,000), "
                                   "put back once it is resumed.")
+    limit: int | None = Field(None, description="At most this many of its tasks run at once (null: no limit).")
+    running: int | None = Field(None, description="With a limit: places taken now (live leases).")
+    blocked: int | None = Field(None, description="With a limit: its tasks waiting for a place (counted up to "
+                                                  "1,000), woken oldest first as places free.")
     changed: bool | None = Field(None, description="For pause and resume: false when it was so already.")
+
+
+class LimitIn(_Strict):
+    """A task type's concurrency limit."""
+
+    limit: StrictInt | None = Field(
+        description=f"At most this many tasks of the type run at once, fleet-wide (1-{MAX_CONCURRENCY_LIMIT}); "
+                    "null lifts the limit. Claimers see a change within COWORKER_CONTROL_CACHE_SECONDS.",
+        ge=1, le=MAX_CONCURRENCY_LIMIT)
 
 
 class TypesOut(BaseModel):

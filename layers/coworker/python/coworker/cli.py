@@ -10,7 +10,7 @@
     coworker bulk retry --status ignored [--type T] [--batch ID] [--created-after ISO] [--dry-run]
     coworker bulk cancel --status todo --type T   # a progress bar; prints how to resume if stopped
     coworker stats
-    coworker types | coworker pause TYPE | coworker resume TYPE
+    coworker types | coworker pause TYPE | coworker resume TYPE | coworker limit TYPE N|none
     coworker migrate-index --table NAME [--shards N] [--dry-run]   # talks to DynamoDB itself
 
 The API is found at ``--url`` or ``COWORKER_API_URL`` (default http://127.0.0.1:8000); an API
@@ -169,7 +169,7 @@ def _task_from_flags(args: argparse.Namespace) -> dict[str, Any]:
             task["payload"] = json.loads(args.payload)
         except ValueError as exc:
             raise UsageError(f"--payload is not valid JSON: {exc}") from None
-    for name in ("max_attempts", "run_at", "priority"):
+    for name in ("max_attempts", "run_at", "priority", "concurrency_key", "concurrency_limit"):
         if getattr(args, name) is not None:
             task[name] = getattr(args, name)
     return task
@@ -438,8 +438,11 @@ def _bulk_flags(args: argparse.Namespace) -> list[str]:
 def _type_line(entry: dict[str, Any]) -> str:
     state = "paused" if entry["paused"] else "running"
     held = f", {entry['held']} held" if entry["held"] else ""
+    limit = ""
+    if entry.get("limit") is not None:
+        limit = f", limit {entry['limit']} ({entry['running']} running, {entry['blocked']} waiting)"
     unregistered = "" if entry["registered"] else " (no handler here)"
-    return f"{entry['type']}: {state}{held}{unregistered}"
+    return f"{entry['type']}: {state}{held}{limit}{unregistered}"
 
 
 def cmd_types(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -458,6 +461,23 @@ def cmd_pause(client: ApiClient, args: argparse.Namespace, out: TextIO, err: Tex
         _print_json(answer, out)
     else:
         already = "" if answer["changed"] else f" (it was {verb}d already)"
+        out.write(_type_line(answer) + already + "\n")
+    return EXIT_OK
+
+
+def cmd_limit(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.limit.lower() in ("none", "off"):
+        limit = None
+    else:
+        try:
+            limit = int(args.limit)
+        except ValueError:
+            raise UsageError(f"LIMIT must be a whole number or 'none', not {args.limit!r}") from None
+    answer = client.request("PUT", f"/types/{_key_path(args.type)}/limit", body={"limit": limit})
+    if args.json:
+        _print_json(answer, out)
+    else:
+        already = "" if answer["changed"] else " (unchanged)"
         out.write(_type_line(answer) + already + "\n")
     return EXIT_OK
 
@@ -521,6 +541,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--max-attempts", type=int, dest="max_attempts")
     submit.add_argument("--run-at", dest="run_at", help="ISO-8601 time before which the task is not run")
     submit.add_argument("--priority", type=int)
+    submit.add_argument("--concurrency-key", dest="concurrency_key",
+                        help="at most --concurrency-limit tasks with this key run at once (a domain, a tenant)")
+    submit.add_argument("--concurrency-limit", dest="concurrency_limit", type=int, help="default 1")
     submit.add_argument("--file", help="JSON lines, one task object per line; '-' reads stdin")
     submit.add_argument("--batch-id", dest="batch_id", help="batch id for --file (generated when absent)")
     submit.add_argument("--chunk-size", dest="chunk_size", type=_chunk_size, default=CHUNK_TASKS,
@@ -583,6 +606,11 @@ def build_parser() -> argparse.ArgumentParser:
     resume = commands.add_parser("resume", help="resume a paused task type")
     resume.add_argument("type")
     resume.set_defaults(run=cmd_pause)
+
+    limit = commands.add_parser("limit", help="set how many tasks of a type run at once ('none' lifts it)")
+    limit.add_argument("type")
+    limit.add_argument("limit", metavar="LIMIT", help="1-1000, or 'none'")
+    limit.set_defaults(run=cmd_limit)
 
     stats = commands.add_parser("stats", help="counts by status (bounded)")
     stats.add_argument("--cap", type=int, help="most entries counted per status")

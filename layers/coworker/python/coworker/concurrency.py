@@ -60,7 +60,7 @@ from pynamodb.indexes import GlobalSecondaryIndex, KeysOnlyProjection
 from pynamodb.models import Model
 from pynamodb.transactions import TransactWrite
 
-from coworker import batches, schema
+from coworker import batches, queries, schema
 from coworker.config import Settings
 from coworker.errors import StorageError
 from coworker.lifecycle import Claim, fenced, give_back_actions, lock_expiry, release_unstarted
@@ -72,8 +72,6 @@ BLOCKED_PREFIX = schema.BLOCKED_PREFIX
 WAITING_GATES = schema.WAITING_GATES
 KEY_GROUP = "key:"
 TYPE_GROUP = "type:"
-MAX_LIMIT = 1000
-MAX_CONCURRENCY_KEY_CHARS = 256
 # A gate leaves gates#waiting only when it has blocked nobody for this long (the index is
 # eventually consistent: a task blocked a moment ago may not show yet).
 QUIET_SECONDS = 30.0
@@ -322,6 +320,14 @@ def wake(group: Group, count: int) -> int:
 def blocked(group_name: str, limit: int) -> list[TaskModel]:
     """Up to ``limit`` tasks blocked on ``group_name``, oldest first (index entries)."""
     return list(TaskModel.status_index.query(BLOCKED_PREFIX + group_name, limit=limit))
+
+
+def occupancy(group_name: str, cap: int) -> tuple[int, int]:
+    """``(places held now, tasks blocked)`` of a group; blocked counted up to about ``cap``."""
+    gate = read_gate(group_name)
+    running = holding(gate, utcnow()) if gate is not None else 0
+    blocked_count, _ = queries.count_partitions([BLOCKED_PREFIX + group_name], cap)
+    return running, blocked_count
 
 
 def holding(gate: GateModel, now: datetime) -> int:

@@ -45,6 +45,8 @@ class FollowUp:
     run_at: datetime | None = None
     priority: int | None = None
     inherit_batch: bool = False
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +68,8 @@ class TaskContext:
 
     def spawn(self, task_type: str, payload: Any = None, *, key: str | None = None,
               max_attempts: int | None = None, run_at: datetime | None = None, priority: int | None = None,
-              inherit_batch: bool = False) -> str:
+              inherit_batch: bool = False, concurrency_key: str | None = None,
+              concurrency_limit: int | None = None) -> str:
         """Ask for a follow-up task; returns its key.
 
         Nothing is written until this attempt finishes: then the follow-ups are put with the
@@ -76,6 +79,7 @@ class TaskContext:
         a key that exists is left as it is, so a retried parent, or two parents naming the same
         page, put it once. Default key ``<this key>/<n>``. ``inherit_batch`` puts it in this
         task's batch (its total grows, so the batch is done when the follow-ups are).
+        ``concurrency_key`` / ``concurrency_limit`` limit it like a task put through the API.
         Raises ``ValueError`` for a task the API would refuse, or past ``MAX_FOLLOW_UPS``.
         """
         from coworker.api_models import TaskIn  # the API's own rules for a task
@@ -87,13 +91,16 @@ class TaskContext:
         key = key if key is not None else f"{self.key}/{len(self.follow_ups) + 1}"
         try:
             spec = TaskIn(key=key, type=task_type, payload=payload, max_attempts=max_attempts,
-                          run_at=run_at, priority=priority)
+                          run_at=run_at, priority=priority, concurrency_key=concurrency_key,
+                          concurrency_limit=concurrency_limit)
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'task'}: {e['msg']}" for e in exc.errors())
             raise ValueError(f"follow-up task refused: {problems}") from None
         self.follow_ups.append(FollowUp(key=key, type=spec.type, payload=spec.payload,
                                         max_attempts=spec.max_attempts, run_at=spec.run_at,
-                                        priority=spec.priority, inherit_batch=inherit_batch))
+                                        priority=spec.priority, inherit_batch=inherit_batch,
+                                        concurrency_key=spec.concurrency_key,
+                                        concurrency_limit=spec.concurrency_limit))
         return key
 
     def remaining_seconds(self) -> float:

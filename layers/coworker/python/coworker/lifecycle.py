@@ -437,7 +437,9 @@ def _follow_up_tasks(claim: Claim, follow_ups: Sequence[FollowUp], settings: Set
         specs.append(TaskSpec(key=follow_up.key, type=follow_up.type, payload=follow_up.payload,
                               max_attempts=follow_up.max_attempts, run_at=follow_up.run_at,
                               batch_id=claim.task.batch_id if follow_up.inherit_batch else None,
-                              priority=follow_up.priority, parent=claim.key))
+                              priority=follow_up.priority, parent=claim.key,
+                              concurrency_key=follow_up.concurrency_key,
+                              concurrency_limit=follow_up.concurrency_limit))
     return [new_task(spec, settings, now) for spec in stage_payloads(specs, settings)]
 
 

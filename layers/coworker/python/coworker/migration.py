@@ -32,11 +32,13 @@ class ReshardReport:
 
 def expected_shard(key: str, status: str, current: str | None = None, task_type: str | None = None) -> str:
     """The ``status_shard`` an item of this key and status must carry (a task held while its
-    type is paused stays held, in the held partition of its shard)."""
+    type is paused stays held, in the held partition of its shard; a blocked task stays blocked)."""
     if status == SLOT_STATUS:
         return SLOT_STATUS
     if control.is_held(current) and task_type is not None:
         return control.held_value(task_type, key)
+    if current and current.startswith(schema.BLOCKED_PREFIX):
+        return current  # waiting for a place in its concurrency group: one partition per group, not sharded
     return TaskModel.shard_value_of(key, status)
 
 
