@@ -247,7 +247,8 @@ class Monitoring(Construct):
                     m(MetricName.IGNORED),
                     m(MetricName.LOST_CLAIM),
                 ],
-                [m(MetricName.NOT_CLAIMED), m(MetricName.LOST_CLAIM_SIGNALLED)],
+                [m(MetricName.NOT_CLAIMED), m(MetricName.LOST_CLAIM_SIGNALLED), m(MetricName.BLOCKED),
+                 m(MetricName.WOKEN)],
             ),
             graph("Task duration (ms)", [m(MetricName.DURATION, p) for p in c.DURATION_PERCENTILES]),
         )

@@ -304,3 +304,19 @@ def test_a_blocked_task_stays_blocked_through_a_reshard(make_settings):
     migration.reshard()
 
     assert lifecycle.get_task("b").status_shard == "blocked#key:m"
+
+
+def test_the_worker_that_frees_a_place_runs_the_waiter_it_woke(make_settings):
+    settings = make_settings()
+    for number, key in enumerate(["w-a", "w-b", "w-c"]):
+        _put(settings, key, ckey="serial", limit=1, ago=30 - number, seconds=1.0)
+    _peak.clear()
+
+    # One invocation, a thread per key: one runs, two are blocked; each release hands the next
+    # waiter to the releasing thread, so the invocation ends with all three done, one at a time.
+    reports = run_batch(["w-a", "w-b", "w-c"], "w", settings, time.monotonic() + 30)
+
+    finished = [r.key for r in reports if r.outcome is TaskOutcome.FINISHED]
+    assert sorted(finished) == ["w-a", "w-b", "w-c"]
+    assert sum(r.outcome is TaskOutcome.BLOCKED for r in reports) == 2
+    assert _peak["serial"] == 1

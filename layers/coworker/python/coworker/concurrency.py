@@ -40,8 +40,9 @@ waiting leaves ``gates#waiting``.
 
 **Cost** in write units (items under 1 KB; the gate grows by about 30 bytes per place held):
 a keyed attempt that gets its place pays 1 to enter, 1 to leave and 1 per heartbeat on top of
-the task's own writes; a task that finds its group full pays 1 (claim) + 4 (the two-item
-transaction) + 1 when it is woken, each time it is turned away.
+the task's own writes; a task that finds its group full pays 1 (claim) + 1 (the refused entry)
++ 4 (the two-item transaction) + 1 when it is woken, and one consistent read, each time it is
+turned away.
 """
 
 from __future__ import annotations
@@ -268,24 +269,29 @@ def _block(claim: Claim, group: Group, released: int, now: datetime) -> Entry | 
     return None
 
 
-def _leave(token: str, groups: Sequence[Group]) -> None:
-    """Give back this holder's places; for each gate with waiters, wake the oldest one."""
+def _leave(token: str, groups: Sequence[Group]) -> list[str]:
+    """Give back this holder's places; for each gate with waiters, wake the oldest one. Returns
+    the keys woken."""
+    woken: list[str] = []
     for group in groups:
         gate = _update(group.gate_key, [GateModel.holders[token].remove(), GateModel.released.add(1)],
                        GateModel.holders[token].exists())
         if gate is not None and gate.status_shard == WAITING_GATES:
-            wake(group, 1)
+            woken += wake(group, 1)
+    return woken
 
 
-def leave(claim: Claim) -> None:
-    """Give back the places ``claim`` holds (whatever its outcome); never raises: a place not
-    given back returns when its lease ends."""
+def leave(claim: Claim) -> list[str]:
+    """Give back the places ``claim`` holds (whatever its outcome) and return the keys of the
+    blocked tasks this woke (the worker may run them next: the place it freed is theirs to
+    take). Never raises: a place not given back returns when its lease ends."""
     if not claim.groups:
-        return
+        return []
     try:
-        _leave(holder_token(claim), claim.groups)
+        return _leave(holder_token(claim), claim.groups)
     except Exception:  # noqa: BLE001 - the lease then ends with the lock
         logger.exception("could not give back a concurrency place", extra={"task_key": claim.key})
+        return []
 
 
 def extend(claim: Claim, settings: Settings, now: datetime) -> bool:
@@ -298,10 +304,10 @@ def extend(claim: Claim, settings: Settings, now: datetime) -> bool:
         is not None for group in claim.groups)
 
 
-def wake(group: Group, count: int) -> int:
+def wake(group: Group, count: int) -> list[str]:
     """Put up to ``count`` of ``group``'s blocked tasks, oldest first, back in their status's
-    queue (due at once); how many moved."""
-    woken = 0
+    queue (due at once, at its head); the keys moved."""
+    woken: list[str] = []
     for task in TaskModel.status_index.query(group.blocked_partition, limit=count):
         moved = TaskModel(task.key)
         try:
@@ -311,8 +317,8 @@ def wake(group: Group, count: int) -> int:
             if exc.cause_response_code == _CONDITION_FAILED:
                 continue  # cancelled or woken by someone else meanwhile
             raise StorageError(f"could not wake task {task.key!r}: {exc.cause_response_message}") from exc
-        woken += 1
-        if woken >= count:
+        woken.append(task.key)
+        if len(woken) >= count:
             break
     return woken
 
@@ -370,7 +376,7 @@ def _sweep_gate(key: str, type_limits: Mapping[str, int], now: datetime) -> int:
         limit = int(gate.limit or 1)
     group = Group(name, limit)
     free = min(WAKE_BUDGET, max(0, limit - holding(gate, now)))
-    woken = wake(group, free) if free else 0
+    woken = len(wake(group, free)) if free else 0
     quiet = gate.blocked_at is None or gate.blocked_at <= now - timedelta(seconds=QUIET_SECONDS)
     if free and woken == 0 and quiet:
         # Nobody left waiting: out of gates#waiting, unless it blocked someone meanwhile.

@@ -95,6 +95,7 @@ class TaskReport:
     attempt: int | None = None
     seconds: float = 0.0
     source: TaskSource = TaskSource.HINT
+    woken: tuple[str, ...] = ()  # blocked tasks its release woke: the worker may run them next
 
 
 def _run_handler(claim: Claim, context: TaskContext, settings: Settings) -> tuple[Any, ErrorRecord | None, bool]:
@@ -347,6 +348,18 @@ class Feeder:
             self._refill()
         return item if item is not None else self.next()
 
+    def hand(self, key: str) -> None:
+        """Run ``key`` next (a blocked task this invocation's release just woke)."""
+        with self._cond:
+            self._queue.appendleft((key, TaskSource.HINT))
+            self._seen.add(key)
+            self._cond.notify_all()
+
+    def forget(self, key: str) -> None:
+        """Let a later page hand out ``key`` again (it was blocked, and will be due once woken)."""
+        with self._cond:
+            self._seen.discard(key)
+
     def _may_feed(self) -> bool:
         return time.monotonic() < self._feed_until and not self._stop.is_set()
 
@@ -474,7 +487,8 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float,
     finally:
         if heartbeat is not None:
             heartbeat.unwatch(key)
-        concurrency.leave(claim)  # the handler has returned (one that never does keeps its places until the lease ends)
+        # The handler has returned (one that never does keeps its places until its lease ends).
+        woken = tuple(concurrency.leave(claim))
         logger.thread_safe_remove_keys(["task_key", "attempt"])
     seconds = time.monotonic() - started
     if not timed_out:
@@ -482,7 +496,7 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float,
     metrics.add_metric(name=MetricName.DURATION, unit=MetricUnit.Milliseconds, value=seconds * 1000)
     if outcome is RecordOutcome.LOST:
         logger.warning("lost the claim before recording: a newer attempt or a cancel owns the task")
-    return TaskReport(key, TaskOutcome(outcome.value), claim.attempt, seconds, source)
+    return TaskReport(key, TaskOutcome(outcome.value), claim.attempt, seconds, source, woken)
 
 
 class Invocation:
@@ -547,6 +561,10 @@ class Invocation:
                 key, source = item
                 report = process_task(key, self.owner, self.settings, self.deadline, self.heartbeat, source)
                 reports.append(report)
+                if report.outcome is TaskOutcome.BLOCKED:
+                    feeder.forget(key)  # once woken it is due again: this invocation may take it
+                for woken in report.woken:
+                    feeder.hand(woken)  # the place this task freed: its waiter starts here, now
                 if report.outcome is TaskOutcome.SKIPPED:
                     break
         except Exception:  # noqa: BLE001 - e.g. DynamoDB unreachable: a task it held unlocks at expiry
