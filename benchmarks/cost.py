@@ -12,6 +12,9 @@ rules count (its figures are wrong). Speed is not measured here: see benchmarks/
 a) Happy path: put N quick tasks, run coordinator ticks (workers in process) until all are
    finished; write units per finished task, read units per dispatched task, against the
    target (at most 5 write units per finished task, 1 read unit per dispatched task).
+a'') Keyed tasks: the same, the tasks spread over concurrency keys; once with a place for every
+   worker (what entering and leaving a gate costs), once with fewer places than workers (what
+   blocking and waking cost).
 b) Coordinator scaling: one tick against a backlog of 1,000 and of 100,000 due tasks, with
    max_concurrency 10 and 100: items and read units per tick follow what is dispatched.
 """
@@ -35,6 +38,7 @@ os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
 
 from coworker import batches, control, dispatch, leases, lifecycle  # noqa: E402
 from coworker.bootstrap import configure  # noqa: E402
+from coworker.concurrency import BLOCKED_PREFIX, GATE_PREFIX, GateModel  # noqa: E402
 from coworker.config import Settings  # noqa: E402
 from coworker.model import TaskModel, utcnow  # noqa: E402
 from coworker.observability import metrics  # noqa: E402
@@ -73,11 +77,15 @@ def _settings(endpoint: str, table: str, **overrides) -> Settings:
 
 def _step(record) -> str:
     """Name the lifecycle step of a metered write from the item it produced."""
+    key = (record.new or record.old or {}).get("key", {}).get("S", "")
+    if key.startswith(GATE_PREFIX):
+        return f"gate: {record.operation}" + ("" if record.succeeded else " (group full)")
     if not record.succeeded:
         return f"{record.operation} (condition failed)"
-    key = (record.new or {}).get("key", {}).get("S", "")
     if batches.is_batch_key(key):
         return "batch counter (in transaction)"
+    if (record.new or {}).get("status_shard", {}).get("S", "").startswith(BLOCKED_PREFIX):
+        return "give back and block (in transaction)"
     if record.operation in ("PutItem", "TransactWriteItems:Put"):
         return "put" if record.operation == "PutItem" else "put (in transaction)"
     status = (record.new or {}).get("status", {}).get("S")
@@ -86,15 +94,19 @@ def _step(record) -> str:
 
 
 def happy_path(endpoint: str, tasks: int, concurrency: int, batch_id: str | None = None,
-               keep_records: bool = False) -> dict:
-    settings = _settings(endpoint, f"cost-happy-{batch_id or 'single'}", max_concurrency=concurrency,
-                         batch_size=5)
+               keep_records: bool = False, keys: int = 0, key_limit: int = 1) -> dict:
+    """``keys`` > 0 spreads the tasks over that many concurrency keys of ``key_limit`` places."""
+    name = batch_id or (f"keys{keys}x{key_limit}" if keys else "single")
+    settings = _settings(endpoint, f"cost-happy-{name}", max_concurrency=concurrency, batch_size=5)
     snapshot_client = dynamodb_client(settings)
     # Tasks of a batch are written in transactions, on a pynamodb connection of their own; the
-    # worker slots' writes (reserve, acquire, release) are counted too.
+    # worker slots' writes (reserve, acquire, release) and the concurrency gates' are counted too.
     meter = CapacityMeter.for_model(TaskModel, snapshot_client, batches._connection(),
-                                    leases.LeaseModel._get_connection().connection).attach()
-    specs = [lifecycle.TaskSpec(key=f"task-{i:06d}", type="quick", payload={"n": i}, batch_id=batch_id)
+                                    leases.LeaseModel._get_connection().connection,
+                                    GateModel._get_connection().connection).attach()
+    specs = [lifecycle.TaskSpec(key=f"task-{i:06d}", type="quick", payload={"n": i}, batch_id=batch_id,
+                                concurrency_key=f"site-{i % keys}" if keys else None,
+                                concurrency_limit=key_limit if keys else None)
              for i in range(tasks)]
     if batch_id:  # as POST /tasks puts a batch: transactions of up to 99 tasks and one counter update
         now = utcnow()
@@ -271,6 +283,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch-tasks", type=int, default=50,
                         help="tasks of the happy-path run within a batch (0 skips it)")
     parser.add_argument("--concurrency", type=int, default=10, help="max_concurrency of the happy path")
+    parser.add_argument("--keyed-tasks", type=int, default=200,
+                        help="tasks of the keyed runs (0 skips them): once with a place for every worker, "
+                             "once with fewer places than workers (--keys x --key-limit)")
+    parser.add_argument("--keys", type=int, default=2, help="concurrency keys of the keyed runs")
+    parser.add_argument("--key-limit", type=int, default=2, help="places per key in the contended keyed run")
     parser.add_argument("--load-seconds", type=float, default=150.0,
                         help="stop loading the backlog after this long and measure what is there")
     parser.add_argument("--db", choices=("auto", "dynamodb-local", "moto"), default=None,
@@ -292,6 +309,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             _print_happy(happy_path(server.endpoint, args.batch_tasks, args.concurrency, batch_id="b1"),
                          "a') Happy path, every task in one batch (batch counters move in transactions)",
                          reported)
+        if args.keyed_tasks:
+            for keys, limit in ((args.keys, max(1, args.concurrency // args.keys + 1)), (args.keys, args.key_limit)):
+                print()
+                _print_happy(happy_path(server.endpoint, args.keyed_tasks, args.concurrency, keys=keys,
+                                        key_limit=limit),
+                             f"a'') Keyed tasks: {keys} concurrency keys of {limit} places each "
+                             f"({keys * limit} in all, {args.concurrency} workers)", reported)
         rows, loaded = scaling(server.endpoint, args.backlog, args.load_seconds)
         _print_scaling(rows, args.backlog, loaded, reported)
     finally:

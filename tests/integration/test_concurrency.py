@@ -174,16 +174,15 @@ def test_the_sweep_wakes_a_waiter_when_a_holder_dies_without_a_release(make_sett
     assert lifecycle.get_task("waiter").status_shard == TaskModel.shard_value_of("waiter", "todo")
 
 
-def test_a_block_that_races_a_release_is_refused_and_the_task_tries_again(make_settings):
+def test_a_block_that_races_a_release_is_refused_and_the_task_enters_instead(make_settings):
     settings = make_settings()
     _put(settings, "a", ckey="x", limit=1, ago=20)
     _put(settings, "b", ckey="x", limit=1, ago=10)
     holder, _ = _enter("a", "w1", settings)
     claim = lifecycle.claim("b", "w2", settings)
-    stale = int(concurrency.read_gate("key:x").released or 0)
     concurrency.leave(holder)  # a place frees after "b" read the gate as full
 
-    assert concurrency._block(claim, Group("key:x", 1), stale, utcnow()) is None
+    assert concurrency._block(claim, Group("key:x", 1), utcnow()) is None
     assert lifecycle.get_task("b").status == "processing"  # untouched: it may enter now
     assert concurrency.enter(claim, [Group("key:x", 1)]) is Entry.ENTERED
 
@@ -320,3 +319,21 @@ def test_the_worker_that_frees_a_place_runs_the_waiter_it_woke(make_settings):
     assert sorted(finished) == ["w-a", "w-b", "w-c"]
     assert sum(r.outcome is TaskOutcome.BLOCKED for r in reports) == 2
     assert _peak["serial"] == 1
+
+
+def test_a_task_cancelled_while_it_waits_to_enter_is_left_as_the_cancel_made_it(make_settings, monkeypatch):
+    settings = make_settings()
+    _put(settings, "a", ckey="q", limit=1, ago=20)
+    _put(settings, "b", ckey="q", limit=1, ago=10)
+    _enter("a", "w1", settings)
+    claim = lifecycle.claim("b", "w2", settings)
+    assert lifecycle.cancel("b", settings) is not None  # an operator cancels it after the claim
+    blocks = []
+    real = concurrency._block
+    monkeypatch.setattr(concurrency, "_block", lambda *args: blocks.append(real(*args)) or blocks[-1])
+
+    assert concurrency.enter(claim, [Group("key:q", 1)]) is Entry.LOST
+
+    assert blocks == [Entry.LOST]  # told at once by the transaction, not after retries
+    task = lifecycle.get_task("b")
+    assert (task.status, task.status_shard) == ("ignored", TaskModel.shard_value_of("b", "ignored"))

@@ -25,12 +25,12 @@ entry per attempt that holds a place: a short token of (task key, fencing token)
    not count, the task keeps its status) and moves its index entry to the partition
    ``blocked#<group>``, out of the queue, so the coordinator and the self-feeding workers never
    wade through it and tasks of other groups start at once; the transaction holds only if the
-   gate's ``released`` count is still the one read (a holder that left in between makes it fail,
-   and the task tries again). The gate joins the index partition ``gates#waiting``.
+   gate is still full (a place freed in between makes it fail, and the task tries again). The
+   gate joins the index partition ``gates#waiting`` in the same transaction.
 
 **Leaving** (:func:`leave`, in the worker's ``finally``: finished, failed, lost, timed out):
-one UpdateItem removes the entry and counts a release; when the gate has waiters, the oldest
-blocked task goes back to its status queue, due at once (its place in line kept).
+one UpdateItem removes the entry; when the gate has waiters, the oldest blocked task goes back
+to its status queue, at its head, and the leaving worker runs it next.
 
 **The sweep** (each coordinator tick, :func:`sweep`) covers what no release announces: a dead
 holder's place, and a task blocked just as the index showed the partition empty. It reads the
@@ -40,9 +40,10 @@ waiting leaves ``gates#waiting``.
 
 **Cost** in write units (items under 1 KB; the gate grows by about 30 bytes per place held):
 a keyed attempt that gets its place pays 1 to enter, 1 to leave and 1 per heartbeat on top of
-the task's own writes; a task that finds its group full pays 1 (claim) + 1 (the refused entry)
-+ 4 (the two-item transaction) + 1 when it is woken, and one consistent read, each time it is
-turned away.
+the task's own writes; a task that finds its group full pays, each time it is turned away, its
+claim again (3 with the index move), the refused entry (1), the two-item transaction (4, and 2
+for the index move) and its waking (3), and one consistent read (docs/operations.md has the
+measured figures).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ SWEEP_INTERVAL_SECONDS = 5.0
 # Reads and conditional writes one entry tries while the gate changes under it.
 RACE_RETRIES = 5
 _CONDITION_FAILED = "ConditionalCheckFailedException"
+_TRANSACTION_CONDITION_FAILED = "ConditionalCheckFailed"  # a transaction's cancellation reason
 
 
 class GateIndex(GlobalSecondaryIndex["GateModel"]):
@@ -107,12 +109,10 @@ class GateModel(Model):
     key = UnicodeAttribute(hash_key=True, attr_name=schema.PARTITION_KEY)
     holders = MapAttribute(null=True)  # holder token -> lease end (epoch ms)
     limit = NumberAttribute(null=True)  # the limit its last holder entered under
-    released = NumberAttribute(null=True)  # places given back so far (blocking checks it)
     # "gates#waiting" while tasks may be blocked on it; due_at: when it was last swept.
     status_shard = UnicodeAttribute(null=True, attr_name=schema.STATUS_INDEX_PARTITION_KEY)
     due_at = UTCDateTimeAttribute(null=True, attr_name=schema.STATUS_INDEX_SORT_KEY)
     blocked_at = UTCDateTimeAttribute(null=True)  # the last time it blocked a task
-    updated_at = UTCDateTimeAttribute(null=True)
 
     waiting_index = GateIndex()
 
@@ -175,43 +175,39 @@ def _update(key: str, actions: list, condition: Condition | None) -> GateModel |
     return gate
 
 
-def _take(group: Group, token: str, lease_end: int, now: datetime) -> tuple[bool, int | None]:
-    """Take a place in ``group``: ``(True, None)``; ``(False, released)`` when it is full
-    (``released`` as read, for the blocking transaction); ``(False, None)`` when the gate kept
-    changing."""
-    take = [GateModel.holders[token].set(lease_end), GateModel.limit.set(group.limit),
-            GateModel.updated_at.set(now)]
+def _take(group: Group, token: str, lease_end: int, now: datetime) -> tuple[bool, bool]:
+    """Take a place in ``group``: ``(taken, full)``; ``(False, False)`` when the gate kept
+    changing under the reader."""
+    take = [GateModel.holders[token].set(lease_end), GateModel.limit.set(group.limit)]
     if _update(group.gate_key, take, GateModel.holders.exists() & (size(GateModel.holders) < group.limit)):
-        return True, None
+        return True, False
     for _ in range(RACE_RETRIES):
         try:
             current = GateModel.get(group.gate_key, consistent_read=True)
         except DoesNotExist:
-            if _create(group, token, lease_end, now):
-                return True, None
+            if _create(group, token, lease_end):
+                return True, False
             continue
         holders = current.holders.as_dict() if current.holders is not None else {}
         if token in holders:
-            return True, None  # a retried request that did commit
+            return True, False  # a retried request that did commit
         now_ms = _epoch_ms(now)
         ended = {holder: end for holder, end in holders.items() if int(end) <= now_ms}
         if len(holders) - len(ended) >= group.limit:
-            return False, int(current.released or 0)
+            return False, True
         # Dead holders' entries go in the write that adds this one, each only if unchanged.
         condition = size(GateModel.holders) < group.limit + len(ended)
         for holder, end in ended.items():
             condition &= GateModel.holders[holder] == end
         actions = [*(GateModel.holders[holder].remove() for holder in ended), *take]
-        if ended:
-            actions.append(GateModel.released.add(len(ended)))
         if _update(group.gate_key, actions, condition) is not None:
-            return True, None
-    return False, None
+            return True, False
+    return False, False
 
 
-def _create(group: Group, token: str, lease_end: int, now: datetime) -> bool:
+def _create(group: Group, token: str, lease_end: int) -> bool:
     """Make ``group``'s gate with this one entry; ``False`` if another writer made it first."""
-    gate = GateModel(group.gate_key, holders={token: lease_end}, limit=group.limit, released=0, updated_at=now)
+    gate = GateModel(group.gate_key, holders={token: lease_end}, limit=group.limit)
     try:
         gate.save(condition=GateModel.key.does_not_exist())
     except PutError as exc:
@@ -232,40 +228,44 @@ def enter(claim: Claim, groups: Sequence[Group], now: datetime | None = None) ->
     for _ in range(RACE_RETRIES):
         taken: list[Group] = []
         for group in groups:
-            took, released = _take(group, token, lease_end, now)
+            took, full = _take(group, token, lease_end, now)
             if not took:
                 break
             taken.append(group)
         else:
             return Entry.ENTERED
         _leave(token, taken)
-        if released is None:
+        if not full:
             break
-        outcome = _block(claim, group, released, now)
+        outcome = _block(claim, group, now)
         if outcome is not None:
             return outcome
-        # A holder left between the read and the block: there may be a place now.
+        # A place freed between the read and the block: try again.
     return Entry.GIVEN_BACK if release_unstarted(claim, now) else Entry.LOST
 
 
-def _block(claim: Claim, group: Group, released: int, now: datetime) -> Entry | None:
-    """Give the claim back and move the task to ``group``'s blocked partition, if no holder has
-    left since ``released`` was read; ``None`` when one has (try again)."""
+def _block(claim: Claim, group: Group, now: datetime) -> Entry | None:
+    """Give the claim back and move the task to ``group``'s blocked partition, if the gate is
+    still full; ``None`` when a place has freed meanwhile (try again).
+
+    The gate's ``gates#waiting`` mark is set in the same transaction, under that condition, so a
+    holder that leaves after it sees the mark and wakes a waiter, and one that left before made
+    the gate not full and the transaction fail: no release goes unnoticed.
+    """
     actions = give_back_actions(claim, now, partition=group.blocked_partition)
-    unchanged = (GateModel.released == released) if released else (
-        GateModel.released.does_not_exist() | (GateModel.released == 0))
+    full = size(GateModel.holders) >= group.limit
 
     def build(transaction: TransactWrite) -> None:
         transaction.update(TaskModel(claim.key), actions=actions, condition=fenced(claim))
-        transaction.update(GateModel(group.gate_key), condition=unchanged, actions=[
+        transaction.update(GateModel(group.gate_key), condition=full, actions=[
             GateModel.status_shard.set(WAITING_GATES), GateModel.due_at.set(GateModel.due_at | now),
             GateModel.blocked_at.set(now)])
 
     reasons = batches.transact(build, f"block task {claim.key!r} on {group.name!r}")
     if reasons is None:
         return Entry.BLOCKED
-    if reasons[0] == _CONDITION_FAILED:
-        return Entry.LOST
+    if reasons[0] == _TRANSACTION_CONDITION_FAILED:
+        return Entry.LOST  # the claim is no longer this worker's (cancelled meanwhile)
     return None
 
 
@@ -274,8 +274,7 @@ def _leave(token: str, groups: Sequence[Group]) -> list[str]:
     the keys woken."""
     woken: list[str] = []
     for group in groups:
-        gate = _update(group.gate_key, [GateModel.holders[token].remove(), GateModel.released.add(1)],
-                       GateModel.holders[token].exists())
+        gate = _update(group.gate_key, [GateModel.holders[token].remove()], GateModel.holders[token].exists())
         if gate is not None and gate.status_shard == WAITING_GATES:
             woken += wake(group, 1)
     return woken
