@@ -221,7 +221,7 @@ class Monitoring(Construct):
                 "Backlog: due tasks by status (counted up to COWORKER_BACKLOG_COUNT_CAP each)",
                 [m(MetricName.DUE_TODO, maximum), m(MetricName.DUE_RETRY, maximum),
                  m(MetricName.LOST_TASKS, maximum)],
-                [m(MetricName.RUNNING_TASKS, maximum)],
+                [m(MetricName.RUNNING_TASKS, maximum), m(MetricName.BLOCKED_TASKS, maximum)],
             ),
             graph(
                 "Oldest due task: seconds waiting",

@@ -337,3 +337,17 @@ def test_a_task_cancelled_while_it_waits_to_enter_is_left_as_the_cancel_made_it(
     assert blocks == [Entry.LOST]  # told at once by the transaction, not after retries
     task = lifecycle.get_task("b")
     assert (task.status, task.status_shard) == ("ignored", TaskModel.shard_value_of("b", "ignored"))
+
+
+def test_the_backlog_counts_tasks_waiting_for_a_place(make_settings):
+    settings = make_settings()
+    _put(settings, "a", ckey="bk", limit=1, ago=30)
+    for key in ("b", "c"):
+        _put(settings, key, ckey="bk", limit=1, ago=20)
+    _enter("a", "w1", settings)
+    assert [_enter(key, "w2", settings)[1] for key in ("b", "c")] == [Entry.BLOCKED, Entry.BLOCKED]
+
+    report = dispatch.tick(settings, RecordingInvoker(), measure_backlog=True)
+
+    assert report.backlog.blocked == 2 and report.backlog.due == 0
+    assert concurrency.count_blocked(1) == (1, True)  # counted up to the cap

@@ -83,6 +83,7 @@ function renderBacklog(info) {
   $("backlog-retry").textContent = shown(backlog && backlog.retry, "retry");
   $("backlog-lost").textContent = backlog ? fmt(backlog.lost) : "–";
   $("backlog-running").textContent = tick ? fmt(tick.running_tasks) : "–";
+  $("backlog-blocked").textContent = shown(backlog && backlog.blocked, "blocked");
   $("backlog-age").textContent = backlog ? duration(backlog.oldest_due_age_seconds) : "–";
   const settings = (info && info.settings) || {};
   $("backlog-age").parentElement.classList.toggle("warn", !!backlog && backlog.oldest_due_age_seconds > 60);

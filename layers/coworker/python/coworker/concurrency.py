@@ -80,6 +80,8 @@ QUIET_SECONDS = 30.0
 # Gates the sweep looks at per tick, and blocked tasks it wakes per gate.
 SWEEP_GATES = 25
 WAKE_BUDGET = 100
+# Groups with waiters whose blocked tasks the backlog measure counts.
+COUNTED_GATES = 25
 # A gate is swept again at the earliest this long after its last sweep.
 SWEEP_INTERVAL_SECONDS = 5.0
 # Reads and conditional writes one entry tries while the gate changes under it.
@@ -333,6 +335,17 @@ def occupancy(group_name: str, cap: int) -> tuple[int, int]:
     running = holding(gate, utcnow()) if gate is not None else 0
     blocked_count, _ = queries.count_partitions([BLOCKED_PREFIX + group_name], cap)
     return running, blocked_count
+
+
+def count_blocked(cap: int) -> tuple[int, bool]:
+    """Tasks waiting for a place, in the first COUNTED_GATES groups with waiters, each counted up
+    to its share of ``cap``: ``(count, capped)``; capped also when more groups have waiters."""
+    names = [gate.key[len(GATE_PREFIX):]
+             for gate in GateModel.waiting_index.query(WAITING_GATES, limit=COUNTED_GATES + 1)]
+    if not names:
+        return 0, False
+    count, capped = queries.count_partitions([BLOCKED_PREFIX + name for name in names[:COUNTED_GATES]], cap)
+    return count, capped or len(names) > COUNTED_GATES
 
 
 def holding(gate: GateModel, now: datetime) -> int:

@@ -265,6 +265,10 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     to_cancel: list[TaskModel] = []
     running, lost = queries.running_and_lost(now)
     backlog = queries.backlog(now, settings.backlog_count_cap, lost) if measure_backlog else None
+    if backlog is not None:
+        blocked, blocked_capped = concurrency.count_blocked(settings.backlog_count_cap)
+        backlog = dataclasses.replace(backlog, blocked=blocked,
+                                      capped=backlog.capped + (("blocked",) if blocked_capped else ()))
     for status in DISPATCH_ORDER:
         if len(keys) >= capacity:
             break
@@ -365,12 +369,14 @@ def _release_held(view: control.ControlView) -> int:
 
 
 def publish_backlog(backlog: queries.Backlog) -> None:
-    """Backlog metrics: due tasks by status, their total and the oldest one's age."""
+    """Backlog metrics: due tasks by status, their total, the oldest one's age, and the tasks
+    waiting for a place in a concurrency group."""
     for name, value in ((MetricName.DUE_TODO, backlog.todo), (MetricName.DUE_RETRY, backlog.retry),
                         (MetricName.LOST_TASKS, backlog.lost), (MetricName.BACKLOG, backlog.due)):
         metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
     metrics.add_metric(name=MetricName.OLDEST_DUE_AGE, unit=MetricUnit.Seconds,
                        value=backlog.oldest_due_age_seconds)
+    metrics.add_metric(name=MetricName.BLOCKED_TASKS, unit=MetricUnit.Count, value=backlog.blocked)
 
 
 class Supervisor:

@@ -89,6 +89,7 @@ class MetricName:
     DUE_RETRY = "DueRetryTasks"  # failed tasks whose retry time has come
     LOST_TASKS = "LostTasks"  # processing tasks whose lock expired (their worker died)
     OLDEST_DUE_AGE = "OldestDueTaskAge"  # seconds the longest-waiting due task has been due
+    BLOCKED_TASKS = "BlockedTasks"  # not due: waiting for a place in a concurrency group
     COORDINATOR_TICKS = "CoordinatorTicks"  # one per tick: the heartbeat alarm watches it
     REAPED = "TasksReaped"
     PARKED = "TasksParked"  # due tasks of a paused type moved out of the queue

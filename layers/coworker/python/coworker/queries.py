@@ -280,6 +280,8 @@ class Backlog:
     lost: int
     oldest_due_age_seconds: float
     capped: tuple[str, ...] = ()
+    # Not due: waiting for a place in a concurrency group (see coworker.concurrency).
+    blocked: int = 0
 
     @property
     def due(self) -> int:
