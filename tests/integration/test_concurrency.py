@@ -28,6 +28,7 @@ _peak: collections.Counter[str] = collections.Counter()
 _guard = threading.Lock()
 
 
+@task_handler("test-limited-type")
 @task_handler("test-limited")
 def _limited(payload, context: TaskContext):
     """Counts how many tasks of each concurrency key run at this moment, and the peak."""
@@ -114,6 +115,12 @@ def test_the_limit_holds_under_concurrent_workers_and_every_task_finishes(make_s
     tasks = [(f"{site}-{i:02d}", site) for site in keys for i in range(12)]
     for number, (key, site) in enumerate(tasks):
         _put(settings, key, ckey=site, limit=keys[site], ago=100 - number, seconds=0.15)
+    # and a type limited to 2, its tasks without a key
+    control.set_limit("test-limited-type", 2)
+    typed = [(f"typed-{i:02d}", None) for i in range(10)]
+    for number, (key, _) in enumerate(typed):
+        _put(settings, key, type_="test-limited-type", ago=50 - number, seconds=0.15)
+    tasks += typed
     _peak.clear()
     outcomes: collections.Counter[TaskOutcome] = collections.Counter()
     deadline = time.monotonic() + 60
@@ -126,7 +133,7 @@ def test_the_limit_holds_under_concurrent_workers_and_every_task_finishes(make_s
                 report = process_task(key, owner, settings, time.monotonic() + 30)
                 with _guard:
                     outcomes[report.outcome] += 1
-            concurrency.sweep({})  # what the coordinator does each tick
+            concurrency.sweep(control.read().limits)  # what the coordinator does each tick
 
     threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(8)]
     for thread in threads:
@@ -137,8 +144,9 @@ def test_the_limit_holds_under_concurrent_workers_and_every_task_finishes(make_s
     assert {lifecycle.get_task(key).status for key, _ in tasks} == {"finished"}
     assert 2 <= _peak["site-a"] <= 3  # never passed; and more than one ran at once
     assert _peak["site-b"] == 1
+    assert 1 <= _peak["test-limited-type"] <= 2
     assert outcomes[TaskOutcome.BLOCKED] > 0  # the limit was really in the way
-    assert _holding("key:site-a") == 0 and _holding("key:site-b") == 0
+    assert _holding("key:site-a") == 0 and _holding("key:site-b") == 0 and _holding("type:test-limited-type") == 0
 
 
 def test_a_dead_holders_place_comes_back_when_its_lock_expires(make_settings):
@@ -156,6 +164,20 @@ def test_a_dead_holders_place_comes_back_when_its_lock_expires(make_settings):
     # The dead worker wakes up: its heartbeat is refused, so it learns its place is gone.
     assert concurrency.extend(dead, settings, utcnow()) is False
     assert concurrency.extend(taker, settings, utcnow()) is True
+
+
+def test_a_dead_holders_place_in_a_type_limit_comes_back_too(make_settings):
+    settings = make_settings()
+    control.set_limit("test-limited-type", 1)
+    _put(settings, "dead", type_="test-limited-type", ago=600)
+    _put(settings, "next", type_="test-limited-type", ago=300)
+    past = utcnow() - timedelta(seconds=settings.effective_lock_seconds + 5)
+    assert _enter("dead", "dead-worker", settings, now=past)[1] is Entry.ENTERED
+
+    taker, entry = _enter("next", "w", settings)
+
+    assert entry is Entry.ENTERED and [g.name for g in taker.groups] == ["type:test-limited-type"]
+    assert _holding("type:test-limited-type") == 1
 
 
 def test_the_sweep_wakes_a_waiter_when_a_holder_dies_without_a_release(make_settings):

@@ -9,6 +9,7 @@ lines out of a local terminal.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
@@ -53,8 +54,32 @@ class ClippingFormatter(LambdaPowertoolsFormatter):
         return super().serialize(clipped)
 
 
+class ThreadSafeMetrics(Metrics):
+    """Powertools Metrics, safe to use from many threads at once.
+
+    A worker's threads all add metrics, and Powertools serialises the whole metric set (and
+    prints it) from whichever thread adds the hundredth value of a metric: without a lock,
+    another thread adding a metric meanwhile made that thread fail with "dictionary changed
+    size during iteration".
+    """
+
+    _lock = threading.RLock()
+
+    def add_metric(self, *args: Any, **kwargs: Any) -> None:
+        with self._lock:
+            super().add_metric(*args, **kwargs)
+
+    def flush_metrics(self, *args: Any, **kwargs: Any) -> None:
+        with self._lock:
+            super().flush_metrics(*args, **kwargs)
+
+    def clear_metrics(self) -> None:
+        with self._lock:
+            super().clear_metrics()
+
+
 logger = Logger(service=SERVICE, logger_formatter=ClippingFormatter())
-metrics = Metrics(service=SERVICE, namespace=NAMESPACE)
+metrics = ThreadSafeMetrics(service=SERVICE, namespace=NAMESPACE)
 tracer = Tracer(service=SERVICE)
 
 
