@@ -65,21 +65,23 @@ def test_tasks_reach_their_final_states_with_their_histories(runtime):
     assert workers["ok"] >= 1
 
 
+def _claimed_invocation(runtime, key: str) -> dict | None:
+    """The running worker invocation that holds ``key``'s claim, once it is claimed."""
+    task = runtime.task(key)
+    if task["status"] != "processing":
+        return None
+    running = runtime.get("/local/invocations").json()["running"]
+    return next((i for i in running if i["owner"] == task["lock_owner"] and key in i["keys"]), None)
+
+
 def test_a_killed_worker_process_loses_its_task_to_another_after_the_lock_expires(runtime):
     """Given a slow task running in a worker process, when that process is SIGKILLed, then after
     the lock expires another worker completes it, as attempt 2 with a worker_lost entry."""
     key = f"{uuid.uuid4().hex[:6]}-victim"
     _submit(runtime, [{"key": key, "type": "slow", "payload": {"seconds": 3}}])
 
-    def claimed_invocation():
-        task = runtime.task(key)
-        if task["status"] != "processing":
-            return None
-        running = runtime.get("/local/invocations").json()["running"]
-        return next((i for i in running if i["owner"] == task["lock_owner"] and key in i["keys"]), None)
-
-    invocation = runtime.wait_for(claimed_invocation, 30, "the task to be claimed by a worker process",
-                                  interval=0.05)
+    invocation = runtime.wait_for(lambda: _claimed_invocation(runtime, key), 30,
+                                  "the task to be claimed by a worker process", interval=0.05)
     os.kill(invocation["pid"], signal.SIGKILL)
 
     task = runtime.wait_for(lambda: (t := runtime.task(key))["status"] == "finished" and t,
@@ -101,14 +103,8 @@ def test_a_killed_holders_place_in_its_concurrency_group_comes_back_when_its_loc
     group = {"concurrency_key": f"site-{run}", "concurrency_limit": 1}
     _submit(runtime, [{"key": victim, "type": "slow", "payload": {"seconds": 3}, **group}])
 
-    def claimed_invocation():
-        task = runtime.task(victim)
-        if task["status"] != "processing":
-            return None
-        running = runtime.get("/local/invocations").json()["running"]
-        return next((i for i in running if i["owner"] == task["lock_owner"] and victim in i["keys"]), None)
-
-    invocation = runtime.wait_for(claimed_invocation, 30, "the holder to be claimed", interval=0.05)
+    invocation = runtime.wait_for(lambda: _claimed_invocation(runtime, victim), 30, "the holder to be claimed",
+                                  interval=0.05)
     _submit(runtime, [{"key": waiter, "type": "slow", "payload": {"seconds": 0.2}, **group}])
     runtime.wait_for(lambda: runtime.task(waiter)["blocked"], 30, "the waiter to be blocked", interval=0.05)
     os.kill(invocation["pid"], signal.SIGKILL)
