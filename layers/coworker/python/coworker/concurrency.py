@@ -324,11 +324,6 @@ def wake(group: Group, count: int) -> list[str]:
     return woken
 
 
-def blocked(group_name: str, limit: int) -> list[TaskModel]:
-    """Up to ``limit`` tasks blocked on ``group_name``, oldest first (index entries)."""
-    return list(TaskModel.status_index.query(BLOCKED_PREFIX + group_name, limit=limit))
-
-
 def occupancy(group_name: str, cap: int) -> tuple[int, int]:
     """``(places held now, tasks blocked)`` of a group; blocked counted up to about ``cap``."""
     gate = read_gate(group_name)
