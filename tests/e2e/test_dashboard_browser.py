@@ -58,6 +58,15 @@ def browser():
     shutil.rmtree(profile, ignore_errors=True)
 
 
+def _open_dashboard(browser, runtime):
+    """A new page on the local dashboard, with the list its script errors are collected in."""
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(runtime.url + "/dashboard")
+    return page, errors
+
+
 def _number(text: str) -> int:
     return int(text.replace(",", "").rstrip("+")) if text.strip() not in ("", "–") else -1
 
@@ -65,10 +74,7 @@ def _number(text: str) -> int:
 def test_dashboard_follows_tasks_and_shows_a_tasks_history(browser, runtime):
     """Given the dashboard open, when tasks are submitted and run, then its counts change as they
     finish, the failures appear, and a click shows a task's detail with its error history."""
-    page = browser.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(runtime.url + "/dashboard")
+    page, errors = _open_dashboard(browser, runtime)
     page.wait_for_function("document.getElementById('live').textContent.startsWith('updated')")
     finished_before = _number(page.text_content("#count-finished"))
     assert finished_before == 0
@@ -155,10 +161,7 @@ def test_a_bulk_retry_from_the_dashboard(browser, runtime):
     assert runtime.post("/tasks", json={"batch_id": batch, "tasks": tasks}).status_code == 201
     runtime.wait_for(lambda: runtime.get(f"/batches/{batch}").json()["ignored"] == 3, 60, "3 ignored tasks")
 
-    page = browser.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(runtime.url + "/dashboard")
+    page, errors = _open_dashboard(browser, runtime)
     page.select_option("#bulk-action", "retry")
     page.select_option("#bulk-status", "ignored")
     page.fill("#bulk-batch", batch)
@@ -178,10 +181,7 @@ def test_a_bulk_retry_from_the_dashboard(browser, runtime):
 
 
 def test_pause_and_resume_a_type_from_the_dashboard(browser, runtime):
-    page = browser.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(runtime.url + "/dashboard")
+    page, errors = _open_dashboard(browser, runtime)
     pause = page.locator("#types button[data-type='slow'][data-verb='pause']")
     pause.wait_for(timeout=30_000)
     pause.click()
@@ -207,10 +207,7 @@ def test_pause_and_resume_a_type_from_the_dashboard(browser, runtime):
 
 
 def test_limit_a_type_from_the_dashboard(browser, runtime):
-    page = browser.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(runtime.url + "/dashboard")
+    page, errors = _open_dashboard(browser, runtime)
     row = "#types tr[data-type='slow']"
     page.locator(f"{row} input.limit-input").wait_for(timeout=30_000)
     page.locator(f"{row} input.limit-input").fill("1")

@@ -56,7 +56,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from pynamodb.attributes import MapAttribute, NumberAttribute, UnicodeAttribute, UTCDateTimeAttribute
-from pynamodb.exceptions import DoesNotExist, PutError, UpdateError
+from pynamodb.exceptions import DoesNotExist, PutError
 from pynamodb.expressions.condition import Condition, size
 from pynamodb.indexes import GlobalSecondaryIndex, KeysOnlyProjection
 from pynamodb.models import Model
@@ -66,7 +66,7 @@ from coworker import batches, queries, schema
 from coworker.config import Settings
 from coworker.errors import StorageError
 from coworker.lifecycle import Claim, fenced, give_back_actions, lock_expiry, release_unstarted
-from coworker.model import TaskModel, utcnow
+from coworker.model import CONDITION_FAILED, TaskModel, conditional_update, utcnow
 from coworker.observability import logger
 
 GATE_PREFIX = schema.GATE_PREFIX
@@ -86,7 +86,6 @@ COUNTED_GATES = 25
 SWEEP_INTERVAL_SECONDS = 5.0
 # Reads and conditional writes one entry tries while the gate changes under it.
 RACE_RETRIES = 5
-_CONDITION_FAILED = "ConditionalCheckFailedException"
 _TRANSACTION_CONDITION_FAILED = "ConditionalCheckFailed"  # a transaction's cancellation reason
 
 
@@ -165,16 +164,10 @@ def _epoch_ms(moment: datetime) -> int:
 
 
 def _update(key: str, actions: list, condition: Condition | None) -> GateModel | None:
-    """One UpdateItem on gate ``key``; the gate as written, or ``None`` when ``condition`` (or
-    the path to a map entry) does not hold."""
+    """One UpdateItem on gate ``key``; the gate as written, or ``None`` when ``condition`` does
+    not hold."""
     gate = GateModel(key)
-    try:
-        gate.update(actions=actions, condition=condition)
-    except UpdateError as exc:
-        if exc.cause_response_code == _CONDITION_FAILED:
-            return None
-        raise StorageError(f"could not update gate {key!r}: {exc.cause_response_message}") from exc
-    return gate
+    return gate if conditional_update(gate, actions, condition, f"gate {key!r}") else None
 
 
 def _take(group: Group, token: str, lease_end: int, now: datetime) -> tuple[bool, bool]:
@@ -213,7 +206,7 @@ def _create(group: Group, token: str, lease_end: int) -> bool:
     try:
         gate.save(condition=GateModel.key.does_not_exist())
     except PutError as exc:
-        if exc.cause_response_code == _CONDITION_FAILED:
+        if exc.cause_response_code == CONDITION_FAILED:
             return False
         raise StorageError(f"could not create gate {group.gate_key!r}: {exc.cause_response_message}") from exc
     return True
@@ -310,14 +303,10 @@ def wake(group: Group, count: int) -> list[str]:
     queue (due at once, at its head); the keys moved."""
     woken: list[str] = []
     for task in TaskModel.status_index.query(group.blocked_partition, limit=count):
-        moved = TaskModel(task.key)
-        try:
-            moved.update(actions=[TaskModel.status_shard.set(TaskModel.shard_value_of(task.key, task.status))],
-                         condition=TaskModel.status_shard == group.blocked_partition)
-        except UpdateError as exc:
-            if exc.cause_response_code == _CONDITION_FAILED:
-                continue  # cancelled or woken by someone else meanwhile
-            raise StorageError(f"could not wake task {task.key!r}: {exc.cause_response_message}") from exc
+        back = [TaskModel.status_shard.set(TaskModel.shard_value_of(task.key, task.status))]
+        if not conditional_update(TaskModel(task.key), back, TaskModel.status_shard == group.blocked_partition,
+                                  f"(wake) task {task.key!r}"):
+            continue  # cancelled or woken by someone else meanwhile
         woken.append(task.key)
         if len(woken) >= count:
             break

@@ -40,12 +40,12 @@ from pynamodb.attributes import (
     UnicodeSetAttribute,
     UTCDateTimeAttribute,
 )
-from pynamodb.exceptions import DoesNotExist, UpdateError
+from pynamodb.exceptions import DoesNotExist
 from pynamodb.models import Model
 
 from coworker import queries, schema
-from coworker.errors import CoworkerError, StorageError
-from coworker.model import TaskModel, status_shards, utcnow
+from coworker.errors import CoworkerError
+from coworker.model import TaskModel, conditional_update, status_shards, utcnow
 from coworker.observability import logger
 
 CONTROL_KEY_PREFIX = "control#"
@@ -53,7 +53,6 @@ CONTROL_KEY = CONTROL_KEY_PREFIX + "types"
 HELD_PREFIX = schema.HELD_PREFIX
 # DynamoDB's IN takes at most 100 operands: the claim condition lists the paused types.
 MAX_PAUSED_TYPES = 100
-_CONDITION_FAILED = "ConditionalCheckFailedException"
 
 
 class TooManyPausedTypesError(CoworkerError):
@@ -116,19 +115,8 @@ def read(consistent: bool = False) -> ControlView:
                        frozenset(item.stopped_batches or ()), {name: int(n) for name, n in limits.items()})
 
 
-def _conditional_update(item: Model, actions: list, condition, what: str) -> bool:
-    """One UpdateItem; ``False`` when ``condition`` does not hold."""
-    try:
-        item.update(actions=actions, condition=condition)
-    except UpdateError as exc:
-        if exc.cause_response_code == _CONDITION_FAILED:
-            return False
-        raise StorageError(f"could not update {what}: {exc.cause_response_message}") from exc
-    return True
-
-
 def _update(actions: list, condition=None) -> bool:
-    return _conditional_update(ControlModel(CONTROL_KEY), actions, condition, "the control record")
+    return conditional_update(ControlModel(CONTROL_KEY), actions, condition, "the control record")
 
 
 def pause(task_type: str, now: datetime | None = None) -> bool:
@@ -265,7 +253,7 @@ def unpark(task: TaskModel) -> bool:
 
 
 def _task_update(key: str, actions: list, condition) -> bool:
-    return _conditional_update(TaskModel(key), actions, condition, f"(move) task {key!r}")
+    return conditional_update(TaskModel(key), actions, condition, f"(move) task {key!r}")
 
 
 def held(task_type: str, limit: int) -> list[TaskModel]:

@@ -19,11 +19,13 @@ from pynamodb.attributes import (
     UnicodeAttribute,
     UTCDateTimeAttribute,
 )
+from pynamodb.exceptions import UpdateError
 from pynamodb.indexes import GlobalSecondaryIndex, IncludeProjection
 from pynamodb.models import Model
 
 from coworker import schema
 from coworker.config import Settings
+from coworker.errors import StorageError
 
 
 class TaskStatus(str, enum.Enum):
@@ -60,6 +62,9 @@ def utcnow() -> datetime:
 def iso_utc(value: datetime | None) -> str | None:
     """ISO-8601 UTC with a ``Z``, as the API and dashboard show times."""
     return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+CONDITION_FAILED = "ConditionalCheckFailedException"
 
 
 class ErrorRecord(MapAttribute):
@@ -218,6 +223,18 @@ class BatchModel(Model):
     tolerated_failure_count = NumberAttribute(null=True)
     failed_at = UTCDateTimeAttribute(null=True)
     failure_reason = UnicodeAttribute(null=True)
+
+
+def conditional_update(item: Model, actions: list, condition: Any, what: str) -> bool:
+    """One UpdateItem on ``item`` (its attributes refreshed from the written item); ``False``
+    when ``condition`` does not hold. Any other refusal is a :class:`StorageError`."""
+    try:
+        item.update(actions=actions, condition=condition)
+    except UpdateError as exc:
+        if exc.cause_response_code == CONDITION_FAILED:
+            return False
+        raise StorageError(f"could not update {what}: {exc.cause_response_message}") from exc
+    return True
 
 
 def bind(settings: Settings) -> None:
