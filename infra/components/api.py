@@ -25,10 +25,12 @@ from infra.components.function import LOG_RETENTION, CoworkerFunction
 from infra.components.results import PAYLOAD_PREFIX, RESULT_PREFIX, grant_objects
 from infra.config import StackConfig
 
-# What the API's library code calls on the table, nothing more: tasks and batch counters are put
-# (PutItem; a batch is a transaction of puts and a counter update), read (GetItem), listed and
-# counted on the index (Query), redriven or cancelled and worker slots reserved (UpdateItem).
-API_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query")
+# What the API's library code calls on the table, nothing more: tasks are put (PutItem; a batch's
+# head item is opened first, UpdateItem), read (GetItem; a batch's progress is its head and its
+# counter items, BatchGetItem), listed and counted on the index (Query), redriven or cancelled
+# and worker slots reserved (UpdateItem).
+API_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query",
+                     "dynamodb:BatchGetItem")
 
 
 class TaskApi(Construct):

@@ -35,13 +35,16 @@ WORKER_TABLE_ACTIONS = (
 # The coordinator finds free slots and due or lost tasks on the index (Query), takes its lease,
 # reserves slots and reaps lost tasks (UpdateItem, after reading the error history: GetItem),
 # and creates missing worker-slot items at the start of each run (BatchGetItem, then a
-# conditional PutItem per missing slot).
+# conditional PutItem per missing slot). It follows the table's stream (found with
+# DescribeTable; read rights from grant_stream_read) and moves batch counters (BatchGetItem,
+# UpdateItem) and its checkpoints (PutItem).
 COORDINATOR_TABLE_ACTIONS = (
     "dynamodb:Query",
     "dynamodb:GetItem",
     "dynamodb:UpdateItem",
     "dynamodb:BatchGetItem",
     "dynamodb:PutItem",
+    "dynamodb:DescribeTable",
 )
 
 
@@ -144,6 +147,7 @@ class Processing(Construct):
             retry_attempts=0, max_event_age=Duration.seconds(c.MIN_EVENT_AGE_SECONDS)
         )
         table.grant(coordinator.function, *COORDINATOR_TABLE_ACTIONS)
+        table.grant_stream_read(coordinator.function)
         self.worker.function.grant_invoke(coordinator.function)
         return coordinator
 

@@ -15,7 +15,8 @@ _TYPES = {
 
 
 class TaskTable(Construct):
-    """On-demand table with the sharded status index, TTL, PITR and AWS-managed encryption.
+    """On-demand table with the sharded status index, TTL, PITR, AWS-managed encryption and a
+    stream of new and old images (batch progress is counted from it).
 
     ``legacy_status_index`` keeps the index of releases before sharding (``status-due``) next to
     the new one, for the migration (docs/deploy.md): DynamoDB adds or removes one index per
@@ -46,6 +47,8 @@ class TaskTable(Construct):
             billing=dynamodb.Billing.on_demand(),
             global_secondary_indexes=indexes,
             warm_throughput=warm,
+            # The coordinator counts batch progress from the stream (coworker.progress).
+            dynamo_stream=dynamodb.StreamViewType(schema.STREAM_SPECIFICATION["StreamViewType"]),
             time_to_live_attribute=schema.TTL_ATTRIBUTE,
             point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
                 point_in_time_recovery_enabled=True

@@ -118,12 +118,24 @@ def create_table(settings: Settings, client: Any | None = None) -> bool:
         client.create_table(**schema.create_table_request(settings.table_name))
     except client.exceptions.ResourceInUseException:
         add_status_index(settings, client)
+        add_stream(settings, client)
         return False
     client.get_waiter("table_exists").wait(TableName=settings.table_name, WaiterConfig={"Delay": 1})
     client.update_time_to_live(
         TableName=settings.table_name,
         TimeToLiveSpecification={"Enabled": True, "AttributeName": schema.TTL_ATTRIBUTE},
     )
+    return True
+
+
+def add_stream(settings: Settings, client: Any | None = None) -> bool:
+    """Turn on the table's stream (batch progress is counted from it) on a table made by a
+    release before it; ``False`` when it has one already."""
+    client = client or dynamodb_client(settings)
+    table = client.describe_table(TableName=settings.table_name)["Table"]
+    if table.get("StreamSpecification", {}).get("StreamEnabled"):
+        return False
+    client.update_table(TableName=settings.table_name, StreamSpecification=schema.STREAM_SPECIFICATION)
     return True
 
 

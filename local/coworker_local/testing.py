@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from coworker import dispatch, leases, lifecycle, offload, queries
+from coworker import dispatch, leases, lifecycle, offload, progress, queries
 from coworker.bootstrap import configure
 from coworker.config import Settings
 from coworker.model import TaskStatus, utcnow
@@ -148,8 +148,9 @@ class LocalTaskSystem:
         return offload.load(record.result_ref, offload.store_for(self._settings))
 
     def drain(self, timeout_seconds: float = 120.0) -> list[TaskReport]:
-        """Run coordinator ticks and the workers they start until no task is due; returns what the
-        workers reported. Raises TimeoutError if work is still due after ``timeout_seconds``."""
+        """Run coordinator ticks and the workers they start until no task is due, then count batch
+        progress from the stream; returns what the workers reported. Raises TimeoutError if work
+        is still due after ``timeout_seconds``."""
         settings = self._settings
         invoker = dispatch.InProcessInvoker(settings, owner_prefix="test-worker")
         give_up = time.monotonic() + timeout_seconds
@@ -164,6 +165,7 @@ class LocalTaskSystem:
                     raise TimeoutError(f"tasks still due after {timeout_seconds:g} s")
         finally:
             invoker.shutdown()
+        progress.catch_up(settings)  # batch counts, as the coordinator's next tick would count them
         self.reports.extend(reports)
         return reports
 

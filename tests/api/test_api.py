@@ -103,18 +103,18 @@ def test_batch_submit_counts_only_created_tasks_and_resubmits_idempotently(api):
     assert status == 201
     assert body["batch_id"] == "b-1" and (body["created"], body["existing"]) == (2, 1)
     assert [r["outcome"] for r in body["results"]] == ["exists", "created", "created"]
-    assert api.call("GET", "/batches/b-1")[1]["total"] == 2
+    assert api.counted_batch("b-1")[1]["total"] == 2
 
     status, body, _ = api.call("POST", "/tasks", batch)
     assert status == 200 and body["created"] == 0 and body["existing"] == 3
-    progress = api.call("GET", "/batches/b-1")[1]
+    progress = api.counted_batch("b-1")[1]
     assert (progress["total"], progress["open"], progress["done"]) == (2, 2, False)
 
 
 def test_batch_without_id_gets_one(api):
     status, body, _ = api.call("POST", "/tasks", {"tasks": [{"type": "quick"}, {"type": "quick"}]})
     assert status == 201 and body["batch_id"] and body["created"] == 2
-    assert api.call("GET", f"/batches/{body['batch_id']}")[1]["total"] == 2
+    assert api.counted_batch(body["batch_id"])[1]["total"] == 2
 
 
 # Bad input: a clear 4xx and an unchanged table --------------------------------------------------
@@ -136,6 +136,8 @@ BAD_SUBMISSIONS = {
     "reserved key": ({"key": "batch#x", "type": "q"}, None, "body.key", "reserved for batches"),
     "worker-slot key": ({"key": "slot#0001", "type": "q"}, None, "body.key", "reserved for Coworker's own items"),
     "lease key": ({"key": "lease#coordinator", "type": "q"}, None, "body.key", "reserved for Coworker's own"),
+    "stream checkpoint key": ({"key": "stream#shardId-0001", "type": "q"}, None, "body.key",
+                              "reserved for Coworker's own"),
     "bad run_at": ({"type": "q", "run_at": "next tuesday"}, None, "body.run_at", "datetime"),
     "empty batch": ({"tasks": []}, None, "body.tasks", "at least 1 item"),
     "batch over the limit": ({"tasks": [{"type": "q"}] * (MAX_BATCH_TASKS + 1)}, None, "body.tasks",
@@ -314,13 +316,13 @@ def test_batch_progress_follows_the_tasks_and_redrive(api):
     tasks = ([{"key": f"ok{i}", "type": "quick"} for i in range(4)]
              + [{"key": f"bad{i}", "type": "always-fail", "max_attempts": 1} for i in range(3)])
     api.call("POST", "/tasks", {"batch_id": "run-1", "tasks": tasks})
-    assert api.call("GET", "/batches/run-1")[1] | {"created_at": None, "updated_at": None} == {
+    assert api.counted_batch("run-1")[1] | {"created_at": None, "updated_at": None, "counted_through": None} == {
         "batch_id": "run-1", "total": 7, "finished": 0, "ignored": 0, "open": 7, "done": False,
         "state": "running", "failure_reason": None, "failed_at": None, "tolerated_failure_percent": None,
-        "tolerated_failure_count": None, "created_at": None, "updated_at": None}
+        "tolerated_failure_count": None, "created_at": None, "updated_at": None, "counted_through": None}
 
     _run_all(api.settings)
-    progress = api.call("GET", "/batches/run-1")[1]
+    progress = api.counted_batch("run-1")[1]
     assert (progress["finished"], progress["ignored"], progress["open"], progress["done"]) == (4, 3, 0, True)
 
     # Redrive the ignored ones, one request at a time with a small limit: cursor, then the rest.
@@ -328,12 +330,15 @@ def test_batch_progress_follows_the_tasks_and_redrive(api):
     assert status == 200 and first["redriven"] == 2 and first["cursor"]
     rest = api.call("POST", f"/batches/run-1/retry?status=ignored&limit=2&cursor={first['cursor']}")[1]
     assert rest["redriven"] == 1 and rest["cursor"] is None
-    progress = api.call("GET", "/batches/run-1")[1]
+    # before the coordinator counts the redrive: the old counts, but not done
+    stale = api.call("GET", "/batches/run-1")[1]
+    assert (stale["ignored"], stale["open"], stale["done"], stale["state"]) == (3, 0, False, "running")
+    progress = api.counted_batch("run-1")[1]
     assert (progress["ignored"], progress["open"], progress["done"]) == (0, 3, False)
     assert api.call("GET", "/tasks/bad0")[1]["attempts"] == 0
 
     _run_all(api.settings)
-    progress = api.call("GET", "/batches/run-1")[1]
+    progress = api.counted_batch("run-1")[1]
     assert (progress["finished"], progress["ignored"], progress["done"]) == (4, 3, True)
 
 
@@ -583,26 +588,24 @@ def test_type_checking_can_be_turned_off_and_the_worker_still_guards(make_settin
 def test_a_storage_failure_mid_batch_names_what_was_stored_and_a_resend_completes_it(api, monkeypatch):
     from coworker import batches
 
-    tasks = [{"key": f"part-{n:03d}", "type": "quick"} for n in range(150)]  # two transactions: 99 + 51
-    real = batches.transact
-    calls = []
+    tasks = [{"key": f"part-{n:03d}", "type": "quick"} for n in range(150)]
+    real = batches._put_if_new
 
-    def second_fails(build, what):
-        calls.append(what)
-        if len(calls) == 2:
+    def every_third_fails(task):
+        if int(task.key[-3:]) % 3 == 2:
             raise batches.StorageError("DynamoDB is unavailable")
-        return real(build, what)
+        return real(task)
 
-    monkeypatch.setattr(batches, "transact", second_fails)
+    monkeypatch.setattr(batches, "_put_if_new", every_third_fails)
     status, answer, _ = api.call("POST", "/tasks", {"batch_id": "halfway", "tasks": tasks})
     assert (status, answer["error"]) == (503, "storage_unavailable")
-    assert answer["stored"] == [task["key"] for task in tasks[:99]]
-    assert "99 of 150 tasks were stored" in answer["message"] and "re-send the same request" in answer["message"]
-    assert api.call("GET", "/batches/halfway")[1]["total"] == 99
-    monkeypatch.setattr(batches, "transact", real)
+    assert answer["stored"] == [task["key"] for n, task in enumerate(tasks) if n % 3 != 2]
+    assert "100 of 150 tasks were stored" in answer["message"] and "re-send the same request" in answer["message"]
+    assert api.counted_batch("halfway")[1]["total"] == 100
+    monkeypatch.setattr(batches, "_put_if_new", real)
     status, answer, _ = api.call("POST", "/tasks", {"batch_id": "halfway", "tasks": tasks})
-    assert (status, answer["created"], answer["existing"]) == (201, 51, 99)
-    assert api.call("GET", "/batches/halfway")[1]["total"] == 150
+    assert (status, answer["created"], answer["existing"]) == (201, 50, 100)
+    assert api.counted_batch("halfway")[1]["total"] == 150
 
 
 def test_stats_cost_is_bounded_per_request(api):

@@ -1,11 +1,11 @@
-"""Batch counters move with every terminal transition, in the task's own transaction."""
+"""Batch counters move with every transition, counted once from the table's stream."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
 import pytest
-from coworker import batches, lifecycle
+from coworker import batches, lifecycle, progress
 from coworker.lifecycle import PutOutcome, RecordOutcome, TaskSpec
 from coworker.model import BatchModel, ErrorKind, TaskModel, TaskStatus, utcnow
 
@@ -13,16 +13,21 @@ from coworker.model import BatchModel, ErrorKind, TaskModel, TaskStatus, utcnow
 pytestmark = pytest.mark.both_backends
 
 
-def _progress(batch_id="b1"):
-    p = batches.get_batch(batch_id)
-    return p.total, p.finished, p.ignored, p.open, p.done
+@pytest.fixture
+def counted(settings):
+    """Counts as the coordinator leaves them: the stream followed to its end, then the batch read."""
+    def read(batch_id="b1"):
+        progress.catch_up(settings)
+        p = batches.get_batch(batch_id)
+        return p.total, p.finished, p.ignored, p.open, p.done
+    return read
 
 
 def _put(settings, key, batch_id="b1", now=None, **kw):
     return lifecycle.put_task(TaskSpec(key=key, type="quick", batch_id=batch_id, **kw), settings, now=now)
 
 
-def test_put_counts_only_created_tasks(settings):
+def test_put_counts_only_created_tasks(settings, counted):
     assert _put(settings, "a") is PutOutcome.CREATED
     assert _put(settings, "a") is PutOutcome.EXISTS
     created = batches.put_tasks(
@@ -30,21 +35,21 @@ def test_put_counts_only_created_tasks(settings):
         "b1",
     )
     assert created == [False, True, True]
-    assert _progress() == (3, 0, 0, 3, False)
+    assert counted() == (3, 0, 0, 3, False)
     assert TaskModel.get("b").status == "todo"
 
 
-def test_put_batch_in_chunks_over_the_transaction_limit(settings):
+def test_put_batch_in_chunks_over_the_transaction_limit(settings, counted):
     tasks = [lifecycle.new_task(TaskSpec(key=f"t{i}", type="quick", batch_id="big"), settings, utcnow())
              for i in range(230)]
     assert all(batches.put_tasks(tasks, "big"))
-    assert _progress("big")[0] == 230
+    assert counted("big")[0] == 230
     # Re-submitting the same batch counts nothing twice.
     assert not any(batches.put_tasks(tasks, "big"))
-    assert _progress("big")[0] == 230
+    assert counted("big")[0] == 230
 
 
-def test_complete_fail_cancel_retry_and_reap_move_the_counters(settings):
+def test_complete_fail_cancel_retry_and_reap_move_the_counters(settings, counted):
     past = utcnow() - timedelta(seconds=settings.effective_lock_seconds + 5)
     for key in ("done", "bad", "cancelled", "lost", "plain"):
         _put(settings, key, max_attempts=1, now=past)
@@ -52,79 +57,51 @@ def test_complete_fail_cancel_retry_and_reap_move_the_counters(settings):
 
     claim = lifecycle.claim("done", "w", settings)
     assert lifecycle.complete(claim, settings, result={"ok": 1}) is RecordOutcome.FINISHED
-    assert _progress() == (5, 1, 0, 4, False)
+    assert counted() == (5, 1, 0, 4, False)
 
     claim = lifecycle.claim("bad", "w", settings)
     error = lifecycle.error_record(1, ErrorKind.BUSINESS, "no", utcnow())
     assert lifecycle.fail(claim, settings, error) is RecordOutcome.IGNORED
-    assert _progress() == (5, 1, 1, 3, False)
+    assert counted() == (5, 1, 1, 3, False)
 
     assert lifecycle.cancel("cancelled", settings).status == TaskStatus.IGNORED.value
     assert lifecycle.cancel("cancelled", settings) is None  # already ignored: nothing moves
-    assert _progress() == (5, 1, 2, 2, False)
+    assert counted() == (5, 1, 2, 2, False)
 
     claim = lifecycle.claim("lost", "w", settings, now=past)
-    assert lifecycle.reap_lost("lost", 1, claim.task.batch_id, settings) is True
-    assert lifecycle.reap_lost("lost", 1, claim.task.batch_id, settings) is False
-    assert _progress() == (5, 1, 3, 1, False)
+    assert lifecycle.reap_lost("lost", 1, settings) is True
+    assert lifecycle.reap_lost("lost", 1, settings) is False
+    assert counted() == (5, 1, 3, 1, False)
 
     retried = lifecycle.retry("bad")
     assert retried.status == "todo" and retried.attempts == 0 and retried.errors
-    assert _progress() == (5, 1, 2, 2, False)
+    assert counted() == (5, 1, 2, 2, False)
 
     for key in ("bad", "plain"):
         claim = lifecycle.claim(key, "w", settings)
         lifecycle.complete(claim, settings)
     lifecycle.cancel("solo", settings)
-    assert _progress() == (5, 3, 2, 0, True)
+    assert counted() == (5, 3, 2, 0, True)
 
 
-def test_stale_worker_moves_no_counter(settings):
+def test_stale_worker_moves_no_counter(settings, counted):
     past = utcnow() - timedelta(seconds=settings.effective_lock_seconds + 5)
     _put(settings, "k", max_attempts=3, now=past)
     stale = lifecycle.claim("k", "old", settings, now=past)
     fresh = lifecycle.claim("k", "new", settings)
     assert lifecycle.complete(stale, settings) is RecordOutcome.LOST
-    assert _progress() == (1, 0, 0, 1, False)
+    assert counted() == (1, 0, 0, 1, False)
     assert lifecycle.complete(fresh, settings) is RecordOutcome.FINISHED
-    assert _progress() == (1, 1, 0, 0, True)
+    assert counted() == (1, 1, 0, 0, True)
 
 
-def test_missing_batch(settings):
+def test_missing_batch(settings, counted):
     with pytest.raises(batches.BatchNotFoundError):
         batches.get_batch("nope")
     assert list(BatchModel.scan(BatchModel.key.startswith("batch#"))) == []
 
 
-def test_a_redrive_racing_a_move_to_ignored_still_takes_it_back_from_the_ignored_count(settings, monkeypatch):
-    """retry reads the status, then writes: a task that moved failed -> processing -> ignored in
-    between must be taken back from the batch's ignored count, or the batch never completes."""
-    _put(settings, "r", max_attempts=2)
-    error = lifecycle.error_record(1, ErrorKind.SYSTEM, "boom", utcnow())
-    assert lifecycle.fail(lifecycle.claim("r", "w", settings), settings, error) is RecordOutcome.FAILED
-    real_membership = batches.membership
-    reads = []
-
-    def read_then_race(key):
-        answer = real_membership(key)
-        if not reads:  # the first read says "failed"; the task is ignored right after it
-            last = lifecycle.error_record(2, ErrorKind.SYSTEM, "boom", utcnow())
-            assert lifecycle.fail(lifecycle.claim("r", "w2", settings), settings, last) is RecordOutcome.IGNORED
-        reads.append(answer)
-        return answer
-
-    monkeypatch.setattr(batches, "membership", read_then_race)
-    assert _progress() == (1, 0, 0, 1, False)
-    redriven = lifecycle.retry("r")
-    assert redriven is not None and redriven.status == "todo"
-    assert [status for _, status in reads] == ["failed", "ignored"]
-    assert _progress() == (1, 0, 0, 1, False)  # ignored went 1 -> 0 with the redrive
-    claim = lifecycle.claim("r", "w3", settings)
-    assert lifecycle.complete(claim, settings) is RecordOutcome.FINISHED
-    assert _progress() == (1, 1, 0, 0, True)
-
-
-def test_a_redriven_attempt_1_is_not_the_old_attempt_1(settings):
+def test_a_redriven_attempt_1_is_not_the_old_attempt_1(settings, counted):
     """Attempts restart at 1 after a redrive; the generation keeps the fencing token unique, even
     for a worker that reuses its owner id."""
     _put(settings, "g", max_attempts=1)
@@ -141,29 +118,177 @@ def test_a_redriven_attempt_1_is_not_the_old_attempt_1(settings):
     assert lifecycle.get_task("g").result == {"from": "new"}
 
 
-def test_outcomes_spread_over_the_counter_shards_and_sum_exactly(settings):
+def test_a_wide_batch_is_counted_without_a_transaction_or_a_hot_item(settings, counted, monkeypatch):
     keys = [f"w{i:03d}" for i in range(40)]
     tasks = [lifecycle.new_task(TaskSpec(key=k, type="quick", batch_id="wide"), settings, utcnow()) for k in keys]
+
+    def no_transaction(*args, **kwargs):
+        raise AssertionError("a task of a batch must be written like any task, not in a transaction")
+
+    monkeypatch.setattr(batches, "transact", no_transaction)
     batches.put_tasks(tasks, "wide")
     for key in keys[:30]:
         claim = lifecycle.claim(key, "w", settings)
         lifecycle.complete(claim, settings, result=None)
     for key in keys[30:34]:
         lifecycle.cancel(key, settings)
-    assert _progress("wide") == (40, 30, 4, 6, False)
-    # the outcomes went to several items, each keyed by a hash of the task key: no single hot item
+    assert counted("wide") == (40, 30, 4, 6, False)
+    # One counter item per stream shard, listed on the head, each written once per pass.
     items = {item.key: item for item in BatchModel.scan(BatchModel.key.startswith("batch#wide"))}
-    shards = {key for key in items if key != "batch#wide"}
-    assert len(shards) >= 5 and all(key.rsplit("#", 1)[1].isdigit() for key in shards)
-    assert int(items["batch#wide"].total) == 40 and not items["batch#wide"].finished
-    for key in keys[:30]:
-        assert batches.counter_key("wide", key) in shards
+    head = items.pop("batch#wide")
+    assert items and set(items) == {progress.counter_key("wide", shard) for shard in head.counters}
+    assert not head.total and not head.finished
 
 
-def test_a_batch_counted_on_its_head_item_by_an_earlier_release_still_adds_up(settings):
-    _put(settings, "old-1", batch_id="legacy")
-    _put(settings, "old-2", batch_id="legacy")
-    BatchModel("batch#legacy").update(actions=[BatchModel.finished.add(1)])  # as releases before sharding did
-    claim = lifecycle.claim("old-2", "w", settings)
-    lifecycle.complete(claim, settings, result=None)
-    assert _progress("legacy") == (2, 2, 0, 0, True)
+def test_counting_again_after_a_crash_counts_nothing_twice(settings, counted):
+    """A follower that dies after counting, before saving its place, reads the same records again."""
+    for key in "abc":
+        lifecycle.put_task(TaskSpec(key=key, type="quick", batch_id="b1"), settings)
+    lifecycle.complete(lifecycle.claim("a", "w", settings), settings)
+    assert counted() == (3, 1, 0, 2, False)
+    # A new process with no checkpoint: it reads the stream from its start.
+    for checkpoint in progress.StreamCheckpointModel.scan(progress.StreamCheckpointModel.key.startswith("stream#")):
+        checkpoint.delete()
+    fresh = progress.StreamFollower(settings)
+    report = fresh.follow()
+    assert report.records >= 5 and report.changes == 0
+    assert counted() == (3, 1, 0, 2, False)
+    lifecycle.cancel("b", settings)
+    assert fresh.follow().changes == 1
+    assert counted() == (3, 1, 1, 1, False)
+
+
+def test_two_followers_at_once_count_each_change_once(settings, counted):
+    import threading
+
+    for index in range(30):
+        lifecycle.put_task(TaskSpec(key=f"t{index}", type="quick", batch_id="b1"), settings)
+    followers = [progress.StreamFollower(settings) for _ in range(4)]
+    counts = []
+    start = threading.Barrier(len(followers))
+
+    def run(follower):
+        start.wait()
+        counts.append(follower.follow().changes)
+
+    threads = [threading.Thread(target=run, args=(f,)) for f in followers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(counts) == 30
+    assert counted() == (30, 0, 0, 30, False)
+
+
+def test_the_same_changes_applied_twice_count_once(settings, counted):
+    lifecycle.put_task(TaskSpec(key="x", type="quick", batch_id="b1"), settings)
+    changes = [progress.Change("b9", sequence, total=1) for sequence in (5, 6, 7)]
+    BatchModel("batch#b9").save()
+    assert progress.apply("shard-a", changes) == 3
+    assert progress.apply("shard-a", changes) == 0
+    assert progress.apply("shard-a", [*changes, progress.Change("b9", 8, finished=1)]) == 1
+    assert progress.apply("shard-b", changes[:1]) == 1  # another shard has its own counter
+    assert counted("b9") == (4, 1, 0, 3, False)
+
+
+def _record(name, old=None, new=None, sequence="100"):
+    def image(status, batch="b", errors=None):
+        item = {"key": {"S": "k"}, "status": {"S": status}}
+        if batch:
+            item["batch_id"] = {"S": batch}
+        if errors:
+            item["errors"] = {"L": [{"M": {"kind": {"S": kind}}} for kind in errors]}
+        return item
+    return {"eventName": name, "dynamodb": {"SequenceNumber": sequence,
+                                            **({"OldImage": image(*old)} if old else {}),
+                                            **({"NewImage": image(*new)} if new else {})}}
+
+
+@pytest.mark.parametrize(("record", "expected"), [
+    (_record("INSERT", new=("todo",)), (1, 0, 0, False)),
+    (_record("MODIFY", old=("todo",), new=("processing",)), None),
+    (_record("MODIFY", old=("processing",), new=("finished",)), (0, 1, 0, False)),
+    (_record("MODIFY", old=("processing",), new=("ignored", "b", ["system"])), (0, 0, 1, True)),
+    (_record("MODIFY", old=("todo",), new=("ignored", "b", ["system", "cancelled"])), (0, 0, 1, False)),
+    (_record("MODIFY", old=("ignored", "b", ["system"]), new=("todo", "b", ["system"])), (0, 0, -1, False)),
+    (_record("MODIFY", old=("finished",), new=("finished",)), None),  # rewritten, not moved
+    (_record("REMOVE", old=("finished",)), None),  # TTL: the batch keeps counting what it ran
+    (_record("INSERT", new=("todo", None)), None),  # not in a batch
+], ids=["put", "claim", "finish", "fail-for-good", "cancel", "redrive", "no-change", "ttl", "no-batch"])
+def test_what_one_record_changes(record, expected):
+    change = progress.change_of(record)
+    if expected is None:
+        assert change is None
+    else:
+        assert (change.total, change.finished, change.ignored, change.failure) == expected
+        assert change.batch_id == "b" and change.sequence == 100
+
+
+def test_a_batch_counted_by_an_earlier_release_still_adds_up(settings, counted):
+    # As releases before the stream left it: total on the head, outcomes on batch#<id>#0..7.
+    BatchModel("batch#legacy", total=3).save()
+    BatchModel("batch#legacy#5", finished=1).save()
+    BatchModel("batch#legacy#2", ignored=1).save()
+    assert counted("legacy") == (3, 1, 1, 1, False)
+
+
+# When a batch may read done: only once every write to it is counted ------------------------------
+
+def _put_batch(settings, batch_id, keys):
+    tasks = [lifecycle.new_task(TaskSpec(key=k, type="quick", batch_id=batch_id), settings, utcnow()) for k in keys]
+    return batches.put_tasks(tasks, batch_id)
+
+
+def _finish(settings, *keys):
+    for key in keys:
+        assert lifecycle.complete(lifecycle.claim(key, "w", settings), settings) is RecordOutcome.FINISHED
+
+
+def test_a_batch_whose_puts_are_not_counted_yet_does_not_read_done(settings, counted):
+    _put_batch(settings, "fresh", ["a", "b"])
+    early = batches.get_batch("fresh")
+    assert (early.total, early.open, early.done, early.state) == (0, 0, False, "running")
+    assert counted("fresh") == (2, 0, 0, 2, False)
+    _finish(settings, "a", "b")
+    assert counted("fresh") == (2, 2, 0, 0, True)
+    assert batches.get_batch("fresh").counted_through >= batches.get_batch("fresh").settled_at
+
+
+def test_a_put_request_under_way_keeps_its_batch_from_reading_done(settings, counted):
+    batches._open("slow", utcnow(), None)  # another request has opened the batch, not yet ended
+    _put_batch(settings, "slow", ["a"])
+    _finish(settings, "a")
+    assert counted("slow") == (1, 1, 0, 0, False)  # its puts may still come, until its promise
+    assert batches.get_batch("slow").settled_at > utcnow()
+    batches._close("slow")
+    assert counted("slow") == (1, 1, 0, 0, True)
+
+
+def test_done_waits_until_the_stream_is_counted_past_the_last_change(make_settings):
+    settings = make_settings(stream_lag_seconds=300)  # a stream that may run minutes late
+    _put_batch(settings, "late", ["a"])
+    _finish(settings, "a")
+    progress.catch_up(settings)
+    counts = batches.get_batch("late")
+    assert (counts.open, counts.done) == (0, False)
+    assert counts.counted_through < counts.settled_at
+
+
+def test_a_redrive_keeps_its_batch_from_reading_done_until_it_is_counted(settings, counted):
+    _put_batch(settings, "again", ["a"])
+    lifecycle.cancel("a", settings)
+    assert counted("again") == (1, 0, 1, 0, True)
+    assert lifecycle.retry("a") is not None
+    batches.settle("again")  # as the API's redrive routes do
+    stale = batches.get_batch("again")
+    assert (stale.ignored, stale.open, stale.done) == (1, 0, False)  # the redrive is not counted yet
+    assert counted("again") == (1, 0, 0, 1, False)
+
+
+def test_each_counter_keeps_the_time_of_the_last_change_it_counted(settings, counted):
+    before = utcnow() - timedelta(minutes=1)  # record times are rounded down: to the second on
+    # AWS, to the minute on DynamoDB Local
+    _put_batch(settings, "timed", ["a"])
+    counted("timed")
+    (counter,) = [item for item in BatchModel.scan(BatchModel.key.startswith("batch#timed#"))]
+    assert before <= counter.last_change_at <= utcnow()

@@ -90,7 +90,7 @@ def test_bulk_cancel_by_batch_and_creation_window(api, settings):
     assert set(_statuses([f"new{i}" for i in range(3)] + [f"elsewhere{i}" for i in range(3)]).values()) == {"todo"}
     assert lifecycle.get_task("old0").errors[-1].kind == "cancelled"
     # the batch counts them as ignored, as a single cancel would
-    assert api.call("GET", "/batches/b1")[1]["ignored"] == 3
+    assert api.counted_batch("b1")[1]["ignored"] == 3
 
     after = (now - timedelta(hours=1)).isoformat()
     _, changed = _run_all(api, {"action": "cancel", "status": "todo", "created_after": after})

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from coworker import dispatch
+from coworker import dispatch, progress
 from coworker.api import create_app
 from coworker.dispatch import InProcessInvoker
 from coworker_local.database import free_port
@@ -62,6 +62,10 @@ class Served:
         finally:
             invoker.shutdown()
 
+    def count(self) -> None:
+        """Count batch progress from the stream, as the coordinator does at every tick."""
+        progress.catch_up(self.settings)
+
 
 @pytest.fixture
 def served(settings):
@@ -105,6 +109,7 @@ def test_submit_many_from_a_file_in_chunks_and_watch_the_batch(served, tmp_path)
     again = served.run("submit", "--file", str(path), "--batch-id", "nightly", "--quiet")
     assert again.stdout.splitlines()[0] == "batch nightly: 23 submitted, 0 created, 23 existing"
 
+    served.count()
     once = served.run("batch", "nightly", "--once")
     assert once.stdout == "batch nightly: 23 tasks, finished 0, ignored 0, open 23\n"
 
@@ -173,6 +178,7 @@ def test_cancel_retry_and_batch_redrive(served, tmp_path):
     assert "ignored 3, open 0 - done" in served.run("batch", "doomed", "--once").stdout
     result = served.run("retry", "--batch", "doomed")
     assert (result.returncode, result.stdout) == (0, "batch doomed: 3 ignored tasks redriven\n")
+    served.count()
     assert "ignored 0, open 3" in served.run("batch", "doomed", "--once").stdout
 
     stats = served.run("stats")

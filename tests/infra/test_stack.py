@@ -140,6 +140,7 @@ def test_the_schema_request_and_the_template_describe_the_same_table(template: T
     assert props["KeySchema"] == request["KeySchema"]
     assert sorted(props["AttributeDefinitions"], key=str) == sorted(request["AttributeDefinitions"], key=str)
     assert props["GlobalSecondaryIndexes"] == request["GlobalSecondaryIndexes"]
+    assert props["StreamSpecification"] == {"StreamViewType": request["StreamSpecification"]["StreamViewType"]}
 
 
 # --- functions ---------------------------------------------------------------------------------
@@ -317,14 +318,20 @@ def test_no_wildcard_actions_anywhere(template: Template) -> None:
                 assert action != "*" and not action.endswith(":*"), statement
 
 
-def table_actions(template: Template, role_ref: str) -> set[str]:
+def table_actions(template: Template, role_ref: str, stream: bool = False) -> set[str]:
+    """What the role may do on the table and its index (or, with ``stream``, on its stream)."""
     table = table_logical_id(template)
     actions: set[str] = set()
     for statement in policy_statements(template).get(role_ref, []):
-        if table in json.dumps(statement["Resource"]):
+        resource = json.dumps(statement["Resource"])
+        if table in resource and ("StreamArn" in resource) == stream:
             assert statement["Effect"] == "Allow"
             actions.update(actions_of(statement))
     return actions
+
+
+def stream_actions(template: Template, role_ref: str) -> set[str]:
+    return table_actions(template, role_ref, stream=True)
 
 
 def role_of(fn: dict) -> str:
@@ -338,7 +345,12 @@ def test_least_privilege_on_the_table(template: Template, functions) -> None:
         "dynamodb:UpdateItem",
         "dynamodb:BatchGetItem",  # worker-slot items are created at the start of a run
         "dynamodb:PutItem",
+        "dynamodb:DescribeTable",  # finds the table's stream, which it alone reads:
     }
+    stream_reads = {"dynamodb:DescribeStream", "dynamodb:GetRecords", "dynamodb:GetShardIterator"}
+    assert stream_reads <= stream_actions(template, role_of(functions["coordinator"]))
+    for other in ("worker", "api"):
+        assert not stream_actions(template, role_of(functions[other])) & stream_reads
     assert table_actions(template, role_of(functions["worker"])) == {
         "dynamodb:GetItem",
         "dynamodb:UpdateItem",
@@ -348,7 +360,8 @@ def test_least_privilege_on_the_table(template: Template, functions) -> None:
     }
     # The API puts, reads, lists, redrives and cancels; it never scans or deletes.
     assert table_actions(template, role_of(functions["api"])) == {
-        "dynamodb:PutItem", "dynamodb:GetItem", "dynamodb:Query", "dynamodb:UpdateItem"}
+        "dynamodb:PutItem", "dynamodb:GetItem", "dynamodb:Query", "dynamodb:UpdateItem",
+        "dynamodb:BatchGetItem"}  # a batch's progress: its head and counter items
 
 
 def test_only_the_api_signs_cursors_with_the_stack_id(functions) -> None:

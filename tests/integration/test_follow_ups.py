@@ -84,7 +84,7 @@ def test_follow_ups_in_the_batch_keep_it_open_until_they_finish(system) -> None:
     parent = system.put("test-spawn", {"children": 150, "inherit": True}, batch_id="wide")
     system.drain()
     progress = batches.get_batch("wide")
-    # 150 follow-ups need two transactions (at most 98 puts next to the counter and the check).
+    # 150 follow-ups need two transactions (at most 99 puts next to the check of the claim).
     assert (progress.total, progress.finished, progress.ignored, progress.done) == (151, 151, 0, True)
     assert system.get(f"{parent}/150")["batch_id"] == "wide"
     other = system.put("test-spawn", {"children": 2}, batch_id="narrow")  # not inherited
@@ -110,7 +110,7 @@ def test_spawn_refuses_what_the_api_would_refuse() -> None:
 @pytest.mark.parametrize("children", [2, 150], ids=["folded", "chunked-then-folded"])
 def test_a_completion_that_cannot_be_written_fails_the_attempt_and_its_retry_puts_each_once(
         system, monkeypatch, children) -> None:
-    """Up to 98 follow-ups are put in the completion's own transaction: all or nothing. More are
+    """Up to 99 follow-ups are put in the completion's own transaction: all or nothing. More are
     put first (fenced); if the completion then fails, the retry finds them and counts none twice."""
     parent = system.put("test-spawn", {"children": children, "inherit": True}, max_attempts=3,
                         batch_id=f"b-{children}")
@@ -129,12 +129,12 @@ def test_a_completion_that_cannot_be_written_fails_the_attempt_and_its_retry_put
     record = system.get(parent)
     assert record["errors"][0]["kind"] == "system" and "throttling" in record["errors"][0]["message"]
     written_before = [key for key in _spawned_by[parent] if _exists(key)]
-    assert len(written_before) == max(0, children - 98)  # the folded ones went with the failed write
+    assert len(written_before) == max(0, children - batches.FOLD_ROOM)  # the folded ones went with the failed write
     system.drain()
     assert system.get(parent)["status"] == "finished"
     assert all(system.get(key)["status"] == "finished" for key in _spawned_by[parent])
-    progress = batches.get_batch(f"b-{children}")
-    assert (progress.total, progress.finished, progress.done) == (children + 1, children + 1, True)
+    counted = batches.get_batch(f"b-{children}")
+    assert (counted.total, counted.finished, counted.done) == (children + 1, children + 1, True)
 
 
 def _exists(key: str) -> bool:

@@ -324,7 +324,7 @@ def test_every_writer_of_the_error_history_keeps_it_at_the_limit(make_settings):
     claim = lifecycle.claim("lost", "w", settings)  # its worker dies: the lock expires
     assert claim is not None and claim.attempt == 3
     later = utcnow() + timedelta(seconds=settings.effective_lock_seconds + 1)
-    assert lifecycle.reap_lost("lost", 3, None, settings, now=later) is True
+    assert lifecycle.reap_lost("lost", 3, settings, now=later) is True
     task = lifecycle.get_task("lost")
     assert task.status == "ignored" and [e.kind for e in task.errors] == ["business", "worker_lost"]
     assert lifecycle.cancel("lost", settings) is None  # already ignored: nothing written

@@ -27,6 +27,14 @@ class Api:
         parsed = json.loads(response["body"]) if response["body"] and response["body"][0] in "{[" else None
         return response["statusCode"], parsed, response
 
+    def counted_batch(self, batch_id: str):
+        """GET /batches/{id} once the stream follower (the coordinator's, every tick) has counted
+        every write made so far."""
+        from coworker import progress
+
+        progress.catch_up(self.settings)
+        return self.call("GET", f"/batches/{batch_id}")
+
     def items(self) -> list[dict]:
         """Every task and batch item of the table, to prove a request changed nothing (worker
         slots, which the fixture creates, are left out)."""

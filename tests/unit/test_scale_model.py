@@ -42,20 +42,18 @@ def test_a_cold_table_caps_a_fast_start_and_warm_throughput_lifts_it():
     assert warm.drained_at == pytest.approx(200, abs=15)  # 200,000 tasks at about 1,000/s
 
 
-def _wide_batch():
-    batched = scale_model.TaskWrites(WRITES.table, WRITES.index, batch_item={"put": 0.02, "finish": 2.0})
+def _wide_batch(head_writes_per_task: float, submit_rate: float = 1_000.0):
+    batched = scale_model.TaskWrites(WRITES.table, WRITES.index, batch_item={"put": head_writes_per_task})
     return scale_model.simulate(batched, tasks=100_000, rate=1_000, task_seconds=1.0, shards=4,
-                                batch_size=10, submit_rate=1_000, account_concurrency=1_000,
+                                batch_size=10, submit_rate=submit_rate, account_concurrency=1_000,
                                 tick_seconds=5.0, warm_write_units=10_000, batched=True)
 
 
-def test_a_wide_batch_with_one_counter_item_runs_hot(monkeypatch):
-    monkeypatch.setattr(scale_model, "COUNTER_SHARDS", 1)
-    outcome = _wide_batch()
+def test_a_wide_batch_put_in_requests_of_many_tasks_has_no_hot_item():
+    outcome = _wide_batch(head_writes_per_task=0.01)  # one head update per 100 tasks
+    assert outcome.throttled_by_key == 0 and outcome.peak_partition_status != "batch item"
+
+
+def test_a_wide_batch_put_one_task_per_request_makes_its_head_item_hot():
+    outcome = _wide_batch(head_writes_per_task=1.0, submit_rate=2_000)
     assert outcome.peak_partition_status == "batch item" and outcome.throttled_by_key > 0
-
-
-def test_a_wide_batch_with_sharded_counters_does_not():
-    assert scale_model.COUNTER_SHARDS == 8
-    outcome = _wide_batch()
-    assert outcome.throttled_by_key == 0 and outcome.peak_partition_demand <= 1_000

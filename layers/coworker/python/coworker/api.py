@@ -611,6 +611,8 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
             current = lifecycle.get_task(key)  # TaskNotFoundError -> 404
             raise TaskStateConflictError(f"task {key!r} is {current.status}; "
                                          "only failed or ignored tasks can be retried")
+        if task.batch_id:
+            batches.settle(task.batch_id)  # its batch cannot read done before this is counted
         return TaskOut.model_validate(task.to_dict())
 
     @app.post("/tasks/<key>/cancel", summary="Cancel a task that is not finished", tags=["tasks"],
@@ -721,6 +723,8 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
         start = cursors.decode(cursor, listing)
         tasks, last_key, scanned = read_index(status.value, want=limit, start=start, batch_id=batch_id)
         redriven = sum(1 for task in tasks if lifecycle.retry(task.key) is not None)
+        if redriven:
+            batches.settle(batch_id)  # the batch cannot read done before the redrives are counted
         logger.info("batch redrive", extra={"batch_id": batch_id, "status": status.value,
                                             "redriven": redriven})
         return RedriveOut(batch_id=batch_id, status=status, redriven=redriven, skipped=len(tasks) - redriven,

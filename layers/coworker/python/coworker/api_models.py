@@ -26,6 +26,7 @@ from coworker.batches import BATCH_KEY_PREFIX
 from coworker.bulk import BulkAction, check_action
 from coworker.control import CONTROL_KEY_PREFIX
 from coworker.leases import LEASE_KEY_PREFIX, SLOT_KEY_PREFIX
+from coworker.progress import CHECKPOINT_PREFIX
 from coworker.schema import GATE_PREFIX
 
 MAX_BATCH_TASKS = 1000
@@ -150,7 +151,7 @@ class TaskIn(_Strict):
         _no_control_characters(value, "key")
         if value.startswith(BATCH_KEY_PREFIX):
             raise ValueError(f"keys starting with '{BATCH_KEY_PREFIX}' are reserved for batches")
-        for prefix in (SLOT_KEY_PREFIX, LEASE_KEY_PREFIX, CONTROL_KEY_PREFIX, GATE_PREFIX):
+        for prefix in (SLOT_KEY_PREFIX, LEASE_KEY_PREFIX, CONTROL_KEY_PREFIX, GATE_PREFIX, CHECKPOINT_PREFIX):
             if value.startswith(prefix):
                 raise ValueError(f"keys starting with '{prefix}' are reserved for Coworker's own items")
         return value
@@ -318,7 +319,8 @@ class BatchOut(BaseModel):
     finished: int
     ignored: int
     open: int = Field(description="total - finished - ignored: tasks still todo, processing or failed.")
-    done: bool
+    done: bool = Field(description="open is 0 and every write to the batch has been counted (the counts "
+                                   "follow the tasks by up to a coordinator tick).")
     state: Literal["running", "done", "failed"] = Field(
         description="failed: stopped at its failure threshold (see failure_reason); redrive it to go on.")
     failure_reason: str | None
@@ -327,6 +329,8 @@ class BatchOut(BaseModel):
     tolerated_failure_count: int | None
     created_at: str | None
     updated_at: str | None
+    counted_through: str | None = Field(description="Every write made before this time is in the counts "
+                                                    "(null for a batch counted before the table's stream).")
 
 
 MAX_BULK_PER_REQUEST = 200  # tasks changed by one bulk request (each is a read and a write)

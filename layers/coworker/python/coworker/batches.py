@@ -1,27 +1,29 @@
-"""Batches: progress counters that stay right without scanning.
+"""Batches: progress counters that stay right without scanning or transactions.
 
-A batch's counters live in the task table, spread over ``1 + COUNTER_SHARDS`` items::
+A batch lives in the task table as a head item and its counter items::
 
-    batch#<id>       total (puts), created_at, and the counters of releases before sharding
-    batch#<id>#<n>   finished, ignored (and total of follow-ups) of the tasks whose key hashes to n
+    batch#<id>              created_at, the failure threshold, failed_at, ``counters`` (the
+                            stream shards that counted for it), and its put requests: under
+                            way (``puts_in_flight``, promised to end by ``puts_until``) and
+                            when the last ended (``puts_closed_at``)
+    batch#<id>#<shard id>   total, finished, ignored: what one stream shard counted,
+                            ``read_through`` (its last record counted) and ``last_change_at``
 
     total     tasks created for the batch (a re-submitted task that already exists is not counted)
     finished  tasks of the batch that reached ``finished``
     ignored   tasks of the batch that are ``ignored`` now (a redrive takes one back)
 
-    open = total - finished - ignored        done = (open == 0)
+    open = total - finished - ignored
+    done = open == 0, once the follower has counted every write made before the batch's last
+           put request ended and before the last change it counted (``counted_through``)
 
-Progress is the sum of those items (one strongly consistent BatchGetItem). Every terminal
-transition of a task that has a ``batch_id`` moves its shard's counter **in the same
-transaction** as the task write (``TransactWriteItems``), so a crash between two writes cannot
-lose a count; tasks without a batch keep their single ``UpdateItem``. Creating tasks adds to
-``total`` in the same transaction as their puts, for the same reason.
-
-Costs and limits: a transactional write costs twice a plain one. One item takes about 1,000
-write units per second, and a counter update in a transaction costs 2: spread over 8 shard
-items, one batch's tasks may finish at about 4,000 per second before a counter item runs hot
-(one item took 500). Concurrent transactions on one item conflict (DynamoDB cancels one with
-``TransactionConflict``); conflicts are retried here with jittered backoff.
+The counts come from the table's stream (see :mod:`coworker.progress`): a task of a batch is put
+and moved with the same plain writes as any task, and the coordinator counts each transition
+exactly once. They lag the tasks by up to one coordinator tick; the rule for ``done`` keeps a
+batch whose puts are not all counted yet from reading done early. Progress is one consistent
+read of the head, one BatchGetItem of its counters and one read of the follower's watermark.
+Batches made by releases before the stream kept ``total`` on the head and outcomes in
+``batch#<id>#0..7``: those are still read and summed.
 """
 
 from __future__ import annotations
@@ -31,27 +33,40 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
 from typing import Any
 
 from pynamodb.connection import Connection
-from pynamodb.exceptions import DoesNotExist, PynamoDBException, TransactWriteError, UpdateError
+from pynamodb.exceptions import DoesNotExist, PutError, PynamoDBException, TransactWriteError
 from pynamodb.expressions.condition import Condition
 from pynamodb.transactions import TransactWrite
 
-from coworker import schema
 from coworker.errors import CoworkerError, RecordTooLargeError, StorageError
-from coworker.model import BatchModel, TaskModel, iso_utc, utcnow
+from coworker.model import (
+    CONDITION_FAILED,
+    COUNTED_THROUGH_KEY,
+    BatchModel,
+    StreamCheckpointModel,
+    TaskModel,
+    conditional_update,
+    iso_utc,
+    utcnow,
+)
 from coworker.observability import logger
 
 BATCH_KEY_PREFIX = "batch#"
-# Items the outcome counters of one batch are spread over (a task's share: a hash of its key).
-# Fixed: the sum of a batch's counters reads exactly these.
-COUNTER_SHARDS = 8
+# Outcome counter items of batches made before counting moved to the stream (read, never written).
+LEGACY_COUNTER_SHARDS = 8
+# Tasks of a batch put at once (each a conditional PutItem).
+PUT_THREADS = 16
+# A put request promises to end its puts within this long of opening the batch (API Gateway
+# gives a request 29 s): until it closes, or this has passed, the batch cannot read done.
+PUT_WINDOW_SECONDS = 30
 # DynamoDB limits of one TransactWriteItems call: 100 actions and 4 MB in all.
 MAX_TRANSACTION_ITEMS = 100
 MAX_TRANSACTION_BYTES = 4 * 1024 * 1024
-# Leave room for the counter update and request overhead.
+# Leave room for the guard and request overhead.
 PUT_CHUNK_BYTES = MAX_TRANSACTION_BYTES - 256 * 1024
 CONFLICT_ATTEMPTS = 10
 _RETRIED_REASONS = frozenset({"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"})
@@ -60,21 +75,6 @@ _CONDITION_FAILED = "ConditionalCheckFailed"
 
 class BatchNotFoundError(CoworkerError):
     """No batch has the given id."""
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchDelta:
-    """How one task transition moves its batch's counters."""
-
-    finished: int = 0
-    ignored: int = 0
-    failure: bool = False  # the task failed for good (not a cancel): counts toward the threshold
-
-
-FINISHED = BatchDelta(finished=1)
-IGNORED = BatchDelta(ignored=1, failure=True)  # attempt ceiling, not retryable, lost, too large
-CANCELLED = BatchDelta(ignored=1)
-UNIGNORED = BatchDelta(ignored=-1)  # redrive of an ignored task
 
 
 class BatchFailedError(CoworkerError):
@@ -112,6 +112,10 @@ class BatchProgress:
     tolerance: Tolerance = Tolerance()
     failed_at: datetime | None = None
     failure_reason: str | None = None
+    # The counts are final through ``settled_at`` (its last put and last counted change) once
+    # the stream follower has counted every write made before it (``counted_through``).
+    settled_at: datetime | None = None
+    counted_through: datetime | None = None
 
     @property
     def open(self) -> int:
@@ -119,8 +123,14 @@ class BatchProgress:
         return self.total - self.finished - self.ignored
 
     @property
+    def settled(self) -> bool:
+        """No write to the batch is left to count (else ``open`` may still grow)."""
+        return self.settled_at is None or (self.counted_through is not None
+                                           and self.counted_through >= self.settled_at)
+
+    @property
     def done(self) -> bool:
-        return self.open <= 0
+        return self.open <= 0 and self.settled
 
     @property
     def state(self) -> str:
@@ -143,17 +153,13 @@ class BatchProgress:
             "tolerated_failure_count": self.tolerance.count,
             "created_at": iso(self.created_at),
             "updated_at": iso(self.updated_at),
+            "counted_through": iso(self.counted_through),
         }
 
 
 def batch_key(batch_id: str) -> str:
     """The table key of a batch's counter item."""
     return BATCH_KEY_PREFIX + batch_id
-
-
-def counter_key(batch_id: str, task_key: str) -> str:
-    """The counter item a task's outcomes move: one of the batch's ``COUNTER_SHARDS``."""
-    return f"{batch_key(batch_id)}#{schema.shard_of(task_key, COUNTER_SHARDS)}"
 
 
 def is_batch_key(key: str) -> bool:
@@ -178,15 +184,6 @@ def _connection() -> Connection:
 def build_client() -> None:
     """Create the transactions' connection and its botocore client now (see ``model.build_clients``)."""
     _ = _connection().client
-
-
-def _counter_actions(delta: BatchDelta, now: datetime) -> list:
-    actions: list = [BatchModel.updated_at.set(now)]
-    if delta.finished:
-        actions.append(BatchModel.finished.add(delta.finished))
-    if delta.ignored:
-        actions.append(BatchModel.ignored.add(delta.ignored))
-    return actions
 
 
 def _reasons(exc: TransactWriteError) -> list[str | None]:
@@ -220,45 +217,14 @@ def transact(build: Callable[[TransactWrite], None], what: str) -> list[str | No
     raise StorageError(f"could not {what}: too many transaction conflicts")  # pragma: no cover
 
 
-def update_task(task: TaskModel, actions: list, condition: Condition, delta: BatchDelta,
-                now: datetime | None = None, refresh: bool = False) -> bool:
-    """Apply a conditional task update and move its batch's counters, in one transaction.
-
-    Returns ``False`` (nothing written) when ``condition`` does not hold. The counter item is
-    updated unconditionally, so a task whose batch item is missing still moves on. With
-    ``refresh`` the task is re-read afterwards (a transaction returns no attributes).
-    """
-    if not task.batch_id:
-        raise ValueError("update_task is for tasks that belong to a batch")
-    now = now or utcnow()
-
-    def build(transaction: TransactWrite) -> None:
-        transaction.update(task, actions=actions, condition=condition)
-        transaction.update(BatchModel(counter_key(task.batch_id, task.key)), actions=_counter_actions(delta, now))
-
-    if transact(build, f"update task {task.key!r} of batch {task.batch_id!r}") is not None:
-        return False
-    if refresh:
-        task.refresh(consistent_read=True)
-    if delta.failure:
-        try:
-            stop_if_failing(task.batch_id, now)
-        except (StorageError, PynamoDBException):  # the task's write stands; the next failure checks again
-            logger.exception("could not check the batch's failure threshold", extra={"batch_id": task.batch_id})
-    return True
-
-
-def update_task_and_put(task: TaskModel, actions: list, condition: Condition, delta: BatchDelta | None,
-                        new_tasks: Sequence[TaskModel], now: datetime | None = None) -> bool:
+def update_task_and_put(task: TaskModel, actions: list, condition: Condition,
+                        new_tasks: Sequence[TaskModel]) -> bool:
     """Apply a conditional task update and create ``new_tasks`` (each only if its key is new), in
     one transaction; ``False`` (nothing written) when ``condition`` does not hold.
 
-    New tasks may carry the updated task's batch id (its ``total`` grows by those created, in the
-    same counter update as ``delta``) or none. At most :func:`fold_room` new tasks fit.
+    New tasks may carry the updated task's batch id or none; at most :data:`FOLD_ROOM` fit.
     """
-    now = now or utcnow()
-    batch_id = task.batch_id
-    if any(new.batch_id not in (None, batch_id) for new in new_tasks):
+    if any(new.batch_id not in (None, task.batch_id) for new in new_tasks):
         raise ValueError("new tasks may only join the updated task's batch")
     pending = list(range(len(new_tasks)))
     while True:
@@ -266,56 +232,117 @@ def update_task_and_put(task: TaskModel, actions: list, condition: Condition, de
             for index in pending:
                 transaction.save(new_tasks[index], condition=TaskModel.key.does_not_exist())
             transaction.update(task, actions=actions, condition=condition)
-            joining = sum(1 for index in pending if new_tasks[index].batch_id)
-            if batch_id and (delta is not None or joining):
-                counters = _counter_actions(delta or BatchDelta(), now)
-                if joining:
-                    counters.append(BatchModel.total.add(joining))
-                transaction.update(BatchModel(counter_key(batch_id, task.key)), actions=counters)
 
         reasons = transact(build, f"update task {task.key!r} with {len(pending)} new tasks")
         if reasons is None:
             return True
-        # Puts come first (in order), then the task's update, then the counter's.
+        # Puts come first (in order), then the task's update.
         if reasons[len(pending)] == _CONDITION_FAILED:
             return False
         pending = [index for index, code in zip(pending, reasons, strict=False) if code != _CONDITION_FAILED]
 
 
-def fold_room(batch_id: str | None) -> int:
-    """How many new tasks fit in one transaction next to a task's update and its batch counter."""
-    return MAX_TRANSACTION_ITEMS - 1 - (1 if batch_id else 0)
+# New tasks that fit in one transaction next to a task's update.
+FOLD_ROOM = MAX_TRANSACTION_ITEMS - 1
 
 
 def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = None,
               tolerance: Tolerance | None = None) -> list[bool]:
-    """Create ``tasks`` (all with ``batch_id``) and add the created ones to the batch's total.
-
-    Each chunk of puts and its ``total`` increment form one transaction, so the total counts
-    exactly the tasks created, even across crashes and re-submissions. Returns, per task,
+    """Create ``tasks`` (all with ``batch_id``), each only if its key is new; returns, per task,
     whether it was created (``False``: a task with that key existed and was left untouched).
-    A ``tolerance`` is kept by the batch from its first put on. A batch that stopped at its
-    threshold takes nothing: :class:`BatchFailedError`.
+
+    First the batch's head item is created or touched (one write; a ``tolerance`` is kept from
+    the first put on), refusing with :class:`BatchFailedError` if the batch stopped at its
+    threshold; it also records the request as under way, promising its puts within
+    PUT_WINDOW_SECONDS. Then each task is one conditional PutItem, PUT_THREADS at a time: the
+    plain write a single task makes, since the batch's ``total`` is counted from the stream.
+    Last, the head records the request as ended (one write), so the batch can read done once
+    the counts pass it. A batch that stops while its tasks are being put may take a few of them;
+    they are cancelled with its other open tasks.
     """
     now = now or utcnow()
     for task in tasks:
         if task.batch_id != batch_id:
             raise ValueError(f"task {task.key!r} does not carry batch id {batch_id!r}")
+    deadline = time.monotonic() + PUT_WINDOW_SECONDS - 1
+    _open(batch_id, now, tolerance)
     created = [False] * len(tasks)
+    failures: list[StorageError] = []
+
+    def put(index: int) -> None:
+        if time.monotonic() > deadline:  # past the promise: the client sends the rest again
+            failures.append(StorageError(f"the batch's puts took over {PUT_WINDOW_SECONDS} s"))
+            return
+        try:
+            created[index] = _put_if_new(tasks[index])
+        except StorageError as exc:
+            failures.append(exc)
+
     try:
-        written = _put_in_chunks(tasks, batch_id, now, progress=created, tolerance=tolerance)
-    except StorageError as exc:
+        if len(tasks) == 1:
+            put(0)
+        else:
+            with ThreadPoolExecutor(max_workers=min(PUT_THREADS, len(tasks))) as pool:
+                list(pool.map(put, range(len(tasks))))
+    finally:
+        _close(batch_id)
+    if failures:
         stored = [task.key for task, made in zip(tasks, created, strict=True) if made]
-        raise PartialPutError(f"{exc}; {len(stored)} of {len(tasks)} tasks were stored before it", stored) from exc
-    assert written is not None  # no guard: never refused as a whole
-    if not any(created):
-        _touch(batch_id, now)  # every task existed: make sure the batch itself does
+        raise PartialPutError(f"{failures[0]}; {len(stored)} of {len(tasks)} tasks were stored", stored)
     return created
 
 
+def _put_if_new(task: TaskModel) -> bool:
+    try:
+        task.save(condition=TaskModel.key.does_not_exist())
+    except PutError as exc:
+        if exc.cause_response_code == CONDITION_FAILED:
+            return False
+        raise StorageError(f"could not put task {task.key!r}: {exc.cause_response_message}") from exc
+    return True
+
+
+def _open(batch_id: str, now: datetime, tolerance: Tolerance | None) -> None:
+    """Create or touch the batch's head item and record a put request under way;
+    :class:`BatchFailedError` if the batch stopped."""
+    actions = [BatchModel.created_at.set(BatchModel.created_at | now), BatchModel.updated_at.set(now),
+               BatchModel.puts_in_flight.add(1),
+               BatchModel.puts_until.set(utcnow() + timedelta(seconds=PUT_WINDOW_SECONDS))]
+    if tolerance is not None and tolerance.percent is not None:
+        actions.append(BatchModel.tolerated_failure_percent.set(
+            BatchModel.tolerated_failure_percent | tolerance.percent))
+    if tolerance is not None and tolerance.count is not None:
+        actions.append(BatchModel.tolerated_failure_count.set(
+            BatchModel.tolerated_failure_count | tolerance.count))
+    if not conditional_update(BatchModel(batch_key(batch_id)), actions, BatchModel.failed_at.does_not_exist(),
+                              f"batch {batch_id!r}"):
+        raise BatchFailedError(f"batch {batch_id!r} stopped at its failure threshold ({_reason(batch_id)}); "
+                               "it takes no new tasks until it is redriven (POST /batches/{id}/retry)")
+
+
+def _close(batch_id: str) -> None:
+    """Record that a put request ended (its puts are all made or refused). If this write fails,
+    the request's promise (PUT_WINDOW_SECONDS) stands in for it: ``done`` comes later, not wrong."""
+    try:
+        BatchModel(batch_key(batch_id)).update(actions=[
+            BatchModel.puts_in_flight.add(-1), BatchModel.puts_closed_at.set(utcnow())])
+    except PynamoDBException:
+        logger.exception("could not record the end of a batch's puts", extra={"batch_id": batch_id})
+
+
+def settle(batch_id: str) -> None:
+    """Record a change to the batch's tasks that the counts must pass before it reads done (a
+    redrive of its ignored tasks)."""
+    try:
+        BatchModel(batch_key(batch_id)).update(actions=[BatchModel.puts_closed_at.set(utcnow())],
+                                               condition=BatchModel.key.exists())
+    except PynamoDBException:
+        logger.exception("could not record a redrive on the batch", extra={"batch_id": batch_id})
+
+
 class PartialPutError(StorageError):
-    """Storage failed part-way through putting a batch: ``stored`` are the keys that went in
-    (each with the batch's total), the others did not."""
+    """Storage failed part-way through putting a batch: ``stored`` are the keys that went in,
+    the others did not."""
 
     def __init__(self, message: str, stored: list[str]) -> None:
         super().__init__(message)
@@ -326,46 +353,26 @@ class GuardFailedError(CoworkerError):
     """The guard of a guarded put no longer held: nothing of that chunk was written."""
 
 
-def put_guarded(tasks: Sequence[TaskModel], guard_key: str, guard: Condition,
-                now: datetime | None = None) -> list[bool]:
+def put_guarded(tasks: Sequence[TaskModel], guard_key: str, guard: Condition) -> list[bool]:
     """Create ``tasks`` only while ``guard`` holds on the item ``guard_key`` (a worker's claim).
 
-    Each chunk is one transaction: the puts (each only if its key is new), the ``total`` of
-    their batch (tasks may carry one batch id, or none), and a check of ``guard``. Raises
-    :class:`GuardFailedError` when the guard fails; chunks written before stay (their keys make
-    a repeat idempotent). Returns, per task, whether it was created.
+    Each chunk is one transaction: the puts (each only if its key is new) and a check of
+    ``guard``. Raises :class:`GuardFailedError` when the guard fails; chunks written before stay
+    (their keys make a repeat idempotent). Returns, per task, whether it was created.
     """
-    now = now or utcnow()
-    batch_ids = {task.batch_id for task in tasks}
-    if len(batch_ids) > 1:
-        raise ValueError("guarded puts take tasks of one batch (or none) at a time")
-    created = _put_in_chunks(tasks, next(iter(batch_ids), None), now, (guard_key, guard))
-    if created is None:
-        raise GuardFailedError(f"the condition on {guard_key!r} no longer holds")
-    return created
-
-
-def _put_in_chunks(tasks: Sequence[TaskModel], batch_id: str | None, now: datetime,
-                   guard: tuple[str, Condition] | None = None, progress: list[bool] | None = None,
-                   tolerance: Tolerance | None = None) -> list[bool] | None:
-    """Put ``tasks`` in transactions within DynamoDB's limits; ``None`` when the guard failed.
-
-    ``progress`` (one flag per task) is filled in as chunks commit, so a caller that sees an
-    exception knows exactly which tasks were stored before it."""
-    created = progress if progress is not None else [False] * len(tasks)
-    room = MAX_TRANSACTION_ITEMS - (1 if batch_id else 0) - (1 if guard else 0)
+    created = [False] * len(tasks)
+    room = MAX_TRANSACTION_ITEMS - 1
     chunk: list[int] = []
     size = 0
     for index, task in enumerate(tasks):
         size_of_task = item_size(task)
         if chunk and (len(chunk) >= room or size + size_of_task > PUT_CHUNK_BYTES):
-            if not _put_chunk(tasks, chunk, batch_id, now, created, guard, tolerance):
-                return None
+            _put_chunk(tasks, chunk, created, guard_key, guard)
             chunk, size = [], 0
         chunk.append(index)
         size += size_of_task
-    if chunk and not _put_chunk(tasks, chunk, batch_id, now, created, guard, tolerance):
-        return None
+    if chunk:
+        _put_chunk(tasks, chunk, created, guard_key, guard)
     return created
 
 
@@ -375,50 +382,27 @@ def item_size(task: TaskModel) -> int:
     return sum(len(name.encode()) + len(repr(value).encode()) for name, value in serialized.items())
 
 
-def _put_chunk(tasks: Sequence[TaskModel], indexes: list[int], batch_id: str | None, now: datetime,
-               created: list[bool], guard: tuple[str, Condition] | None = None,
-               tolerance: Tolerance | None = None) -> bool:
-    """One chunk; ``False`` when the guard failed (nothing of the chunk written)."""
+def _put_chunk(tasks: Sequence[TaskModel], indexes: list[int], created: list[bool], guard_key: str,
+               guard: Condition) -> None:
+    """One chunk of a guarded put; :class:`GuardFailedError` (nothing of it written) when the
+    guard failed."""
     pending = list(indexes)
     while pending:
         def build(transaction: TransactWrite, pending: list[int] = pending) -> None:
             for index in pending:
                 transaction.save(tasks[index], condition=TaskModel.key.does_not_exist())
-            if batch_id:
-                actions = [
-                    BatchModel.created_at.set(BatchModel.created_at | now),
-                    BatchModel.updated_at.set(now),
-                    BatchModel.total.add(len(pending)),
-                ]
-                if tolerance is not None and tolerance.percent is not None:
-                    actions.append(BatchModel.tolerated_failure_percent.set(
-                        BatchModel.tolerated_failure_percent | tolerance.percent))
-                if tolerance is not None and tolerance.count is not None:
-                    actions.append(BatchModel.tolerated_failure_count.set(
-                        BatchModel.tolerated_failure_count | tolerance.count))
-                # A stopped batch refuses new tasks from callers; a running task's follow-ups (the
-                # guarded puts) still go in, and are cancelled like the batch's other open tasks.
-                refuse = BatchModel.failed_at.does_not_exist() if guard is None else None
-                transaction.update(BatchModel(batch_key(batch_id)), actions=actions, condition=refuse)
-            if guard is not None:
-                transaction.condition_check(TaskModel, guard[0], condition=guard[1])
+            transaction.condition_check(TaskModel, guard_key, condition=guard)
 
-        reasons = transact(build, f"put {len(pending)} tasks" + (f" of batch {batch_id!r}" if batch_id else ""))
+        reasons = transact(build, f"put {len(pending)} tasks")
         if reasons is None:
             for index in pending:
                 created[index] = True
-            return True
-        # pynamodb sends condition checks first, then puts (in order), then updates.
-        if guard is not None:
-            if reasons[0] == _CONDITION_FAILED:
-                return False
-            reasons = reasons[1:]
-        if batch_id and guard is None and reasons[len(pending)] == _CONDITION_FAILED:
-            raise BatchFailedError(f"batch {batch_id!r} stopped at its failure threshold ({_reason(batch_id)}); "
-                                   "it takes no new tasks until it is redriven (POST /batches/{id}/retry)")
+            return
+        # pynamodb sends condition checks first, then puts (in order).
+        if reasons[0] == _CONDITION_FAILED:
+            raise GuardFailedError(f"the condition on {guard_key!r} no longer holds")
         # Drop the keys that exist and try again.
-        pending = [index for index, code in zip(pending, reasons, strict=False) if code != _CONDITION_FAILED]
-    return True
+        pending = [index for index, code in zip(pending, reasons[1:], strict=False) if code != _CONDITION_FAILED]
 
 
 def _reason(batch_id: str) -> str:
@@ -433,7 +417,8 @@ def stop_if_failing(batch_id: str, now: datetime | None = None) -> bool:
     """Stop the batch if more of its tasks are ignored than it tolerates; ``True`` for the one
     call that stopped it.
 
-    Called after each task of the batch that is ignored for failing (not for cancels). Costs one
+    Called by the stream follower (:mod:`coworker.progress`) when the changes it counted
+    include a task of the batch ignored for failing (not a cancel). Costs one
     consistent read of the batch's head item when the batch has no threshold, plus the batch's
     progress (one BatchGetItem) when it has one. Stopping is one transaction: the head item gets
     ``failed_at`` and the reason (on the condition that it had none: exactly once) and the batch
@@ -491,31 +476,26 @@ def _tolerance_of(head: BatchModel) -> Tolerance:
                      count=int(count) if count is not None else None)
 
 
-def _touch(batch_id: str, now: datetime) -> None:
-    try:
-        BatchModel(batch_key(batch_id)).update(actions=[
-            BatchModel.created_at.set(BatchModel.created_at | now),
-            BatchModel.updated_at.set(now),
-            BatchModel.total.add(0),
-        ])
-    except UpdateError as exc:
-        raise StorageError(f"could not record batch {batch_id!r}: {exc.cause_response_message}") from exc
-
-
 def get_batch(batch_id: str) -> BatchProgress:
-    """The batch's counters, summed over its items (one strongly consistent BatchGetItem), or
-    :class:`BatchNotFoundError`."""
+    """The batch's counts (its head and counter items, read strongly consistent), or
+    :class:`BatchNotFoundError`. They include what the coordinator has counted from the stream:
+    up to a tick behind the tasks."""
     base = batch_key(batch_id)
-    keys = [base, *(f"{base}#{shard}" for shard in range(COUNTER_SHARDS))]
     try:
-        items = list(BatchModel.batch_get(keys, consistent_read=True))
+        head = BatchModel.get(base, consistent_read=True)
+    except DoesNotExist as exc:
+        raise BatchNotFoundError(f"no batch with id {batch_id!r}") from exc
     except PynamoDBException as exc:
         raise StorageError(f"could not read batch {batch_id!r}: {exc}") from exc
-    head = next((item for item in items if item.key == base), None)
-    if head is None:
-        raise BatchNotFoundError(f"no batch with id {batch_id!r}")
+    keys = [f"{base}#{shard}" for shard in sorted(head.counters or ())]
+    if int(head.total or 0):  # made before the stream counted: outcomes in its legacy items
+        keys += [f"{base}#{shard}" for shard in range(LEGACY_COUNTER_SHARDS)]
+    try:
+        items = [head, *BatchModel.batch_get(keys, consistent_read=True)] if keys else [head]
+    except PynamoDBException as exc:
+        raise StorageError(f"could not read batch {batch_id!r}: {exc}") from exc
     updated = [item.updated_at for item in items if item.updated_at is not None]
-    return BatchProgress(
+    progress = BatchProgress(
         batch_id=batch_id,
         total=sum(int(item.total or 0) for item in items),
         finished=sum(int(item.finished or 0) for item in items),
@@ -525,19 +505,29 @@ def get_batch(batch_id: str) -> BatchProgress:
         tolerance=_tolerance_of(head),
         failed_at=head.failed_at,
         failure_reason=head.failure_reason,
+        settled_at=_settles_at(items),
     )
+    if progress.settled_at is None:
+        return progress  # a batch counted before the stream: its counts are exact as they are
+    return dataclasses.replace(progress, counted_through=_counted_through())
 
 
-def membership(key: str) -> tuple[str | None, str | None]:
-    """``(batch_id, status)`` of a task (consistent read of two attributes); ``(None, None)`` if missing.
+def _settles_at(items: list[BatchModel]) -> datetime | None:
+    """The latest of: the batch's last put request's end (or promise, while one is under way),
+    and the last change each counter counted."""
+    head, counters = items[0], items[1:]
+    times = [head.puts_until if int(head.puts_in_flight or 0) > 0 else head.puts_closed_at]
+    times += [counter.last_change_at for counter in counters]
+    known = [at for at in times if at is not None]
+    return max(known) if known else None
 
-    Transitions called with a key only (cancel, retry, reaping) use it to learn whether the
-    task's write must move a batch counter: ``batch_id`` never changes after the put.
-    """
+
+def _counted_through() -> datetime | None:
+    """The stream follower's watermark (an eventually consistent read: an older value only makes
+    ``done`` come later)."""
     try:
-        task = TaskModel.get(key, consistent_read=True, attributes_to_get=["batch_id", "status"])
+        return StreamCheckpointModel.get(COUNTED_THROUGH_KEY).counted_through
     except DoesNotExist:
-        return None, None
+        return None
     except PynamoDBException as exc:
-        raise StorageError(f"could not read task {key!r}: {exc}") from exc
-    return task.batch_id, task.status
+        raise StorageError(f"could not read how far batches are counted: {exc}") from exc

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
-from coworker import lifecycle
+from coworker import batches, lifecycle
 from coworker.config import Settings
 from coworker.model import TaskModel, TaskStatus
 
@@ -98,12 +98,16 @@ def apply(action: BulkAction, tasks: Sequence[TaskModel], task_filter: TaskFilte
     if dry_run or not matched:
         return PageOutcome(matched=len(matched), changed=0, skipped=0)
 
-    def act(task: TaskModel) -> bool:
+    def act(task: TaskModel) -> TaskModel | None:
         if action is BulkAction.RETRY:
-            return lifecycle.retry(task.key) is not None
-        return lifecycle.cancel(task.key, settings, reason=reason) is not None
+            return lifecycle.retry(task.key)
+        return lifecycle.cancel(task.key, settings, reason=reason)
 
     with ThreadPoolExecutor(max_workers=min(WRITE_THREADS, len(matched)),
                             thread_name_prefix="coworker-bulk") as pool:
-        changed = sum(pool.map(act, matched))
+        written = [task for task in pool.map(act, matched) if task is not None]
+    changed = len(written)
+    if action is BulkAction.RETRY:  # their batches cannot read done before the redrives are counted
+        for batch_id in sorted({task.batch_id for task in written if task.batch_id}):
+            batches.settle(batch_id)
     return PageOutcome(matched=len(matched), changed=changed, skipped=len(matched) - changed)

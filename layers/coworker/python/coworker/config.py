@@ -20,6 +20,11 @@ from coworker.schema import DEFAULT_STATUS_SHARDS, DEFAULT_TABLE_NAME, MAX_STATU
 EXAMPLE_HANDLER_MODULE = "coworker.examples"
 
 
+# DynamoDB Streams publishes a write typically well under a second after it, with a timestamp
+# rounded down to the second: 5 s of lag and 1 of rounding.
+AWS_STREAM_LAG_SECONDS = 6.0
+
+
 class Settings(BaseModel):
     """Validated settings of one Coworker process (a Lambda function or the local runtime)."""
 
@@ -50,6 +55,12 @@ class Settings(BaseModel):
     heartbeat_seconds: float | None = Field(None, gt=0, alias="COWORKER_HEARTBEAT_SECONDS",
                                             description="How often a running task's lock (and its worker's "
                                                         "slot) is extended; default a third of the lock.")
+    stream_lag_seconds: float | None = Field(None, ge=0, le=300, alias="COWORKER_STREAM_LAG_SECONDS",
+                                             description="How late a write may appear in the table's stream "
+                                                         "(plus its 1-second timestamps): a batch reads done only "
+                                                         "once the counts are this far past its last change; "
+                                                         "default 0 on an embedded database (it publishes as it "
+                                                         "writes), 6 on AWS.")
     reservation_seconds: int = Field(30, ge=2, alias="COWORKER_RESERVATION_SECONDS",
                                      description="How long a dispatched worker has to start before its "
                                                  "slot may be given to another.")
@@ -139,6 +150,13 @@ class Settings(BaseModel):
     def effective_lock_seconds(self) -> int:
         """Lock lifetime of a claim (heartbeats extend it while the task runs)."""
         return self.lock_seconds
+
+    @property
+    def effective_stream_lag_seconds(self) -> float:
+        """How far behind the time of a pass the stream follower vouches for its counts."""
+        if self.stream_lag_seconds is not None:
+            return self.stream_lag_seconds
+        return 0.0 if self.dynamodb_endpoint else AWS_STREAM_LAG_SECONDS
 
     @property
     def effective_heartbeat_seconds(self) -> float:

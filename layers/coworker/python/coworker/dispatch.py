@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from coworker import batches, concurrency, control, leases, lifecycle, queries, worker
+from coworker import batches, concurrency, control, leases, lifecycle, progress, queries, worker
 from coworker.config import Settings
 from coworker.model import TaskModel, TaskStatus, utcnow
 from coworker.observability import MetricName, logger, metrics, publish_metrics, tracer
@@ -237,6 +237,7 @@ class TickReport:
     cancelled: int = 0  # open tasks of stopped batches cancelled
     released: int = 0  # held tasks of resumed types put back
     woken: int = 0  # blocked tasks put back by the concurrency sweep
+    counted: int = 0  # batch changes counted from the table's stream
     backlog: queries.Backlog | None = None  # measured this tick (every backlog_seconds), else None
 
 
@@ -293,7 +294,7 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
             due += 1
             if status is TaskStatus.PROCESSING and task.attempts >= task.max_attempts:
                 # Lost on its last allowed attempt: no claim can take it, so retire it here.
-                reaped += lifecycle.reap_lost(task.key, int(task.attempts), task.batch_id, settings, now)
+                reaped += lifecycle.reap_lost(task.key, int(task.attempts), settings, now)
                 continue
             if status is TaskStatus.TODO and task.due_at > fresh_after:
                 continue
@@ -311,10 +312,11 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     sent = [key for request in requests for key in request.keys]
     if memory is not None:
         memory.remember(sent)
+    counted = _count_batch_progress(settings, now)
     report = TickReport(busy_slots=slots - len(free), free_slots=len(free), due=due,
                         dispatched=len(sent), invocations=len(requests), reaped=reaped,
                         running_tasks=running, parked=parked, released=released, cancelled=cancelled,
-                        woken=woken, backlog=backlog)
+                        woken=woken, counted=counted, backlog=backlog)
     metrics.add_metric(name=MetricName.COORDINATOR_TICKS, unit=MetricUnit.Count, value=1)
     metrics.add_metric(name=MetricName.BUSY_SLOTS, unit=MetricUnit.Count, value=report.busy_slots)
     metrics.add_metric(name=MetricName.RUNNING_TASKS, unit=MetricUnit.Count, value=report.running_tasks)
@@ -339,6 +341,16 @@ def _each(write: Callable[[TaskModel], bool], tasks: Sequence[TaskModel]) -> int
         return 0
     with ThreadPoolExecutor(max_workers=min(FAN_OUT_THREADS, len(tasks))) as pool:
         return sum(pool.map(write, tasks))
+
+
+def _count_batch_progress(settings: Settings, now: datetime) -> int:
+    """Count what the table's stream holds for batches (after dispatch, so it never delays a
+    start); a failure is logged and the next tick reads the same records again."""
+    try:
+        return progress.follow(settings, now).changes
+    except Exception:  # noqa: BLE001 - counting must not stop dispatch; nothing is lost by waiting
+        logger.exception("could not count batch progress from the stream this tick")
+        return 0
 
 
 def _forget_finished_batches(view: control.ControlView) -> None:

@@ -203,7 +203,7 @@ def new_task(spec: TaskSpec, settings: Settings, now: datetime) -> TaskModel:
 def put_task(spec: TaskSpec, settings: Settings, now: datetime | None = None) -> PutOutcome:
     """Create a task in ``todo``; a task whose key exists is left exactly as it is.
 
-    A task with a ``batch_id`` is put together with its batch's total (one transaction). A large
+    A task with a ``batch_id`` also creates or touches its batch (see :func:`batches.put_tasks`). A large
     payload goes to the object store first (:func:`stage_payloads`); one too large for any store
     raises ``offload.PayloadTooLargeError`` and nothing is written.
     """
@@ -272,7 +272,7 @@ def claim(key: str, owner: str, settings: Settings, now: datetime | None = None,
             return None
         if _too_large(exc):
             # Not even the lock fits: end the task rather than have it handed out for ever.
-            _end_too_large(TaskModel(key, batch_id=batches.membership(key)[0]), claimable, None, now)
+            _end_too_large(TaskModel(key), claimable, None, now)
             return None
         raise StorageError(f"could not claim task {key!r}: {exc.cause_response_message}") from exc
     return Claim(task=task, owner=owner, attempt=int(task.attempts))
@@ -283,7 +283,7 @@ def release_unstarted(claim: Claim, now: datetime | None = None) -> bool:
     returns to the status it was claimed from, due now, and the attempt does not count. Fenced;
     ``False`` when the claim was no longer this worker's."""
     now = now or utcnow()
-    return _write(TaskModel(claim.key), give_back_actions(claim, now), fenced(claim), None, "release")
+    return _write(TaskModel(claim.key), give_back_actions(claim, now), fenced(claim), "release")
 
 
 def give_back_actions(claim: Claim, now: datetime, partition: str | None = None) -> list:
@@ -358,17 +358,12 @@ def release_lock_actions(now: datetime) -> list:
     ]
 
 
-def _write(task: TaskModel, actions: list, condition: Condition, delta: batches.BatchDelta | None,
-           what: str, refresh: bool = False) -> bool:
-    """One state change; ``False`` (nothing written) when ``condition`` does not hold.
-
-    A task of a batch whose change moves a batch counter is written in one transaction with the
-    counter, so a crash cannot lose a count; any other change is a single conditional UpdateItem.
-    With ``refresh``, ``task`` is updated from the written item; without, nothing is returned
-    (the cheaper request a worker makes twice per task).
+def _write(task: TaskModel, actions: list, condition: Condition, what: str, refresh: bool = False) -> bool:
+    """One state change, a single conditional UpdateItem; ``False`` (nothing written) when
+    ``condition`` does not hold. (A task of a batch is written the same way: its batch counts it
+    from the table's stream.) With ``refresh``, ``task`` is updated from the written item;
+    without, nothing is returned (the cheaper request a worker makes twice per task).
     """
-    if delta is not None and task.batch_id:
-        return batches.update_task(task, actions, condition, delta, refresh=refresh)
     try:
         if refresh:
             task.update(actions=actions, condition=condition)
@@ -410,16 +405,15 @@ def _end_too_large(task: TaskModel, condition: Condition, kept: ErrorRecord | No
         if drop_payload:
             actions.append(TaskModel.payload.remove())
         try:
-            return _write(task, actions, condition, batches.IGNORED, "end (record too large)")
+            return _write(task, actions, condition, "end (record too large)")
         except RecordTooLargeError:
             if drop_payload:
                 raise
     return False  # pragma: no cover - the loop returns or raises
 
 
-def _fenced_update(claim: Claim, actions: list, outcome: RecordOutcome,
-                   delta: batches.BatchDelta | None = None) -> RecordOutcome:
-    if not _write(claim.task, actions, fenced(claim), delta, "record"):
+def _fenced_update(claim: Claim, actions: list, outcome: RecordOutcome) -> RecordOutcome:
+    if not _write(claim.task, actions, fenced(claim), "record"):
         return RecordOutcome.LOST
     return outcome
 
@@ -443,9 +437,9 @@ def _follow_up_tasks(claim: Claim, follow_ups: Sequence[FollowUp], settings: Set
     return [new_task(spec, settings, now) for spec in stage_payloads(specs, settings)]
 
 
-def _split_for_fold(tasks: list[TaskModel], batch_id: str | None) -> tuple[list[TaskModel], list[TaskModel]]:
+def _split_for_fold(tasks: list[TaskModel]) -> tuple[list[TaskModel], list[TaskModel]]:
     """``(put before, put with the completion)``: as many as fit in the completion's transaction."""
-    room, budget = batches.fold_room(batch_id), batches.PUT_CHUNK_BYTES
+    room, budget = batches.FOLD_ROOM, batches.PUT_CHUNK_BYTES
     folded: list[TaskModel] = []
     for task in reversed(tasks):
         size = batches.item_size(task)
@@ -484,15 +478,14 @@ def complete(claim: Claim, settings: Settings, result: Any = None, now: datetime
     if settings.retention_days:
         actions.append(TaskModel.delete_after_epoch.set(now + timedelta(days=settings.retention_days)))
     if not follow_ups:
-        return _fenced_update(claim, actions, RecordOutcome.FINISHED, batches.FINISHED)
-    before, folded = _split_for_fold(_follow_up_tasks(claim, follow_ups, settings, now), claim.task.batch_id)
+        return _fenced_update(claim, actions, RecordOutcome.FINISHED)
+    before, folded = _split_for_fold(_follow_up_tasks(claim, follow_ups, settings, now))
     try:
         for batch_id in dict.fromkeys(task.batch_id for task in before):
-            batches.put_guarded([t for t in before if t.batch_id == batch_id], claim.key, fenced(claim), now)
+            batches.put_guarded([t for t in before if t.batch_id == batch_id], claim.key, fenced(claim))
     except batches.GuardFailedError:
         return RecordOutcome.LOST
-    delta = batches.FINISHED if claim.task.batch_id else None
-    if not batches.update_task_and_put(claim.task, actions, fenced(claim), delta, folded, now):
+    if not batches.update_task_and_put(claim.task, actions, fenced(claim), folded):
         return RecordOutcome.LOST
     return RecordOutcome.FINISHED
 
@@ -519,7 +512,7 @@ def fail(
         *release_lock_actions(now),
     ]
     try:
-        return _fenced_update(claim, actions, outcome, batches.IGNORED if give_up else None)
+        return _fenced_update(claim, actions, outcome)
     except RecordTooLargeError:
         ended = _end_too_large(claim.task, fenced(claim), error, now)
         return RecordOutcome.IGNORED if ended else RecordOutcome.LOST
@@ -530,8 +523,7 @@ RACE_RETRIES = 5
 
 
 def _write_with_error(task: TaskModel, entry: ErrorRecord, settings: Settings, actions: list,
-                      condition: Condition, delta: batches.BatchDelta | None, what: str,
-                      refresh: bool = False) -> bool:
+                      condition: Condition, what: str, refresh: bool = False) -> bool:
     """A state change that adds ``entry`` to the task's error history, kept at the last
     ``error_history`` entries like every other writer of it.
 
@@ -547,8 +539,7 @@ def _write_with_error(task: TaskModel, entry: ErrorRecord, settings: Settings, a
         history = [*(current.errors or []), entry][-settings.error_history:]
         unchanged = TaskModel.updated_at == current.updated_at
         try:
-            if _write(task, [*actions, TaskModel.errors.set(history)], condition & unchanged, delta, what,
-                      refresh=refresh):
+            if _write(task, [*actions, TaskModel.errors.set(history)], condition & unchanged, what, refresh=refresh):
                 return True
         except RecordTooLargeError:
             if _end_too_large(task, condition & unchanged, entry, utcnow()):
@@ -564,12 +555,10 @@ def _write_with_error(task: TaskModel, entry: ErrorRecord, settings: Settings, a
     raise StorageError(f"could not {what} task {task.key!r}: it kept changing")
 
 
-def reap_lost(key: str, attempt: int, batch_id: str | None, settings: Settings,
-              now: datetime | None = None) -> bool:
+def reap_lost(key: str, attempt: int, settings: Settings, now: datetime | None = None) -> bool:
     """Ignore a task whose worker was lost on its last allowed attempt.
 
-    ``batch_id`` comes with the task from the status index (it is projected there). Conditional
-    on the task still being that expired attempt, so it races safely with anything else.
+    Conditional on the task still being that expired attempt, so it races safely with anything else.
     Returns whether this call changed the task.
     """
     now = now or utcnow()
@@ -586,8 +575,7 @@ def reap_lost(key: str, attempt: int, batch_id: str | None, settings: Settings,
         & (TaskModel.attempts >= TaskModel.max_attempts)
         & (TaskModel.due_at <= now)
     )
-    return _write_with_error(TaskModel(key, batch_id=batch_id), lost, settings, actions, condition,
-                             batches.IGNORED, "reap")
+    return _write_with_error(TaskModel(key), lost, settings, actions, condition, "reap")
 
 
 REDRIVABLE = (TaskStatus.FAILED.value, TaskStatus.IGNORED.value)
@@ -595,13 +583,11 @@ REDRIVABLE = (TaskStatus.FAILED.value, TaskStatus.IGNORED.value)
 
 def retry(key: str, now: datetime | None = None) -> TaskModel | None:
     """Redrive a failed or ignored task: todo now, attempts reset (in a new generation, so the
-    fencing token of the next attempts is new too), history kept.
-
-    A task of a batch is written under the exact status just read, so that leaving ``ignored``
-    always takes it back from the batch's ignored count (a task that moved failed -> ignored in
-    between is read again). Returns the updated task, or ``None`` if it is not failed or ignored.
+    fencing token of the next attempts is new too), history kept. One conditional UpdateItem;
+    returns the updated task, or ``None`` if it is not failed or ignored.
     """
     now = now or utcnow()
+    task = TaskModel(key)
     actions = [
         *TaskModel.status_actions(key, TaskStatus.TODO.value),
         TaskModel.due_at.set(now),
@@ -609,19 +595,7 @@ def retry(key: str, now: datetime | None = None) -> TaskModel | None:
         TaskModel.generation.add(1),
         TaskModel.updated_at.set(now),
     ]
-    for _ in range(RACE_RETRIES):
-        batch_id, status = batches.membership(key)
-        if status not in REDRIVABLE:
-            return None
-        task = TaskModel(key, batch_id=batch_id)
-        if not batch_id:
-            condition, delta = TaskModel.status.is_in(*REDRIVABLE), None
-        else:
-            ignored = status == TaskStatus.IGNORED.value
-            condition, delta = TaskModel.status == status, (batches.UNIGNORED if ignored else None)
-        if _write(task, actions, condition, delta, "retry", refresh=True):
-            return task
-    raise StorageError(f"could not retry task {key!r}: it kept changing")
+    return task if _write(task, actions, TaskModel.status.is_in(*REDRIVABLE), "retry", refresh=True) else None
 
 
 def cancel(key: str, settings: Settings, reason: str = "cancelled", now: datetime | None = None
@@ -632,7 +606,7 @@ def cancel(key: str, settings: Settings, reason: str = "cancelled", now: datetim
     cancellation. Returns the updated task, or ``None`` if it was already finished or ignored.
     """
     now = now or utcnow()
-    task = TaskModel(key, batch_id=batches.membership(key)[0])
+    task = TaskModel(key)
     entry = error_record(0, ErrorKind.CANCELLED, reason, now)
     actions = [
         *TaskModel.status_actions(key, TaskStatus.IGNORED.value),
@@ -640,5 +614,5 @@ def cancel(key: str, settings: Settings, reason: str = "cancelled", now: datetim
         *release_lock_actions(now),
     ]
     condition = TaskModel.status.is_in(*(s.value for s in TaskStatus.open()))
-    changed = _write_with_error(task, entry, settings, actions, condition, batches.CANCELLED, "cancel", refresh=True)
+    changed = _write_with_error(task, entry, settings, actions, condition, "cancel", refresh=True)
     return task if changed else None

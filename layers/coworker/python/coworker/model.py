@@ -11,12 +11,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pynamodb.attributes import (
+    BooleanAttribute,
     JSONAttribute,
     ListAttribute,
     MapAttribute,
     NumberAttribute,
     TTLAttribute,
     UnicodeAttribute,
+    UnicodeSetAttribute,
     UTCDateTimeAttribute,
 )
 from pynamodb.exceptions import UpdateError
@@ -199,12 +201,11 @@ class TaskModel(Model):
 
 
 class BatchModel(Model):
-    """Progress counters of one batch, kept in the task table under keys ``batch#<id>`` (puts)
-    and ``batch#<id>#<n>`` (outcomes, spread over shards: see :mod:`coworker.batches`).
+    """One batch, kept in the task table: its head ``batch#<id>`` and its counter items
+    ``batch#<id>#<stream shard id>`` (see :mod:`coworker.batches` and :mod:`coworker.progress`).
 
-    It has no ``status`` or ``due_at``, so it never enters the status index; the counters move
-    in the same transaction as each terminal transition of a task of the batch
-    (see :mod:`coworker.batches`).
+    It has no ``status`` or ``due_at``, so it never enters the status index; the counters are
+    moved by the coordinator as it reads the table's stream.
     """
 
     class Meta:
@@ -223,6 +224,37 @@ class BatchModel(Model):
     tolerated_failure_count = NumberAttribute(null=True)
     failed_at = UTCDateTimeAttribute(null=True)
     failure_reason = UnicodeAttribute(null=True)
+    # On the head: the stream shards that counted for the batch (its counter items).
+    counters = UnicodeSetAttribute(null=True)
+    # On the head: put requests under way (each promises to end its puts by puts_until), and
+    # when the last one ended. The counts are settled once counted past both.
+    puts_in_flight = NumberAttribute(null=True)
+    puts_until = UTCDateTimeAttribute(null=True)
+    puts_closed_at = UTCDateTimeAttribute(null=True)
+    # On a counter item: the sequence number of the last stream record it counted, and the
+    # latest time of a change it counted.
+    read_through = UnicodeAttribute(null=True)
+    last_change_at = UTCDateTimeAttribute(null=True)
+
+
+STREAM_KEY_PREFIX = "stream#"
+# The follower's watermark: every write made before its ``counted_through`` has been counted.
+COUNTED_THROUGH_KEY = STREAM_KEY_PREFIX + "counted-through"
+
+
+class StreamCheckpointModel(Model):
+    """How far the stream follower has read one stream shard (``stream#<shard id>``), and how far
+    it has counted every shard (``stream#counted-through``); see :mod:`coworker.progress`."""
+
+    class Meta:
+        table_name = schema.DEFAULT_TABLE_NAME
+        region = "us-east-1"
+
+    key = UnicodeAttribute(hash_key=True, attr_name=schema.PARTITION_KEY)
+    read_through = UnicodeAttribute(null=True)
+    ended = BooleanAttribute(default=False)
+    counted_through = UTCDateTimeAttribute(null=True)
+    delete_after_epoch = TTLAttribute(null=True, attr_name=schema.TTL_ATTRIBUTE)
 
 
 def conditional_update(item: Model, actions: list, condition: Any, what: str) -> bool:
@@ -266,4 +298,4 @@ def _models() -> tuple[type[Model], ...]:
     from coworker.control import ControlModel
     from coworker.leases import LeaseModel
 
-    return (TaskModel, BatchModel, LeaseModel, ControlModel, GateModel)
+    return (TaskModel, BatchModel, LeaseModel, ControlModel, GateModel, StreamCheckpointModel)

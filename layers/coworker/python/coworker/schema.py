@@ -54,6 +54,8 @@ BLOCKED_PREFIX: Final = "blocked#"
 # Concurrency gates (``gate#<group>`` items); the index partition of gates with blocked tasks.
 GATE_PREFIX: Final = "gate#"
 WAITING_GATES: Final = "gates#waiting"
+# The table's stream: the coordinator counts batch progress from it (see coworker.progress).
+STREAM_SPECIFICATION: Final = {"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"}
 
 
 def shard_of(key: str, shards: int) -> int:
@@ -108,4 +110,5 @@ def create_table_request(table_name: str = DEFAULT_TABLE_NAME, legacy_index: boo
         ],
         "KeySchema": [{"AttributeName": PARTITION_KEY, "KeyType": "HASH"}],
         "GlobalSecondaryIndexes": indexes,
+        "StreamSpecification": STREAM_SPECIFICATION,
     }
