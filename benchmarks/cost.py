@@ -11,7 +11,9 @@ rules count (its figures are wrong). Speed is not measured here: see benchmarks/
 
 a) Happy path: put N quick tasks, run coordinator ticks (workers in process) until all are
    finished; write units per finished task, read units per dispatched task, against the
-   target (at most 5 write units per finished task, 1 read unit per dispatched task).
+   targets (at most 7 write units per finished task, 1 read unit per dispatched task).
+a') The same with every task in one batch, put as POST /tasks puts it, counted from the stream
+   by the coordinator (at most 8 write units per finished task, the counting included).
 a'') Keyed tasks: the same, the tasks spread over concurrency keys; once with a place for every
    worker (what entering and leaving a gate costs), once with fewer places than workers (what
    blocking and waking cost).
@@ -36,17 +38,20 @@ os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "ERROR")
 os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
 
-from coworker import batches, control, dispatch, leases, lifecycle  # noqa: E402
+from coworker import batches, control, dispatch, leases, lifecycle, progress  # noqa: E402
 from coworker.bootstrap import configure  # noqa: E402
 from coworker.concurrency import BLOCKED_PREFIX, GATE_PREFIX, GateModel  # noqa: E402
 from coworker.config import Settings  # noqa: E402
-from coworker.model import TaskModel, utcnow  # noqa: E402
+from coworker.model import BatchModel, TaskModel, utcnow  # noqa: E402
 from coworker.observability import metrics  # noqa: E402
 from coworker.worker import WorkerRequest  # noqa: E402
 from coworker_local.capacity import CapacityMeter, MeterTotals, item_size, status_index  # noqa: E402
 from coworker_local.database import MOTO, create_table, dynamodb_client, start_database  # noqa: E402
 
-TARGET_WRITE_UNITS = 5
+# Write units per finished task (issue 10): a single task, and one put in a batch (at most one
+# unit above a single task). Why a task takes 7 and not 5: docs/cost.md.
+TARGET_WRITE_UNITS = 7
+TARGET_BATCH_WRITE_UNITS = 8
 TARGET_READ_UNITS = 1
 SMALL_BACKLOG = 1_000
 
@@ -82,8 +87,10 @@ def _step(record) -> str:
         return f"gate: {record.operation}" + ("" if record.succeeded else " (group full)")
     if not record.succeeded:
         return f"{record.operation} (condition failed)"
+    if key.startswith(progress.CHECKPOINT_PREFIX):
+        return "stream checkpoint"
     if batches.is_batch_key(key):
-        return "batch counter (in transaction)"
+        return "batch counter (from the stream)" if "read_through" in (record.new or {}) else "batch head"
     if (record.new or {}).get("status_shard", {}).get("S", "").startswith(BLOCKED_PREFIX):
         return "give back and block (in transaction)"
     if record.operation in ("PutItem", "TransactWriteItems:Put"):
@@ -99,16 +106,26 @@ def happy_path(endpoint: str, tasks: int, concurrency: int, batch_id: str | None
     name = batch_id or (f"keys{keys}x{key_limit}" if keys else "single")
     settings = _settings(endpoint, f"cost-happy-{name}", max_concurrency=concurrency, batch_size=5)
     snapshot_client = dynamodb_client(settings)
-    # Tasks of a batch are written in transactions, on a pynamodb connection of their own; the
-    # worker slots' writes (reserve, acquire, release) and the concurrency gates' are counted too.
+    # Transactions (follow-ups, gates) run on a pynamodb connection of their own; the worker
+    # slots' writes (reserve, acquire, release), the concurrency gates', the batch head and the
+    # counters the coordinator moves from the stream (with its checkpoints) are counted too.
     meter = CapacityMeter.for_model(TaskModel, snapshot_client, batches._connection(),
                                     leases.LeaseModel._get_connection().connection,
-                                    GateModel._get_connection().connection).attach()
+                                    GateModel._get_connection().connection,
+                                    BatchModel._get_connection().connection,
+                                    progress.StreamCheckpointModel._get_connection().connection).attach()
+    stream_reads: collections.Counter = collections.Counter()
+
+    def count_stream_call(model, **_) -> None:
+        stream_reads[model.name] += 1
+
+    streams_client = progress.follower(settings)._streams()
+    streams_client.meta.events.register("after-call.dynamodbstreams", count_stream_call)
     specs = [lifecycle.TaskSpec(key=f"task-{i:06d}", type="quick", payload={"n": i}, batch_id=batch_id,
                                 concurrency_key=f"site-{i % keys}" if keys else None,
                                 concurrency_limit=key_limit if keys else None)
              for i in range(tasks)]
-    if batch_id:  # as POST /tasks puts a batch: transactions of up to 99 tasks and one counter update
+    if batch_id:  # as POST /tasks puts a batch: one update of the batch's head, one PutItem per task
         now = utcnow()
         batches.put_tasks([lifecycle.new_task(spec, settings, now) for spec in specs], batch_id, now)
     else:
@@ -135,7 +152,12 @@ def happy_path(endpoint: str, tasks: int, concurrency: int, batch_id: str | None
         if report.dispatched == 0 and ticks > tasks:
             raise RuntimeError("the coordinator stopped dispatching before every task finished")
     invoker.shutdown()
+    counted = None
+    if batch_id:  # the outcomes of the last tick's workers are counted at the next tick: do it now
+        progress.catch_up(settings)
+        counted = batches.get_batch(batch_id)
     meter.detach()
+    streams_client.meta.events.unregister("after-call.dynamodbstreams", count_stream_call)
     total = meter.snapshot()
 
     steps: dict[str, list] = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
@@ -153,7 +175,9 @@ def happy_path(endpoint: str, tasks: int, concurrency: int, batch_id: str | None
         "total": total, "ticks_only": coordinator_reads,
         "steps": dict(steps), "max_item": max(sizes), "max_entry": max(entries),
         "records": list(meter.writes) if keep_records else None,
+        "stream_reads": dict(stream_reads), "batch": counted,
     }
+
 
 
 def _load_backlog(client, settings: Settings, template: dict, start: int, stop: int) -> None:
@@ -214,7 +238,7 @@ def scaling(endpoint: str, backlog: int, load_seconds: float) -> tuple[list[dict
     return rows, loaded
 
 
-def _print_happy(result: dict, title: str, reported: bool) -> None:
+def _print_happy(result: dict, title: str, reported: bool, target: float | None = TARGET_WRITE_UNITS) -> None:
     total: MeterTotals = result["total"]
     tasks, dispatched = result["finished"], result["dispatched"]
     print(f"{title}: {result['tasks']} quick tasks put, {result['ticks']} ticks, "
@@ -245,8 +269,8 @@ def _print_happy(result: dict, title: str, reported: bool) -> None:
     billed = (total.reported_write_units + total.unreported_write_units) / tasks
     row("table write units", total.table_write_units / tasks, total.reported_table_write_units / tasks)
     row("index write units", total.index_write_units / tasks, total.reported_index_write_units / tasks)
-    verdict = "meets" if (billed if reported else wcu) <= TARGET_WRITE_UNITS else "MISSES"
-    row("total write units", wcu, billed, note=f"   target <= {TARGET_WRITE_UNITS}: {verdict}")
+    verdict = "meets" if target is None or (billed if reported else wcu) <= target else "MISSES"
+    row("total write units", wcu, billed, note="" if target is None else f"   target <= {target:g}: {verdict}")
     if reported and total.unreported_write_units:
         print(f"     (of which not reported, billed by the rules: {total.unreported_write_units / tasks:.2f})")
     ticks: MeterTotals = result["ticks_only"]
@@ -258,6 +282,13 @@ def _print_happy(result: dict, title: str, reported: bool) -> None:
     print(f"     {'items read':<30}{ticks.items_read / dispatched:>10.3f}")
     print(f"     {'Query requests':<30}{ticks.requests['Query'] / dispatched:>10.3f}")
     print(f"   read units outside the ticks (puts, workers): {total.read_units - ticks.read_units:.1f}")
+    if result["stream_reads"]:
+        calls = ", ".join(f"{name} {count}" for name, count in sorted(result["stream_reads"].items()))
+        print(f"   DynamoDB Streams requests (billed apart, per streams read request): {calls}")
+    if result["batch"] is not None:
+        progress_ = result["batch"]
+        print(f"   batch progress counted from the stream: total {progress_.total}, finished {progress_.finished}, "
+              f"ignored {progress_.ignored} ({'exact' if progress_.finished == tasks else 'WRONG'})")
     if total.unmetered:
         print(f"   unmetered requests: {dict(total.unmetered)}")
 
@@ -280,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=200, help="tasks in the happy-path run")
     parser.add_argument("--backlog", type=int, default=100_000, help="due tasks for the scaling run")
-    parser.add_argument("--batch-tasks", type=int, default=50,
+    parser.add_argument("--batch-tasks", type=int, default=200,
                         help="tasks of the happy-path run within a batch (0 skips it)")
     parser.add_argument("--concurrency", type=int, default=10, help="max_concurrency of the happy path")
     parser.add_argument("--keyed-tasks", type=int, default=200,
@@ -307,15 +338,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.batch_tasks:
             print()
             _print_happy(happy_path(server.endpoint, args.batch_tasks, args.concurrency, batch_id="b1"),
-                         "a') Happy path, every task in one batch (batch counters move in transactions)",
-                         reported)
+                         "a') Happy path, every task in one batch (counted from the stream)",
+                         reported, TARGET_BATCH_WRITE_UNITS)
         if args.keyed_tasks:
             for keys, limit in ((args.keys, max(1, args.concurrency // args.keys + 1)), (args.keys, args.key_limit)):
                 print()
                 _print_happy(happy_path(server.endpoint, args.keyed_tasks, args.concurrency, keys=keys,
                                         key_limit=limit),
                              f"a'') Keyed tasks: {keys} concurrency keys of {limit} places each "
-                             f"({keys * limit} in all, {args.concurrency} workers)", reported)
+                             f"({keys * limit} in all, {args.concurrency} workers)", reported, None)
         rows, loaded = scaling(server.endpoint, args.backlog, args.load_seconds)
         _print_scaling(rows, args.backlog, loaded, reported)
     finally:

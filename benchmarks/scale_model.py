@@ -17,7 +17,10 @@ one-second-step simulation of the deployed system applies, per second:
 * **Lambda**: worker concurrency grows by at most 1,000 every 10 s, up to the account limit and
   the worker slots (``max_concurrency / batch_size``); new workers start at coordinator ticks
   (``tick_seconds``), then feed themselves;
-* **the coordinator's tick**: 3 x S + 1 queries, whatever the backlog.
+* **the coordinator's tick**: 3 x S + 1 queries, whatever the backlog;
+* **a batch** (``--batched``): its head item takes one update per put request (measured); each of
+  its counter items, one per stream shard, one write per tick (the coordinator counts from the
+  stream; task writes do not touch them).
 
 Submission runs at ``--submit-rate`` tasks/s (puts compete for the same ``todo`` partitions).
 An operation that touches a throttled partition fails that second and is retried the next
@@ -40,8 +43,7 @@ os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "ERROR")
 os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
 
-from coworker import schema  # noqa: E402
-from coworker.batches import COUNTER_SHARDS  # noqa: E402
+from coworker import batches, schema  # noqa: E402
 from coworker_local.capacity import status_index  # noqa: E402
 
 PARTITION_WRITE_LIMIT = 1_000  # write units per second per partition key value
@@ -58,7 +60,7 @@ class TaskWrites:
 
     table: dict[str, float]  # step -> table write units per task
     index: dict[str, dict[str, float]]  # step -> {status: index write units per task}
-    batch_item: dict[str, float]  # step -> write units on the batch's counter item per task
+    batch_item: dict[str, float]  # step -> write units on the batch's head item per task (put)
 
 
 def measure_task_writes(batched: bool, db: str | None) -> TaskWrites:
@@ -82,8 +84,10 @@ def measure_task_writes(batched: bool, db: str | None) -> TaskWrites:
             continue
         step = _step_of(record)
         key = (record.new or record.old or {}).get("key", {}).get("S", "")
-        if key.startswith("batch#"):
+        if key == batches.batch_key("scale"):  # the head: one update per put request
             batch_item[step] += record.table_units / tasks
+            continue
+        if key.startswith(("batch#", "stream#")):  # counters and checkpoints: once per tick, modelled
             continue
         if key.startswith(("slot#", "lease#")):
             continue
@@ -106,11 +110,8 @@ def _partition(item: dict | None) -> str:
 
 def _step_of(record) -> str:
     key = (record.new or record.old or {}).get("key", {}).get("S", "")
-    if key.startswith("batch#"):  # a counter update: with puts (total) or with an outcome
-        def count(item, name):
-            return (item or {}).get(name, {}).get("N", "0")
-        moved = any(count(record.old, n) != count(record.new, n) for n in ("finished", "ignored"))
-        return "finish" if moved else "put"
+    if key.startswith("batch#"):  # the head is opened when tasks are put
+        return "put"
     new_status = (record.new or {}).get("status", {}).get("S")
     old_status = (record.old or {}).get("status", {}).get("S")
     if record.operation.endswith("Put") or record.operation == "PutItem" or old_status is None:
@@ -170,10 +171,10 @@ def simulate(writes: TaskWrites, *, tasks: int, rate: float, task_seconds: float
             for status, units in writes.index.get(step, {}).items():
                 per_status[status] += count * units
         per_value = {status: units / shards for status, units in per_status.items()}
-        if batched:  # every task in one batch: its counter items are more partition key values
-            # (puts add to the batch's head item; outcomes to one of its COUNTER_SHARDS items)
-            per_value["batch item"] = max(want_put * writes.batch_item.get("put", 0.0),
-                                          want_finish * writes.batch_item.get("finish", 0.0) / COUNTER_SHARDS)
+        if batched:  # every task in one batch: its items are more partition key values. Each put
+            # request updates the head; each counter item (one per stream shard) takes one write per
+            # coordinator tick, however many tasks the tick counted.
+            per_value["batch item"] = max(want_put * writes.batch_item.get("put", 0.0), 1.0 / tick_seconds)
         table_units = sum(count * writes.table.get(step, 0.0) for step, count in demand.items())
         index_units = sum(per_status.values())
         window = second - DOUBLING_WINDOW_SECONDS
