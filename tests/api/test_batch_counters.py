@@ -292,3 +292,11 @@ def test_each_counter_keeps_the_time_of_the_last_change_it_counted(settings, cou
     counted("timed")
     (counter,) = [item for item in BatchModel.scan(BatchModel.key.startswith("batch#timed#"))]
     assert before <= counter.last_change_at <= utcnow()
+
+
+def test_a_follower_out_of_time_reads_nothing_more_and_vouches_for_nothing(settings, counted):
+    _put_batch(settings, "budget", ["a"])
+    report = progress.follow(settings, budget_seconds=0)  # as a tick with no time left for it
+    assert (report.records, report.changes, report.behind) == (0, 0, True)
+    assert batches.get_batch("budget").total == 0 and batches.get_batch("budget").counted_through is None
+    assert counted("budget") == (1, 0, 0, 1, False)

@@ -38,19 +38,19 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pynamodb.connection import Connection
-from pynamodb.exceptions import DoesNotExist, PutError, PynamoDBException, TransactWriteError
+from pynamodb.exceptions import DoesNotExist, PynamoDBException, TransactWriteError
 from pynamodb.expressions.condition import Condition
 from pynamodb.transactions import TransactWrite
 
 from coworker.errors import CoworkerError, RecordTooLargeError, StorageError
 from coworker.model import (
-    CONDITION_FAILED,
     COUNTED_THROUGH_KEY,
     BatchModel,
     StreamCheckpointModel,
     TaskModel,
     conditional_update,
     iso_utc,
+    put_if_new,
     utcnow,
 )
 from coworker.observability import logger
@@ -293,13 +293,7 @@ def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = 
 
 
 def _put_if_new(task: TaskModel) -> bool:
-    try:
-        task.save(condition=TaskModel.key.does_not_exist())
-    except PutError as exc:
-        if exc.cause_response_code == CONDITION_FAILED:
-            return False
-        raise StorageError(f"could not put task {task.key!r}: {exc.cause_response_message}") from exc
-    return True
+    return put_if_new(task, f"task {task.key!r}")
 
 
 def _open(batch_id: str, now: datetime, tolerance: Tolerance | None) -> None:

@@ -56,7 +56,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from pynamodb.attributes import MapAttribute, NumberAttribute, UnicodeAttribute, UTCDateTimeAttribute
-from pynamodb.exceptions import DoesNotExist, PutError
+from pynamodb.exceptions import DoesNotExist
 from pynamodb.expressions.condition import Condition, size
 from pynamodb.indexes import GlobalSecondaryIndex, KeysOnlyProjection
 from pynamodb.models import Model
@@ -64,9 +64,8 @@ from pynamodb.transactions import TransactWrite
 
 from coworker import batches, queries, schema
 from coworker.config import Settings
-from coworker.errors import StorageError
 from coworker.lifecycle import Claim, fenced, give_back_actions, lock_expiry, release_unstarted
-from coworker.model import CONDITION_FAILED, TaskModel, conditional_update, utcnow
+from coworker.model import TaskModel, conditional_update, put_if_new, utcnow
 from coworker.observability import logger
 
 GATE_PREFIX = schema.GATE_PREFIX
@@ -203,13 +202,7 @@ def _take(group: Group, token: str, lease_end: int, now: datetime) -> tuple[bool
 def _create(group: Group, token: str, lease_end: int) -> bool:
     """Make ``group``'s gate with this one entry; ``False`` if another writer made it first."""
     gate = GateModel(group.gate_key, holders={token: lease_end}, limit=group.limit)
-    try:
-        gate.save(condition=GateModel.key.does_not_exist())
-    except PutError as exc:
-        if exc.cause_response_code == CONDITION_FAILED:
-            return False
-        raise StorageError(f"could not create gate {group.gate_key!r}: {exc.cause_response_message}") from exc
-    return True
+    return put_if_new(gate, f"gate {group.gate_key!r}")
 
 
 def enter(claim: Claim, groups: Sequence[Group], now: datetime | None = None) -> Entry:

@@ -345,9 +345,10 @@ def _each(write: Callable[[TaskModel], bool], tasks: Sequence[TaskModel]) -> int
 
 def _count_batch_progress(settings: Settings, now: datetime) -> int:
     """Count what the table's stream holds for batches (after dispatch, so it never delays a
-    start); a failure is logged and the next tick reads the same records again."""
+    start, and within half a tick, so it never delays the next); a failure is logged and the
+    next tick reads the same records again."""
     try:
-        return progress.follow(settings, now).changes
+        return progress.follow(settings, now, budget_seconds=settings.tick_seconds / 2).changes
     except Exception:  # noqa: BLE001 - counting must not stop dispatch; nothing is lost by waiting
         logger.exception("could not count batch progress from the stream this tick")
         return 0

@@ -40,7 +40,7 @@ from coworker import batches, offload
 from coworker.config import Settings
 from coworker.errors import RecordTooLargeError, StorageError, TaskNotFoundError
 from coworker.handlers import FollowUp
-from coworker.model import ErrorKind, ErrorRecord, TaskModel, TaskStatus, utcnow
+from coworker.model import ErrorKind, ErrorRecord, TaskModel, TaskStatus, put_if_new, utcnow
 from coworker.schema import BLOCKED_PREFIX, HELD_PREFIX
 
 MAX_MESSAGE_CHARS = 1000
@@ -213,13 +213,7 @@ def put_task(spec: TaskSpec, settings: Settings, now: datetime | None = None) ->
     if spec.batch_id:
         created = batches.put_tasks([task], spec.batch_id, now)[0]
         return PutOutcome.CREATED if created else PutOutcome.EXISTS
-    try:
-        task.save(condition=TaskModel.key.does_not_exist())
-    except PutError as exc:
-        if _condition_failed(exc):
-            return PutOutcome.EXISTS
-        raise StorageError(f"could not put task {spec.key!r}: {exc.cause_response_message}") from exc
-    return PutOutcome.CREATED
+    return PutOutcome.CREATED if put_if_new(task, f"task {spec.key!r}") else PutOutcome.EXISTS
 
 
 def get_task(key: str, consistent: bool = True) -> TaskModel:

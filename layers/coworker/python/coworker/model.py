@@ -21,7 +21,7 @@ from pynamodb.attributes import (
     UnicodeSetAttribute,
     UTCDateTimeAttribute,
 )
-from pynamodb.exceptions import UpdateError
+from pynamodb.exceptions import PutError, UpdateError
 from pynamodb.indexes import GlobalSecondaryIndex, IncludeProjection
 from pynamodb.models import Model
 
@@ -255,6 +255,18 @@ class StreamCheckpointModel(Model):
     ended = BooleanAttribute(default=False)
     counted_through = UTCDateTimeAttribute(null=True)
     delete_after_epoch = TTLAttribute(null=True, attr_name=schema.TTL_ATTRIBUTE)
+
+
+def put_if_new(item: Model, what: str) -> bool:
+    """One conditional PutItem of ``item``; ``False`` when an item with its key exists (left
+    untouched). Any other refusal is a :class:`StorageError`."""
+    try:
+        item.save(condition=type(item)._hash_key_attribute().does_not_exist())
+    except PutError as exc:
+        if exc.cause_response_code == CONDITION_FAILED:
+            return False
+        raise StorageError(f"could not put {what}: {exc.cause_response_message}") from exc
+    return True
 
 
 def conditional_update(item: Model, actions: list, condition: Any, what: str) -> bool:

@@ -36,6 +36,7 @@ the follower counts the failures, so a batch stops up to a tick after the failur
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from collections import defaultdict
@@ -278,9 +279,11 @@ class StreamFollower:
                 return shards
             request["ExclusiveStartShardId"] = last
 
-    def follow(self, now: datetime | None = None) -> FollowReport:
-        """Read what is new in every shard (up to CALLS_PER_TICK calls each) and count it."""
+    def follow(self, now: datetime | None = None, budget_seconds: float | None = None) -> FollowReport:
+        """Read what is new in every shard (up to CALLS_PER_TICK calls each, and no new read
+        once ``budget_seconds`` are spent) and count it."""
         report = FollowReport()
+        deadline = time.monotonic() + budget_seconds if budget_seconds is not None else math.inf
         with self._lock:
             started = utcnow()
             arn = self.stream_arn()
@@ -289,7 +292,7 @@ class StreamFollower:
                              extra={"table": self.settings.table_name})
                 return report
             for shard_id in self._shards(arn):
-                self._follow_shard(arn, shard_id, report, now or utcnow())
+                self._follow_shard(arn, shard_id, report, now or utcnow(), deadline)
             if not report.behind:
                 self._advance_watermark(started - timedelta(seconds=self.settings.effective_stream_lag_seconds))
         return report
@@ -334,13 +337,17 @@ class StreamFollower:
                 place.iterator = self._streams().get_shard_iterator(**request)["ShardIterator"]
         return place.iterator
 
-    def _follow_shard(self, arn: str, shard_id: str, report: FollowReport, now: datetime) -> None:
+    def _follow_shard(self, arn: str, shard_id: str, report: FollowReport, now: datetime,
+                      deadline: float = math.inf) -> None:
         place = self._place(shard_id)
         if place.ended:
             return
         changes: list[Change] = []
         last_sequence = place.read_through
         for _ in range(CALLS_PER_TICK):
+            if time.monotonic() > deadline:
+                report.behind = True  # out of time: the next pass goes on from here
+                break
             iterator = self._iterator(arn, shard_id, place)
             try:
                 answer = self._streams().get_records(ShardIterator=iterator, Limit=RECORDS_PER_CALL)
@@ -402,13 +409,14 @@ def follower(settings: Settings) -> StreamFollower:
         return _followers[cache_key]
 
 
-def follow(settings: Settings, now: datetime | None = None) -> FollowReport:
+def follow(settings: Settings, now: datetime | None = None, budget_seconds: float | None = None
+           ) -> FollowReport:
     """One pass of this process's follower (the coordinator calls it every tick)."""
-    return follower(settings).follow(now)
+    return follower(settings).follow(now, budget_seconds)
 
 
 def catch_up(settings: Settings, passes: int = 100) -> FollowReport:
-    """Follow until nothing is left to read (tests, tools and the local runtime at shutdown)."""
+    """Follow until nothing is left to read (tests, benchmarks and the local test kit's drain)."""
     total = FollowReport()
     for _ in range(passes):
         report = follow(settings)
