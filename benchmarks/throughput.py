@@ -92,16 +92,33 @@ class RequestCounter:
             return collections.Counter(self.counts)
 
 
+# Every Coworker run on a database uses one table, as a deployment does (runs differ in their
+# keys). DynamoDB Local serves writes to a table with a stream more slowly the more tables with
+# streams were created before it (measured: 620 writes/s on the first, 260 on the sixth, 920
+# without a stream), so a table per run would measure DynamoDB Local's bookkeeping, not Coworker.
+_TABLES: dict[str, str] = {}
+
+
+def coworker_table(endpoint: str) -> str:
+    """The one Coworker table of ``endpoint`` (made at the first call: call it before any other
+    table with a stream is made there)."""
+    if endpoint not in _TABLES:
+        _TABLES[endpoint] = f"cw-{uuid.uuid4().hex[:8]}"
+        create_table(Settings(table_name=_TABLES[endpoint], dynamodb_endpoint=endpoint))
+    return _TABLES[endpoint]
+
+
 def run_coworker(endpoint: str, tasks: int, concurrency: int, counter: RequestCounter) -> dict:
     """The engine alone, in this process: put, then one coordinator tick starts a worker (one
     slot of ``concurrency`` threads) that feeds itself until every task is finished."""
-    settings = Settings(table_name=f"cw-{uuid.uuid4().hex[:8]}", dynamodb_endpoint=endpoint,
+    settings = Settings(table_name=coworker_table(endpoint), dynamodb_endpoint=endpoint,
                         max_concurrency=concurrency, batch_size=concurrency, dispatch_on_submit=False)
-    create_table(settings)
     configure(settings)
     leases.ensure_slots(settings.worker_slots)
+    leases.retire_extra_slots(settings.worker_slots)
+    run = uuid.uuid4().hex[:6]
     for i in range(tasks):
-        lifecycle.put_task(lifecycle.TaskSpec(key=f"t-{i:06d}", type="bench-noop"), settings)
+        lifecycle.put_task(lifecycle.TaskSpec(key=f"t-{run}-{i:06d}", type="bench-noop"), settings)
     invoker = dispatch.InProcessInvoker(settings)
     before = counter.snapshot()
     started = time.perf_counter()
@@ -120,14 +137,13 @@ def run_coworker(endpoint: str, tasks: int, concurrency: int, counter: RequestCo
 
 class ProcessEngine:
     """Coworker with worker processes, as the local runtime runs them (one per worker slot,
-    ``threads`` tasks each), on one table per configuration, warm between runs."""
+    ``threads`` tasks each), on the database's one Coworker table, warm between runs."""
 
     def __init__(self, endpoint: str, slots: int, threads: int) -> None:
         self.settings = Settings(
-            table_name=f"cwp-{uuid.uuid4().hex[:8]}", dynamodb_endpoint=endpoint,
+            table_name=coworker_table(endpoint), dynamodb_endpoint=endpoint,
             max_concurrency=slots * threads, batch_size=threads, dispatch_on_submit=False,
             worker_timeout_seconds=300, handler_modules="noop_handlers")
-        create_table(self.settings)
         environ = {name: os.environ[name] for name in PASSED_THROUGH if name in os.environ}
         environ.update(FAKE_CREDENTIALS)
         environ.update({k: v for k, v in os.environ.items() if k.startswith("POWERTOOLS_")})
@@ -140,10 +156,12 @@ class ProcessEngine:
     def run(self, tasks: int) -> dict:
         settings = self.settings
         configure(settings)
-        leases.ensure_slots(settings.worker_slots)
+        leases.ensure_slots(settings.worker_slots)  # this configuration's slots, as a deploy sets them
+        leases.retire_extra_slots(settings.worker_slots)
         self._runs += 1
         for i in range(tasks):
-            lifecycle.put_task(lifecycle.TaskSpec(key=f"r{self._runs}-{i:06d}", type="bench-noop"), settings)
+            lifecycle.put_task(lifecycle.TaskSpec(key=f"{self.label}-r{self._runs}-{i:06d}", type="bench-noop"),
+                               settings)
         done_before = self.pool.outcomes.get("finished", 0)
         started = time.perf_counter()
         while self.pool.outcomes.get("finished", 0) - done_before < tasks:
@@ -313,6 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     counter = RequestCounter().install()
     databases: dict[str, EmbeddedDatabase] = {b: embedded_database(b).start() for b in backends}
+    for database in databases.values():
+        coworker_table(database.endpoint)
     results: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
     runners: dict[str, Callable[..., dict]] = {"coworker": run_coworker, "peer": run_peer}
     try:
