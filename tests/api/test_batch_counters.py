@@ -300,3 +300,17 @@ def test_a_follower_out_of_time_reads_nothing_more_and_vouches_for_nothing(setti
     assert (report.records, report.changes, report.behind) == (0, 0, True)
     assert batches.get_batch("budget").total == 0 and batches.get_batch("budget").counted_through is None
     assert counted("budget") == (1, 0, 0, 1, False)
+
+
+def test_a_pass_that_could_not_count_leaves_its_records_to_the_next(settings, counted, monkeypatch):
+    _put_batch(settings, "retried", ["a", "b"])
+    real = progress.apply
+
+    def unavailable(*args, **kwargs):
+        raise batches.StorageError("DynamoDB is unavailable")
+
+    monkeypatch.setattr(progress, "apply", unavailable)
+    with pytest.raises(batches.StorageError):
+        progress.follow(settings)
+    monkeypatch.setattr(progress, "apply", real)
+    assert counted("retried") == (2, 0, 0, 2, False)

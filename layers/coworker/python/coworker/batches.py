@@ -414,7 +414,7 @@ def stop_if_failing(batch_id: str, now: datetime | None = None) -> bool:
     Called by the stream follower (:mod:`coworker.progress`) when the changes it counted
     include a task of the batch ignored for failing (not a cancel). Costs one
     consistent read of the batch's head item when the batch has no threshold, plus the batch's
-    progress (one BatchGetItem) when it has one. Stopping is one transaction: the head item gets
+    progress (:func:`get_batch`) when it has one. Stopping is one transaction: the head item gets
     ``failed_at`` and the reason (on the condition that it had none: exactly once) and the batch
     joins the control record's stopped batches, whose open tasks are then cancelled as the
     coordinator meets them, and not claimed meanwhile.
@@ -471,9 +471,9 @@ def _tolerance_of(head: BatchModel) -> Tolerance:
 
 
 def get_batch(batch_id: str) -> BatchProgress:
-    """The batch's counts (its head and counter items, read strongly consistent), or
-    :class:`BatchNotFoundError`. They include what the coordinator has counted from the stream:
-    up to a tick behind the tasks."""
+    """The batch's counts (its head and counter items, read strongly consistent, and the
+    follower's watermark for ``done``), or :class:`BatchNotFoundError`. They include what the
+    coordinator has counted from the stream: up to a tick behind the tasks."""
     base = batch_key(batch_id)
     try:
         head = BatchModel.get(base, consistent_read=True)

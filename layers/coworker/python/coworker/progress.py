@@ -380,7 +380,7 @@ class StreamFollower:
             try:
                 report.changes += apply(shard_id, changes, now)
             except Exception:
-                place.iterator = None  # not counted: the next pass reads them again
+                place.iterator, place.ended = None, False  # not counted: the next pass reads them again
                 raise
             report.batches += len({change.batch_id for change in changes})
         advanced = last_sequence != place.read_through
