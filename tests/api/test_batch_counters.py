@@ -314,3 +314,31 @@ def test_a_pass_that_could_not_count_leaves_its_records_to_the_next(settings, co
         progress.follow(settings)
     monkeypatch.setattr(progress, "apply", real)
     assert counted("retried") == (2, 0, 0, 2, False)
+
+
+def test_the_follower_reads_records_as_dynamodb_sends_them(settings, counted):
+    """GetRecords answers skip botocore's attribute-by-attribute parse (most of the coordinator's
+    CPU per task): the records keep the wire shape a Lambda stream event has, and count the same."""
+    _put_batch(settings, "wire", ["a", "b"])
+    follower = progress.follower(settings)
+    arn = follower.stream_arn()
+    shard = follower._shards(arn)[0]
+    streams = follower._streams()
+    iterator = streams.get_shard_iterator(StreamArn=arn, ShardId=shard,
+                                          ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+    records = streams.get_records(ShardIterator=iterator)["Records"]
+    put = next(r for r in records if r["dynamodb"].get("NewImage", {}).get("key") == {"S": "a"})
+    assert isinstance(put["dynamodb"]["ApproximateCreationDateTime"], (int, float))  # botocore: a datetime
+    assert progress.change_of(put).total == 1
+    assert counted("wire") == (2, 0, 0, 2, False)
+
+
+def test_the_wire_hook_leaves_errors_to_botocore():
+    error = {"status_code": 400, "body": b'{"__type": "ExpiredIteratorException"}', "headers": {}}
+    ok = {"status_code": 200, "body": b'{"Records": [], "NextShardIterator": "it"}', "headers": {}}
+    custom_error: dict = {}
+    custom_ok: dict = {}
+    progress.records_as_sent(response_dict=error, customized_response_dict=custom_error)
+    progress.records_as_sent(response_dict=ok, customized_response_dict=custom_ok)
+    assert custom_error == {} and error["body"] == b'{"__type": "ExpiredIteratorException"}'
+    assert custom_ok == {"Records": [], "NextShardIterator": "it"} and ok["body"] == b"{}"

@@ -36,6 +36,7 @@ the follower counts the failures, so a batch stops up to a tick after the failur
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import threading
 import time
@@ -238,6 +239,22 @@ class _ShardPlace:
     saved_at: float = 0.0
 
 
+def records_as_sent(response_dict: dict[str, Any], customized_response_dict: dict[str, Any], **_: Any) -> None:
+    """botocore ``before-parse`` hook for GetRecords: take the records as DynamoDB sends them.
+
+    botocore would otherwise walk every attribute of both images of every record through its
+    shape parser, which cost about 0.6 ms of CPU per task (three records) on the coordinator:
+    more than a worker spends claiming and finishing it. The JSON as sent is the shape a Lambda
+    stream event has (images as ``{"S": ...}`` maps, ``ApproximateCreationDateTime`` in epoch
+    seconds), which :func:`change_of` and :func:`settles_at` read as they are. Errors are left to
+    botocore, so its exceptions (expired iterator, trimmed data, throttling) are raised as before.
+    """
+    if response_dict.get("status_code", 500) >= 300:
+        return
+    customized_response_dict.update(json.loads(response_dict["body"]))
+    response_dict["body"] = b"{}"  # nothing left for the shape parser to walk
+
+
 class StreamFollower:
     """Follows the task table's stream (every shard), counting batch changes; keeps its place
     in memory between passes and in checkpoint items across processes."""
@@ -256,8 +273,10 @@ class StreamFollower:
         if self._client is None:
             import boto3
 
-            self._client = boto3.client("dynamodbstreams", region_name=self.settings.region,
-                                        endpoint_url=self.settings.dynamodb_endpoint)
+            client = boto3.client("dynamodbstreams", region_name=self.settings.region,
+                                  endpoint_url=self.settings.dynamodb_endpoint)
+            client.meta.events.register("before-parse.dynamodb-streams.GetRecords", records_as_sent)
+            self._client = client
         return self._client
 
     def stream_arn(self) -> str | None:

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from pynamodb.expressions.condition import Condition
 
@@ -163,6 +163,11 @@ def due(status: TaskStatus, now: datetime, limit: int, read_past: int = 0) -> It
     return _first(iter(read), limit + read_past)
 
 
+# What a self-feeding worker reads of each index entry: what it filters on, nothing it would
+# parse for nothing (a worker's own CPU bounds how fast its threads turn over).
+FEED_ATTRIBUTES: Final = [schema.PARTITION_KEY, "type", "batch_id", "attempts", "max_attempts"]
+
+
 def due_from_shard(status: TaskStatus, now: datetime, limit: int, first_shard: int) -> Iterator[TaskModel]:
     """Due tasks of ``status``, shard by shard from ``first_shard`` on (each shard oldest first),
     at most ``limit``: one query when that shard alone has enough, all S only when the status
@@ -175,7 +180,7 @@ def due_from_shard(status: TaskStatus, now: datetime, limit: int, first_shard: i
             return
         value = schema.shard_value(status.value, (first_shard + step) % shards)
         for task in TaskModel.status_index.query(value, TaskModel.due_at <= now, limit=limit - taken,
-                                                 page_size=limit - taken):
+                                                 page_size=limit - taken, attributes_to_get=FEED_ATTRIBUTES):
             taken += 1
             yield task
 
