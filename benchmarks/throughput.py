@@ -108,10 +108,12 @@ def coworker_table(endpoint: str) -> str:
     return _TABLES[endpoint]
 
 
-def run_coworker(endpoint: str, tasks: int, concurrency: int, counter: RequestCounter) -> dict:
+def run_coworker(endpoint: str, tasks: int, concurrency: int, counter: RequestCounter,
+                 table: str | None = None) -> dict:
     """The engine alone, in this process: put, then one coordinator tick starts a worker (one
-    slot of ``concurrency`` threads) that feeds itself until every task is finished."""
-    settings = Settings(table_name=coworker_table(endpoint), dynamodb_endpoint=endpoint,
+    slot of ``concurrency`` threads) that feeds itself until every task is finished (on
+    ``table``, or the database's one Coworker table)."""
+    settings = Settings(table_name=table or coworker_table(endpoint), dynamodb_endpoint=endpoint,
                         max_concurrency=concurrency, batch_size=concurrency, dispatch_on_submit=False)
     configure(settings)
     leases.ensure_slots(settings.worker_slots)
