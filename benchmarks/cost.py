@@ -52,6 +52,11 @@ from coworker_local.database import MOTO, create_table, dynamodb_client, start_d
 # unit above a single task). Why a task takes 7 and not 5: docs/cost.md.
 TARGET_WRITE_UNITS = 7
 TARGET_BATCH_WRITE_UNITS = 8
+# The writes every task makes whatever the run around it (see docs/cost.md, why 7 and not 5).
+OWN_STEPS = frozenset({"put", "claim", "finish", "gate: UpdateItem", "gate: PutItem"})
+# Writes paid per worker invocation (its slot) or per tick (stream places, batch items), shared
+# by however many tasks that invocation or tick ran.
+BOOKKEEPING_STEPS = ("update -> worker-slot", "stream checkpoint", "batch counter", "batch head")
 TARGET_READ_UNITS = 1
 SMALL_BACKLOG = 1_000
 
@@ -273,6 +278,17 @@ def _print_happy(result: dict, title: str, reported: bool, target: float | None 
     row("total write units", wcu, billed, note="" if target is None else f"   target <= {target:g}: {verdict}")
     if reported and total.unreported_write_units:
         print(f"     (of which not reported, billed by the rules: {total.unreported_write_units / tasks:.2f})")
+    # By what they scale with: the task's own lifecycle writes, the claims that lost a race, and
+    # bookkeeping paid per worker invocation or per tick (slots, stream checkpoints, counters).
+    shares = collections.Counter()
+    for name, (_, table_units, index_units, _) in result["steps"].items():
+        kind = ("races" if "condition failed" in name and not name.startswith("gate")
+                else "own" if name.split(" (")[0] in OWN_STEPS
+                else "bookkeeping" if name.startswith(BOOKKEEPING_STEPS) else "other")
+        shares[kind] += (table_units + index_units) / tasks
+    other = f", blocking, waking and the rest {shares['other']:.2f}" if shares["other"] else ""
+    print(f"     (by the rules: the task's own writes {shares['own']:.2f}, claims that lost a race "
+          f"{shares['races']:.2f}, per-invocation and per-tick bookkeeping {shares['bookkeeping']:.2f}{other})")
     ticks: MeterTotals = result["ticks_only"]
     print("   per dispatched task (reads of the coordinator's ticks)")
     rcu = ticks.read_units / dispatched
