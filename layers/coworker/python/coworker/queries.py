@@ -172,7 +172,8 @@ def due_from_shard(status: TaskStatus, now: datetime, limit: int, first_shard: i
     """Due tasks of ``status``, shard by shard from ``first_shard`` on (each shard oldest first),
     at most ``limit``: one query when that shard alone has enough, all S only when the status
     has little due work. For self-feeding workers, which spread over the shards by starting at
-    different ones; the coordinator's :func:`due` keeps the exact global order."""
+    different ones; the coordinator's :func:`due` keeps the exact global order. Each task holds
+    only ``FEED_ATTRIBUTES``."""
     shards = status_shards()
     taken = 0
     for step in range(shards):
