@@ -210,20 +210,23 @@ def test_killed_worker_process_task_is_completed_by_another_after_lock_expiry(ma
     assert task.errors[0].kind == "worker_lost"
 
 
-def test_busy_count_is_exact_beyond_one_page_of_index_data(make_settings):
-    """A single COUNT query stops at 1 MB of index data; the count must page on."""
+def test_running_count_is_exact_beyond_one_page_of_index_data(make_settings):
+    """A single query stops at 1 MB of index data; the tick's count of running tasks (and of
+    lost ones) must page on."""
     from coworker import queries
     from coworker.model import TaskModel
 
-    settings = make_settings()
+    settings = make_settings(status_shards=1)  # one index partition holds them all
     now = utcnow()
     bulky = "x" * 400  # projected into the index: about 0.5 KB per entry, 2,500 entries > 1 MB
     with TaskModel.batch_write() as batch:
         for i in range(2_500):
             task = lifecycle.new_task(TaskSpec(key=f"r{i:05d}", type=bulky), settings, now)
-            task.status, task.due_at, task.attempts = "processing", now + timedelta(minutes=5), 1
+            expires = now + timedelta(minutes=5) if i % 10 else now - timedelta(minutes=1)
+            task.status, task.due_at, task.attempts = "processing", expires, 1
             batch.save(task)
-    assert queries.count_running(utcnow()) == 2_500
+    running, lost = queries.running_and_lost(utcnow())
+    assert (running, len(lost)) == (2_250, 250)
 
 
 def test_priority_puts_a_task_ahead_of_older_backlog(settings):

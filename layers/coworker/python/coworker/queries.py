@@ -219,16 +219,6 @@ def count(status: TaskStatus | str, range_key_condition: Condition | None = None
     ]))
 
 
-def count_running(now: datetime) -> int:
-    """How many tasks hold a live lock, exactly.
-
-    ``Select=COUNT`` queries stop at 1 MB of index data per page, so each shard's count pages on
-    until DynamoDB has no more to say; it reads every live lock's index entry (as many as
-    ``max_concurrency``, each a couple of hundred bytes).
-    """
-    return count(TaskStatus.PROCESSING, TaskModel.due_at > now)
-
-
 def count_capped(status: str, cap: int, range_key_condition: Condition | None = None) -> tuple[int, bool]:
     """Entries of ``status`` (those matching ``range_key_condition`` on ``due_at``), reading at
     most about ``cap`` of them: ``(count, capped)``.
