@@ -342,8 +342,9 @@ class CapacityMeter:
     def __init__(self, client: Any | Sequence[Any], snapshot_client: Any,
                  indexes: Iterable[IndexDescription] | None = None,
                  table_key: tuple[str, ...] = (schema.PARTITION_KEY,)) -> None:
-        # Several clients: pynamodb runs transactions on a connection of their own.
-        self.clients = list(client) if isinstance(client, Sequence) else [client]
+        # Several clients: pynamodb connections may each have their own (each is metered once).
+        given = list(client) if isinstance(client, Sequence) else [client]
+        self.clients = list({id(c): c for c in given}.values())
         self.snapshot_client = snapshot_client
         self.indexes = {ix.name: ix for ix in (indexes if indexes is not None else [status_index()])}
         self.table_key = table_key

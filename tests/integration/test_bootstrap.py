@@ -6,7 +6,7 @@ import threading
 import time
 
 import botocore.session
-from coworker import lifecycle
+from coworker import batches, lifecycle, model
 from coworker.lifecycle import TaskSpec
 from coworker.worker import TaskOutcome, run_batch
 
@@ -41,4 +41,6 @@ def test_configure_builds_the_clients_so_a_cold_batch_of_threads_builds_none(mak
     # Then every task ran, and no thread built a client of its own
     assert [r.outcome for r in reports] == [TaskOutcome.FINISHED] * 8
     assert created[built_at_start:] == []
-    assert built_at_start >= 3  # the task model, the batch model, the transactions' connection
+    # and every model and the transactions' connection send through the one client built at start
+    connections = [m._get_connection().connection for m in model._models()] + [batches._connection()]
+    assert len({id(connection.client) for connection in connections}) == 1

@@ -89,25 +89,31 @@ def test_tick_reads_what_it_dispatches_not_the_backlog(make_settings):
     assert [r.items_read for r in slot_reads] == [7]
     assert len({r.key_values[0] for r in todo_reads}) == shards
     assert report.dispatched <= sum(r.items_read for r in todo_reads) <= 2 * report.dispatched + shards
-    # no scan, no per-item reads: the one GetItem is the control record (paused types); the
-    # stream follower looks its stream up once per process (DescribeTable), if this is the first
-    assert set(meter.totals.requests) - {"DescribeTable"} == {"Query", "UpdateItem", "GetItem"}
+    # no scan, no per-item reads: a GetItem of the control record (paused types); the
+    # stream follower looks its stream up once per process (DescribeTable), if this is the first,
+    # and keeps its place in the stream (PutItem of its checkpoints, not of any task)
+    assert set(meter.totals.requests) - {"DescribeTable", "PutItem"} == {"Query", "UpdateItem", "GetItem"}
+    assert all(w.new and w.new["key"]["S"].startswith("stream#") for w in meter.writes if w.operation == "PutItem")
     assert meter.totals.requests.get("DescribeTable", 0) <= 1
-    assert [r.key_values for r in meter.reads if r.operation == "GetItem"] == [()]
+    # (GetItems: the control record, and the follower's checkpoint when it first reads the stream)
+    assert [r.key_values for r in meter.reads if r.operation == "GetItem"] in ([()], [(), ()])
     assert meter.totals.requests["UpdateItem"] == 7  # one reservation per worker started
     # plus one read per shard of the running tasks (none here), to count them and find lost ones
     running_reads = [r for r in meter.reads if partition(r).startswith("processing#")]
     assert len(running_reads) == shards and sum(r.items_read for r in running_reads) == 0
     assert not [r for r in meter.reads if r.select == "COUNT"]
-    # every read here is well under 4 KB: the minimum half unit each
-    assert meter.totals.read_units == 0.5 * len(meter.reads)
+    # every query here reads well under 4 KB: the minimum half unit each
+    queries_read = [r for r in meter.reads if r.operation == "Query"]
+    assert sum(r.units for r in queries_read) == 0.5 * len(queries_read)
     # and DynamoDB Local reports the same for each query that read something, and for the
-    # GetItem of the (absent) control record; for an empty query (no expired locks, no due
+    # GetItems of the (absent) control record and of the checkpoint; for an empty query (no expired locks, no due
     # retries, nothing running here) it reports 0 where AWS bills its 0.5 minimum
     queries_read = [r for r in meter.reads if r.operation == "Query"]
     for read in queries_read:
         assert read.reported_units == (read.units if read.items_read else 0.0)
-    assert [r.reported_units for r in meter.reads if r.operation == "GetItem"] == [0.5]
+    gets = [r for r in meter.reads if r.operation == "GetItem"]
+    assert all(r.reported_units == r.units for r in gets)
+    assert sorted(r.units for r in gets) in ([0.5], [0.5, 1.0])  # the checkpoint is read consistently
     empty = sum(1 for r in queries_read if not r.items_read)
     assert meter.totals.reported_read_units == meter.totals.read_units - 0.5 * empty
 
@@ -136,9 +142,10 @@ def test_happy_path_write_units_match_the_rules_for_the_observed_items(make_sett
     # Given a few quick tasks run to the end by coordinator ticks and in-process workers
     settings = make_settings(max_concurrency=4, batch_size=2, dispatch_on_submit=False)
     tasks = 6
+    keys = {f"t{i}" for i in range(tasks)}
     with CapacityMeter.for_model(TaskModel, dynamodb_client(settings)) as meter:
-        for i in range(tasks):
-            lifecycle.put_task(TaskSpec(key=f"t{i}", type="quick", payload={"n": i}), settings)
+        for key in sorted(keys):
+            lifecycle.put_task(TaskSpec(key=key, type="quick", payload={"n": int(key[1:])}), settings)
         invoker = dispatch.InProcessInvoker(settings)
         finished = 0
         for _ in range(10):
@@ -151,8 +158,11 @@ def test_happy_path_write_units_match_the_rules_for_the_observed_items(make_sett
 
     # Then each task took exactly put, claim, finish: one PutItem and two UpdateItems that
     # succeeded (a self-feeding worker may also try a claim that another worker won)
-    succeeded = [record for record in meter.writes if record.succeeded]
-    failed = [record for record in meter.writes if not record.succeeded]
+    # (the meter sees every write of the shared client: the tasks' are those of their keys)
+    task_writes = [record for record in meter.writes
+                   if (record.new or record.old or {}).get("key", {}).get("S") in keys]
+    succeeded = [record for record in task_writes if record.succeeded]
+    failed = [record for record in task_writes if not record.succeeded]
     assert sum(r.operation == "PutItem" for r in succeeded) == tasks
     assert sum(r.operation == "UpdateItem" for r in succeeded) == 2 * tasks
     assert all(r.operation == "UpdateItem" and r.index_units == 0 for r in failed)
@@ -177,11 +187,11 @@ def test_happy_path_write_units_match_the_rules_for_the_observed_items(make_sett
 
     # So a finished task costs 3 table and 4 index write units: the index writes are counted
     # (plus one unit per lost claim race, billed by AWS and not reported by DynamoDB Local)
-    assert meter.totals.table_write_units == 3 * tasks + len(failed)
-    assert meter.totals.reported_table_write_units == 3 * tasks
-    assert meter.totals.index_write_units == meter.totals.reported_index_write_units == 4 * tasks
-    assert meter.totals.reported_write_units / tasks == 7
-    assert meter.totals.unreported_write_units == len(failed)
+    assert sum(r.table_units for r in task_writes) == 3 * tasks + len(failed)
+    assert sum(r.reported.table_units for r in succeeded) == 3 * tasks
+    assert sum(r.index_units for r in task_writes) == sum(r.reported.index_units for r in succeeded) == 4 * tasks
+    assert sum(r.reported.units for r in succeeded) / tasks == 7
+    assert [r.reported for r in failed] == [None] * len(failed)
 
 
 def test_failed_conditional_put_is_billed_without_index_writes(make_settings):

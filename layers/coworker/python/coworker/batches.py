@@ -42,6 +42,7 @@ from pynamodb.exceptions import DoesNotExist, PynamoDBException, TransactWriteEr
 from pynamodb.expressions.condition import Condition
 from pynamodb.transactions import TransactWrite
 
+from coworker import model
 from coworker.errors import CoworkerError, RecordTooLargeError, StorageError
 from coworker.model import (
     COUNTED_THROUGH_KEY,
@@ -182,8 +183,9 @@ def _connection() -> Connection:
 
 
 def build_client() -> None:
-    """Create the transactions' connection and its botocore client now (see ``model.build_clients``)."""
-    _ = _connection().client
+    """Give the transactions' connection the models' shared botocore client now (see
+    ``model.build_clients``)."""
+    model.share_client(_connection())
 
 
 def _reasons(exc: TransactWriteError) -> list[str | None]:

@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+import gc
+
 from coworker import batches, handlers, model, offload
 from coworker.config import Settings
 
+_started = False
+
 
 def configure(settings: Settings | None = None) -> Settings:
-    """Read settings (from the environment unless given), bind the model, load handler modules."""
+    """Read settings (from the environment unless given), bind the model, load handler modules.
+
+    The first call in a process then freezes what start-up built (modules, botocore's service
+    model, handler modules) out of the garbage collector's reach: it lives as long as the
+    process, and otherwise every full collection walks its hundreds of thousands of objects
+    again, stopping every worker thread for a tenth of a second several times a second under load.
+    """
+    global _started
     settings = settings or Settings.from_env()
     model.bind(settings)
     model.build_clients()  # once per process, before any worker thread needs one
     batches.build_client()
     offload.store_for(settings)
     handlers.load_handler_modules(settings.handler_module_list)
+    if not _started:
+        _started = True
+        gc.collect()  # leave start-up's garbage out of the frozen set
+        gc.freeze()
     return settings

@@ -281,28 +281,58 @@ def conditional_update(item: Model, actions: list, condition: Any, what: str) ->
     return True
 
 
+# (table, region, endpoint) the models are bound to: see bind.
+_bound_to: tuple[str, str, str | None] | None = None
+
+
 def bind(settings: Settings) -> None:
-    """Point the models at the configured table, region and endpoint (once per process)."""
+    """Point the models at the configured table, region and endpoint (once per process).
+
+    Binding again to the same table, region and endpoint keeps the connections already built.
+    """
+    global _bound_to
     _Layout.shards = settings.status_shards
+    target = (settings.table_name, settings.region, settings.dynamodb_endpoint)
+    if target == _bound_to:
+        return
     for model_class in _models():
-        model_class.Meta.table_name = settings.table_name
-        model_class.Meta.region = settings.region
-        model_class.Meta.host = settings.dynamodb_endpoint
+        meta = model_class.Meta
+        meta.table_name, meta.region, meta.host = target
         # Tasks carry their own conflict handling (conditions); plain retries are for throttling.
-        model_class.Meta.max_retry_attempts = 5
-        model_class.Meta.max_pool_connections = 64  # workers run a batch's tasks in parallel threads
+        meta.max_retry_attempts = 5
+        meta.max_pool_connections = 64  # workers run a batch's tasks in parallel threads
         model_class._connection = None  # drop a connection made for another table or endpoint
+    _bound_to = target
 
 
 def build_clients() -> None:
-    """Create the models' botocore clients now, in the calling thread.
+    """Create one botocore client now, in the calling thread, and share it between the models.
 
-    pynamodb creates a connection's client lazily and without a lock, so the threads of a worker
-    batch that all start on a cold process would each build one (about 0.15 s of CPU apiece);
-    built once here, before any thread starts, they are shared. No request is sent.
+    pynamodb gives every model a connection of its own and creates its client lazily and without
+    a lock, so the threads of a worker batch that all start on a cold process would each build
+    one (about 0.15 s of CPU apiece), and each model would hold its own copy of botocore's
+    service model (about 30,000 objects that every full garbage collection walks). Built once
+    here, before any thread starts, one client serves every model (they share table, region,
+    endpoint and settings; botocore clients are thread-safe). No request is sent.
     """
-    for model_class in _models():
-        _ = model_class._get_connection().connection.client
+    models = _models()
+    client = models[0]._get_connection().connection.client
+    for model_class in models[1:]:
+        share_client(model_class._get_connection().connection, client)
+
+
+def shared_client() -> Any:
+    """The botocore client the models share (built by :func:`build_clients` if need be)."""
+    return TaskModel._get_connection().connection.client
+
+
+def share_client(connection: Any, client: Any | None = None) -> None:
+    """Make pynamodb ``connection`` send its requests through the models' shared client.
+
+    pynamodb has no public way to hand a connection a client: it keeps the one it builds in
+    ``_client`` and builds one only while that is empty.
+    """
+    connection._client = client or shared_client()
 
 
 def _models() -> tuple[type[Model], ...]:
