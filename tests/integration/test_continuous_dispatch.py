@@ -8,12 +8,12 @@ import time
 from datetime import timedelta
 
 import pytest
-from coworker import dispatch, leases, lifecycle
+from coworker import dispatch, leases, lifecycle, model
 from coworker.dispatch import InProcessInvoker
 from coworker.handlers import TaskContext, task_handler
 from coworker.lifecycle import TaskSpec
 from coworker.model import utcnow
-from coworker.worker import TaskOutcome, TaskSource, WorkerRequest, run_invocation
+from coworker.worker import Feeder, TaskOutcome, TaskSource, WorkerRequest, run_invocation, stripe_of
 
 pytestmark = pytest.mark.both_backends
 
@@ -81,6 +81,31 @@ def test_self_feeding_workers_do_not_all_race_for_the_head_item(make_settings):
     assert finished == keys
     fed_conflicts = sum(r.outcome is TaskOutcome.NOT_CLAIMED and r.source is TaskSource.FEED for r in reports)
     assert fed_conflicts < len(keys) * 0.25, f"{fed_conflicts} failed claims for {len(keys)} tasks"
+
+
+def test_a_feeding_worker_reads_one_window_when_its_own_shard_fills_it(make_settings):
+    # Given two worker slots over four index shards (each shard holds one stripe's keys) and a
+    # backlog much larger than a worker's window (4 x batch size = 8 keys)
+    settings = make_settings(max_concurrency=4, batch_size=2, status_shards=4)
+    _put(settings, [f"t{i:03d}" for i in range(200)])
+    entries_read: list[int] = []
+
+    def count(parsed, **_):
+        entries_read.append(parsed.get("Count", 0))
+
+    client = model.shared_client()
+    client.meta.events.register("after-call.dynamodb.Query", count)
+    try:
+        # When the worker of slot 0 looks for work
+        feeder = Feeder(settings, hints=(), self_feed=True, feed_until=time.monotonic() + 60, slot_number=0)
+        first = feeder.next()
+    finally:
+        client.meta.events.unregister("after-call.dynamodb.Query", count)
+
+    # Then it took a window of its own stripe's keys and read no index entry beyond them
+    assert first is not None and first[1] is TaskSource.FEED
+    assert {stripe_of(key, 2) for key in [first[0], *feeder._seen]} == {0} and len(feeder._seen) == 8
+    assert sum(entries_read) == 8
 
 
 def test_heartbeat_keeps_a_long_task_locked_past_its_lock_lifetime(make_settings):

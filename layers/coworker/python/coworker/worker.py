@@ -381,19 +381,23 @@ class Feeder:
         """One window of due keys not seen before by this invocation."""
         settings = self._settings
         now, clock = utcnow(), time.monotonic()
-        # About two windows of this stripe's keys (a stripe is 1/stripes of the keys); exactly one
-        # window when this worker is the only stripe.
+        # At most about two windows of this stripe's keys (a stripe is 1/stripes of the keys),
+        # read a window at a time until one window of its own keys is in hand: where the stripes
+        # line up with the index shards (slots dividing shards) the first shard read holds only
+        # this stripe's keys, and one window is all that is read.
         limit = min(MAX_FEED_PAGE, self._window * (2 * self._stripes - 1))
         view = control.cached(settings.control_cache_seconds)
         page: list[str] = []
+        own = 0  # keys of this stripe in ``page``
         for status in FEED_ORDER:
-            if len(page) >= limit:
+            if len(page) >= limit or own >= self._window:
                 break
             with _quiet_lock:
                 if _quiet_until.get(status, 0.0) > clock:
                     continue
             found = 0
-            for task in queries.due_from_shard(status, now, limit - len(page), self._first_shard[status]):
+            for task in queries.due_from_shard(status, now, limit - len(page), self._first_shard[status],
+                                               page_size=self._window):
                 found += 1
                 # Start the next look where this one found work: a drained shard is not read again.
                 self._first_shard[status] = schema.shard_of(task.key, status_shards())
@@ -403,6 +407,9 @@ class Feeder:
                     self._seen.add(task.key)
                     continue  # lost on its last attempt: the coordinator retires it
                 page.append(task.key)
+                own += stripe_of(task.key, self._stripes) == self._stripe
+                if own >= self._window:
+                    break  # before the iterator reads another page
             if not found and status is not TaskStatus.TODO:
                 with _quiet_lock:
                     _quiet_until[status] = clock + settings.tick_seconds
