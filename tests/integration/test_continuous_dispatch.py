@@ -83,11 +83,9 @@ def test_self_feeding_workers_do_not_all_race_for_the_head_item(make_settings):
     assert fed_conflicts < len(keys) * 0.25, f"{fed_conflicts} failed claims for {len(keys)} tasks"
 
 
-def test_a_feeding_worker_reads_one_window_when_its_own_shard_fills_it(make_settings):
-    # Given two worker slots over four index shards (each shard holds one stripe's keys) and a
-    # backlog much larger than a worker's window (4 x batch size = 8 keys)
-    settings = make_settings(max_concurrency=4, batch_size=2, status_shards=4)
-    _put(settings, [f"t{i:03d}" for i in range(200)])
+def _first_feed(settings, slot_number: int) -> tuple[Feeder, tuple | None, list[int]]:
+    """A self-feeding worker of ``slot_number`` takes its first key: the feeder, the key, and
+    how many index entries each of its queries read."""
     entries_read: list[int] = []
 
     def count(parsed, **_):
@@ -96,16 +94,57 @@ def test_a_feeding_worker_reads_one_window_when_its_own_shard_fills_it(make_sett
     client = model.shared_client()
     client.meta.events.register("after-call.dynamodb.Query", count)
     try:
-        # When the worker of slot 0 looks for work
-        feeder = Feeder(settings, hints=(), self_feed=True, feed_until=time.monotonic() + 60, slot_number=0)
+        feeder = Feeder(settings, hints=(), self_feed=True, feed_until=time.monotonic() + 60,
+                        slot_number=slot_number)
         first = feeder.next()
     finally:
         client.meta.events.unregister("after-call.dynamodb.Query", count)
+    return feeder, first, entries_read
+
+
+def test_a_feeding_worker_reads_one_window_when_its_own_shard_fills_it(make_settings):
+    # Given two worker slots over four index shards (each shard holds one stripe's keys) and a
+    # backlog much larger than a worker's window (4 x batch size = 8 keys)
+    settings = make_settings(max_concurrency=4, batch_size=2, status_shards=4)
+    _put(settings, [f"t{i:03d}" for i in range(200)])
+
+    # When the worker of slot 0 looks for work
+    feeder, first, entries_read = _first_feed(settings, slot_number=0)
 
     # Then it took a window of its own stripe's keys and read no index entry beyond them
     assert first is not None and first[1] is TaskSource.FEED
     assert {stripe_of(key, 2) for key in [first[0], *feeder._seen]} == {0} and len(feeder._seen) == 8
     assert sum(entries_read) == 8
+
+
+def test_a_feeding_worker_whose_own_shards_are_empty_reads_the_others_in_one_page(make_settings):
+    # Given two worker slots over four index shards, and due work only in stripe 1's shards
+    settings = make_settings(max_concurrency=4, batch_size=2, status_shards=4)
+    _put(settings, [key for key in (f"t{i:03d}" for i in range(400)) if stripe_of(key, 2) == 1][:100])
+
+    # When the worker of slot 0 looks for work
+    feeder, first, entries_read = _first_feed(settings, slot_number=0)
+
+    # Then its own shard was empty, and the next one was read in one page of its whole limit
+    # (about two windows of every stripe: 8 x 3), not a window at a time (each look: it helps
+    # with two keys at a time, so it looked again at once)
+    assert first is not None and first[1] is TaskSource.FEED
+    assert 24 in entries_read and set(entries_read) <= {0, 24}
+    assert {stripe_of(key, 2) for key in feeder._seen} == {1}
+
+
+def test_a_feeding_worker_whose_stripes_mix_in_the_shards_reads_one_page(make_settings):
+    # Given three worker slots over four index shards (every shard holds keys of every stripe)
+    settings = make_settings(max_concurrency=6, batch_size=2, status_shards=4)
+    _put(settings, [f"t{i:03d}" for i in range(200)])
+
+    # When the worker of slot 1 looks for work
+    feeder, first, entries_read = _first_feed(settings, slot_number=1)
+
+    # Then one query found its work (a page of about two windows of its stripe), not many small ones
+    assert first is not None and first[1] is TaskSource.FEED
+    assert len([n for n in entries_read if n]) == 1
+    assert {stripe_of(key, 3) for key in [first[0], *feeder._seen]} == {1} and len(feeder._seen) == 8
 
 
 def test_heartbeat_keeps_a_long_task_locked_past_its_lock_lifetime(make_settings):

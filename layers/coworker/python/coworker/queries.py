@@ -169,13 +169,14 @@ FEED_ATTRIBUTES: Final = [schema.PARTITION_KEY, "type", "batch_id", "attempts", 
 
 
 def due_from_shard(status: TaskStatus, now: datetime, limit: int, first_shard: int,
-                   page_size: int | None = None) -> Iterator[TaskModel]:
+                   first_page_size: int | None = None) -> Iterator[TaskModel]:
     """Due tasks of ``status``, shard by shard from ``first_shard`` on (each shard oldest first),
     at most ``limit``: one query when that shard alone has enough, all S only when the status
     has little due work. For self-feeding workers, which spread over the shards by starting at
     different ones; the coordinator's :func:`due` keeps the exact global order. Each task holds
-    only ``FEED_ATTRIBUTES``. Pages hold ``page_size`` entries (default: all that are left), read
-    as the caller iterates: one that stops early reads no more."""
+    only ``FEED_ATTRIBUTES``. Each shard is read in one page of all that is left, except the first
+    with ``first_page_size``: its pages are read as the caller iterates, so one that stops early
+    reads no more."""
     shards = status_shards()
     taken = 0
     for step in range(shards):
@@ -183,7 +184,7 @@ def due_from_shard(status: TaskStatus, now: datetime, limit: int, first_shard: i
             return
         value = schema.shard_value(status.value, (first_shard + step) % shards)
         for task in TaskModel.status_index.query(value, TaskModel.due_at <= now, limit=limit - taken,
-                                                 page_size=min(limit - taken, page_size or limit),
+                                                 page_size=min(limit - taken, (step == 0 and first_page_size) or limit),
                                                  attributes_to_get=FEED_ATTRIBUTES):
             taken += 1
             yield task

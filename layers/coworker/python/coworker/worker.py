@@ -381,11 +381,13 @@ class Feeder:
         """One window of due keys not seen before by this invocation."""
         settings = self._settings
         now, clock = utcnow(), time.monotonic()
-        # At most about two windows of this stripe's keys (a stripe is 1/stripes of the keys),
-        # read a window at a time until one window of its own keys is in hand: where the stripes
-        # line up with the index shards (slots dividing shards) the first shard read holds only
-        # this stripe's keys, and one window is all that is read.
+        # About two windows of this stripe's keys (a stripe is 1/stripes of the keys), one page a
+        # shard; exactly one window when this worker is the only stripe.
         limit = min(MAX_FEED_PAGE, self._window * (2 * self._stripes - 1))
+        # Where the stripes line up with the index shards (the slots divide the shards) a shard
+        # holds one stripe's keys: when the first shard read is this worker's own, it is read a
+        # window at a time, and one window is all that is read while it has work.
+        lined_up = status_shards() % self._stripes == 0
         view = control.cached(settings.control_cache_seconds)
         page: list[str] = []
         own = 0  # keys of this stripe in ``page``
@@ -396,8 +398,9 @@ class Feeder:
                 if _quiet_until.get(status, 0.0) > clock:
                     continue
             found = 0
+            own_first = lined_up and self._first_shard[status] % self._stripes == self._stripe
             for task in queries.due_from_shard(status, now, limit - len(page), self._first_shard[status],
-                                               page_size=self._window):
+                                               first_page_size=self._window if own_first else None):
                 found += 1
                 # Start the next look where this one found work: a drained shard is not read again.
                 self._first_shard[status] = schema.shard_of(task.key, status_shards())
