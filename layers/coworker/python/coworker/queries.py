@@ -183,8 +183,9 @@ def due_from_shard(status: TaskStatus, now: datetime, limit: int, first_shard: i
         if taken >= limit:
             return
         value = schema.shard_value(status.value, (first_shard + step) % shards)
+        page_size = first_page_size if step == 0 and first_page_size else limit
         for task in TaskModel.status_index.query(value, TaskModel.due_at <= now, limit=limit - taken,
-                                                 page_size=min(limit - taken, (step == 0 and first_page_size) or limit),
+                                                 page_size=min(limit - taken, page_size),
                                                  attributes_to_get=FEED_ATTRIBUTES):
             taken += 1
             yield task
