@@ -142,11 +142,11 @@ def run_coworker(endpoint: str, tasks: int, concurrency: int, counter: RequestCo
 
 class ProcessEngine:
     """Coworker with worker processes, as the local runtime runs them (one per worker slot,
-    ``threads`` tasks each), on the database's one Coworker table, warm between runs."""
+    ``threads`` tasks each), on ``table`` or the database's one Coworker table, warm between runs."""
 
-    def __init__(self, endpoint: str, slots: int, threads: int) -> None:
+    def __init__(self, endpoint: str, slots: int, threads: int, table: str | None = None) -> None:
         self.settings = Settings(
-            table_name=coworker_table(endpoint), dynamodb_endpoint=endpoint,
+            table_name=table or coworker_table(endpoint), dynamodb_endpoint=endpoint,
             max_concurrency=slots * threads, batch_size=threads, dispatch_on_submit=False,
             worker_timeout_seconds=300, handler_modules="noop_handlers")
         environ = {name: os.environ[name] for name in PASSED_THROUGH if name in os.environ}
@@ -251,7 +251,8 @@ def run_demo(backend: str, tasks: int) -> dict:
             "code": done.returncode, "tail": done.stdout[-600:] + done.stderr[-600:]}
 
 
-def _rate(result: dict) -> float:
+def rate(result: dict) -> float:
+    """Tasks per second of one run's result."""
     return result["tasks"] / result["seconds"]
 
 
@@ -259,7 +260,7 @@ def _per_task(result: dict) -> float:
     return sum(result["requests"].values()) / result["tasks"]
 
 
-def _machine_cpu() -> tuple[int, int]:
+def machine_cpu() -> tuple[int, int]:
     """(busy, total) CPU jiffies of the whole machine, from /proc/stat (Linux)."""
     try:
         fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -269,7 +270,7 @@ def _machine_cpu() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
-def _process_cpu_seconds(pid: int | None) -> float:
+def process_cpu_seconds(pid: int | None) -> float:
     """User + system CPU seconds of process ``pid`` so far (0 when unknown)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -301,15 +302,15 @@ def best_concurrency(args: argparse.Namespace, database: EmbeddedDatabase, count
             if round_no % 2:
                 runs.reverse()
             for label, run in runs:
-                busy0, total0 = _machine_cpu()
-                server0 = _process_cpu_seconds(getattr(database, "pid", None))
+                busy0, total0 = machine_cpu()
+                server0 = process_cpu_seconds(getattr(database, "pid", None))
                 with contextlib.redirect_stdout(emf_sink):
                     result = run()
-                busy1, total1 = _machine_cpu()
-                server = _process_cpu_seconds(getattr(database, "pid", None)) - server0
-                rates[label].append(_rate(result))
+                busy1, total1 = machine_cpu()
+                server = process_cpu_seconds(getattr(database, "pid", None)) - server0
+                rates[label].append(rate(result))
                 load = (busy1 - busy0) / max(1, total1 - total0)
-                print(f"  best-concurrency round {round_no + 1}: {label:<20} {_rate(result):7.1f} tasks/s   "
+                print(f"  best-concurrency round {round_no + 1}: {label:<20} {rate(result):7.1f} tasks/s   "
                       f"CPUs {load:4.0%} busy, database server {1000 * server / result['tasks']:.2f} ms CPU/task",
                       flush=True)
     finally:
@@ -361,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with contextlib.redirect_stdout(emf_sink):  # Powertools prints EMF every 100 metrics
                     result = runners[system](databases[backend].endpoint, args.tasks, args.concurrency, counter)
                 results[backend, system].append(result)
-                print(f"  round {round_no + 1}: {system:<9} on {backend:<15} {_rate(result):7.1f} tasks/s  "
+                print(f"  round {round_no + 1}: {system:<9} on {backend:<15} {rate(result):7.1f} tasks/s  "
                       f"{_per_task(result):.2f} requests/task", flush=True)
         best = best_concurrency(args, databases[backends[0]], counter, emf_sink) if args.best else None
     finally:
@@ -373,14 +374,14 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{'req/task coworker':>19}{'peer':>7}")
     for backend in backends:
         ours, peer = results[backend, "coworker"], results[backend, "peer"]
-        ratios = [_rate(a) / _rate(b) for a, b in zip(ours, peer, strict=True)]
-        print(f"{backend:<17}{statistics.median(map(_rate, ours)):>18.1f}{statistics.median(map(_rate, peer)):>14.1f}"
+        ratios = [rate(a) / rate(b) for a, b in zip(ours, peer, strict=True)]
+        print(f"{backend:<17}{statistics.median(map(rate, ours)):>18.1f}{statistics.median(map(rate, peer)):>14.1f}"
               f"{statistics.median(ratios):>7.2f}x{statistics.median(map(_per_task, ours)):>19.2f}"
               f"{statistics.median(map(_per_task, peer)):>7.2f}")
     if len(backends) == 2:
         for system in runners:
             first, second = results[backends[0], system], results[backends[1], system]
-            ratios = [_rate(a) / _rate(b) for a, b in zip(first, second, strict=True)]
+            ratios = [rate(a) / rate(b) for a, b in zip(first, second, strict=True)]
             print(f"{system}: {backends[0]} / {backends[1]} = {statistics.median(ratios):.2f}x "
                   f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})")
     sample = results[backends[0], "coworker"][-1]["requests"]
