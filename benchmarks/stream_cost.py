@@ -1,8 +1,8 @@
 """What bounds Coworker on DynamoDB Local: the price of the table's stream, and the table's lock.
 
     .venv/bin/python benchmarks/stream_cost.py [--tasks 600] [--rounds 5] [--concurrency 8]
-                                               [--best 2x16] [--peer-threads 16] [--best-tasks 1000]
-                                               [--lock-waits]
+                                               [--best 2x16] [--peer-threads 16] [--peer-processes 2x16]
+                                               [--best-tasks 1000] [--lock-waits]
 
 One DynamoDB Local; two Coworker tables of the same layout (``coworker.schema``), one with the
 stream batch progress is counted from and one without, made first (DynamoDB Local serves a table
@@ -17,7 +17,10 @@ another way.
   task (put, claim, finish and the reads, from /proc).
 * **Best concurrency** (``--best``, '' skips): both tables with worker processes (``--best``
   = processes x threads, as throughput.py's best-concurrency section runs them) against the peer
-  on ``--peer-threads`` threads, after two warm-up runs each. With ``--lock-waits`` (needs a JDK's
+  on ``--peer-threads`` threads, after two warm-up runs each; and the peer's own requests from
+  ``--peer-processes`` processes x threads (not how pynamodb_mate runs: a probe of how fast
+  DynamoDB Local makes a plain two-writes-per-task client's writes on one table when no Python
+  interpreter bounds it). With ``--lock-waits`` (needs a JDK's
   ``jcmd`` and ``jfr``) Java Flight Recorder records every thread park in DynamoDB Local during
   each run, and the script prints how many requests were waiting for the table's lock on
   average: DynamoDB Local takes one lock per table (a ``ReentrantReadWriteLock`` in
@@ -31,11 +34,13 @@ import argparse
 import contextlib
 import io
 import json
+import multiprocessing
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -113,6 +118,44 @@ class TableLockWaits:
         result["lock_waiting"] = waited / result["seconds"]
 
 
+def _peer_process(endpoint: str, table: str, task_ids: list[str], threads: int, start: object) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = throughput.peer_model(endpoint, table)
+    model.exists()  # connect before the clock starts
+    start.wait()  # type: ignore[attr-defined]
+
+    def run(task_id: str) -> None:
+        with model.start(task_id):
+            pass
+
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        list(pool.map(run, task_ids))
+
+
+def run_peer_processes(endpoint: str, tasks: int, processes: int, threads: int) -> dict:
+    """The peer's requests (``start``: two conditional UpdateItems a task) from ``processes``
+    forked processes of ``threads`` threads, on a new table: the clock runs from the moment all
+    are connected until the last one ends."""
+    model = throughput.peer_model(endpoint)
+    task_ids = [f"t-{i:06d}" for i in range(tasks)]
+    for task_id in task_ids:
+        model.make_and_save(task_id=task_id)
+    context = multiprocessing.get_context("fork")
+    start = context.Barrier(processes + 1)
+    children = [context.Process(target=_peer_process, args=(endpoint, model.Meta.table_name, task_ids[n::processes],
+                                                            threads, start)) for n in range(processes)]
+    for child in children:
+        child.start()
+    start.wait(timeout=60)
+    started = time.perf_counter()
+    for child in children:
+        child.join()
+    if any(child.exitcode for child in children):
+        raise RuntimeError("a peer process failed (see its traceback above)")
+    return {"seconds": time.perf_counter() - started, "tasks": tasks}
+
+
 def equal_concurrency(args: argparse.Namespace, database: EmbeddedDatabase, counter: throughput.RequestCounter,
                       streamed: str, plain: str) -> None:
     runs: dict[str, Callable[[], dict]] = {
@@ -159,6 +202,10 @@ def best_concurrency(args: argparse.Namespace, database: EmbeddedDatabase, count
                                            for label, engine in engines.items()}
     runs[f"peer {args.peer_threads} threads"] = lambda: throughput.run_peer(
         database.endpoint, args.best_tasks, args.peer_threads, counter)
+    if args.peer_processes:
+        processes, peer_threads = (int(n) for n in args.peer_processes.split("x"))
+        runs[f"peer's requests, {args.peer_processes}"] = lambda: run_peer_processes(
+            database.endpoint, args.best_tasks, processes, peer_threads)
     sink = io.StringIO()
     rates: dict[str, list[float]] = {label: [] for label in runs}
     waiting: dict[str, list[float]] = {label: [] for label in runs}
@@ -206,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=8, help="worker threads, and the peer's")
     parser.add_argument("--best", default="2x16", help="worker processes x threads ('' skips the section)")
     parser.add_argument("--peer-threads", type=int, default=16, help="the peer's threads in that section")
+    parser.add_argument("--peer-processes", default="2x16",
+                        help="the peer's requests from processes x threads in that section ('' skips)")
     parser.add_argument("--best-tasks", type=int, default=1000, help="tasks per run in that section")
     parser.add_argument("--lock-waits", action="store_true",
                         help="record DynamoDB Local's waits for the table lock in that section (jcmd, jfr)")

@@ -183,12 +183,12 @@ class ProcessEngine:
         self.pool.shutdown(drain_seconds=1.0)
 
 
-def _peer_model(endpoint: str) -> type:
-    """A pynamodb_mate status-tracker model on a new table of ``endpoint``."""
+def peer_model(endpoint: str, table: str | None = None) -> type:
+    """A pynamodb_mate status-tracker model on ``table`` of ``endpoint``, or on a new table."""
     from pynamodb.attributes import UnicodeAttribute
     from pynamodb_mate.patterns.status_tracker.impl import BaseTask, StatusAndUpdateTimeIndex, TrackerConfig
 
-    table = f"peer-{uuid.uuid4().hex[:8]}"
+    new, table = table is None, table or f"peer-{uuid.uuid4().hex[:8]}"
 
     class PeerIndex(StatusAndUpdateTimeIndex):
         class Meta:
@@ -212,13 +212,14 @@ def _peer_model(endpoint: str) -> type:
             n_failed_shard=1, n_succeeded_shard=1, n_ignored_shard=1, max_retry=3, lock_expire_seconds=300,
         )
 
-    PeerTask.create_table(wait=True)
+    if new:
+        PeerTask.create_table(wait=True)
     return PeerTask
 
 
 def run_peer(endpoint: str, tasks: int, concurrency: int, counter: RequestCounter) -> dict:
     """pynamodb_mate's tracker at its best: large queries, ``concurrency`` threads running tasks."""
-    model = _peer_model(endpoint)
+    model = peer_model(endpoint)
     for i in range(tasks):
         model.make_and_save(task_id=f"t-{i:06d}")
 
