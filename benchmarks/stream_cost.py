@@ -98,7 +98,8 @@ class TableLockWaits:
     @contextlib.contextmanager
     def record(self, result: dict) -> Iterator[None]:
         """Record while the block runs; sets ``result["lock_waiting"]`` (requests waiting, on
-        average) from the run's ``result["seconds"]``."""
+        average): every wait for a table's lock in the block (the run's puts, made from one
+        thread, included) over the run's processing time, ``result["seconds"]``."""
         name, path = f"cw-{uuid.uuid4().hex[:6]}", self.folder / f"{uuid.uuid4().hex[:6]}.jfr"
         subprocess.run(["jcmd", self.pid, "JFR.start", f"name={name}", f"settings={self.settings}"],
                        check=True, capture_output=True)
