@@ -17,5 +17,5 @@ synth:  ## synthesize the CloudFormation template offline
 	scripts/bootstrap.sh && AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x AWS_DEFAULT_REGION=us-east-1 \
 		CDK_DISABLE_VERSION_CHECK=1 PATH="$(CURDIR)/.venv/bin:$$PATH" npx cdk synth --quiet
 
-lint:
-	scripts/bootstrap.sh && .venv/bin/python -m pip install --quiet ruff && .venv/bin/ruff check .
+lint:  ## ruff on everything; mypy on the production package (the Lambda layer)
+	scripts/bootstrap.sh && .venv/bin/ruff check . && .venv/bin/mypy

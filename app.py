@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# The infra code imports the library's table layout (coworker.schema) and settings.
+# The infra code imports the library's table layout (coworker.data.layout) and settings.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "layers" / "coworker" / "python"))
 
 from aws_cdk import App, Validations  # noqa: E402

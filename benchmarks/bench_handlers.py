@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from coworker.handlers import TaskContext, task_handler
+from coworker.engine.handlers import TaskContext, task_handler
 
 
 @task_handler("bench-stamp")

@@ -37,8 +37,9 @@ os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cost import happy_path  # noqa: E402
-from coworker import leases, lifecycle  # noqa: E402
 from coworker.config import Settings  # noqa: E402
+from coworker.engine import slots, submit  # noqa: E402
+from coworker.engine.tasks import TaskSpec
 from coworker_local.database import create_table, start_database  # noqa: E402
 
 PRICES_AS_OF = "2026-11-01"
@@ -112,7 +113,7 @@ def _log_bytes(endpoint: str, tasks: int = 40) -> tuple[float, float]:
     module = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     spec.loader.exec_module(module)
-    leases.ensure_slots(settings.worker_slots)
+    slots.ensure_slots(settings.worker_slots)
 
     def invoke(keys: list[str]) -> int:
         sink = io.StringIO()
@@ -123,7 +124,7 @@ def _log_bytes(endpoint: str, tasks: int = 40) -> tuple[float, float]:
     empty = invoke([])
     keys = [f"log-{i:04d}" for i in range(tasks)]
     for key in keys:
-        lifecycle.put_task(lifecycle.TaskSpec(key=key, type="quick", payload={"n": 1}), settings)
+        submit.put_task(TaskSpec(key=key, type="quick", payload={"n": 1}), settings)
     busy = invoke(keys)
     return max(0.0, (busy - empty) / tasks), float(empty)
 

@@ -38,13 +38,15 @@ os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "ERROR")
 os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
 
-from coworker import batches, control, dispatch, leases, lifecycle, progress  # noqa: E402
 from coworker.bootstrap import configure  # noqa: E402
-from coworker.concurrency import BLOCKED_PREFIX, GATE_PREFIX, GateModel  # noqa: E402
 from coworker.config import Settings  # noqa: E402
-from coworker.model import BatchModel, TaskModel, utcnow  # noqa: E402
+from coworker.data import connection, layout
+from coworker.data.layout import BLOCKED_PREFIX, GATE_PREFIX  # noqa: E402
+from coworker.data.models import BatchModel, ControlModel, GateModel, LeaseModel, TaskModel, utcnow  # noqa: E402
+from coworker.engine import batches, dispatch, lifecycle, progress, slots, submit  # noqa: E402
+from coworker.engine.tasks import TaskSpec
+from coworker.engine.worker import WorkerRequest  # noqa: E402
 from coworker.observability import metrics  # noqa: E402
-from coworker.worker import WorkerRequest  # noqa: E402
 from coworker_local.capacity import CapacityMeter, MeterTotals, item_size, status_index  # noqa: E402
 from coworker_local.database import MOTO, create_table, dynamodb_client, start_database  # noqa: E402
 
@@ -73,7 +75,7 @@ class RecordingInvoker:
     def release(self) -> None:
         """Free the slots the tick reserved, as workers that ran and returned would."""
         for request in self.requests:
-            leases.release(request.slot or "", request.token or "")
+            slots.release(request.slot or "", request.token or "")
 
 
 def _settings(endpoint: str, table: str, **overrides) -> Settings:
@@ -81,7 +83,7 @@ def _settings(endpoint: str, table: str, **overrides) -> Settings:
     settings = Settings(table_name=table, dynamodb_endpoint=endpoint, dispatch_on_submit=False, **overrides)
     create_table(settings)
     configure(settings)
-    leases.ensure_slots(settings.worker_slots)
+    slots.ensure_slots(settings.worker_slots)
     return settings
 
 
@@ -114,8 +116,8 @@ def happy_path(endpoint: str, tasks: int, concurrency: int, batch_id: str | None
     # Transactions (follow-ups, gates) run on a pynamodb connection of their own; the worker
     # slots' writes (reserve, acquire, release), the concurrency gates', the batch head and the
     # counters the coordinator moves from the stream (with its checkpoints) are counted too.
-    meter = CapacityMeter.for_model(TaskModel, snapshot_client, batches._connection(),
-                                    leases.LeaseModel._get_connection().connection,
+    meter = CapacityMeter.for_model(TaskModel, snapshot_client, connection.transaction_connection(),
+                                    LeaseModel._get_connection().connection,
                                     GateModel._get_connection().connection,
                                     BatchModel._get_connection().connection,
                                     progress.StreamCheckpointModel._get_connection().connection).attach()
@@ -126,7 +128,7 @@ def happy_path(endpoint: str, tasks: int, concurrency: int, batch_id: str | None
 
     streams_client = progress.follower(settings)._streams()
     streams_client.meta.events.register("after-call.dynamodbstreams", count_stream_call)
-    specs = [lifecycle.TaskSpec(key=f"task-{i:06d}", type="quick", payload={"n": i}, batch_id=batch_id,
+    specs = [TaskSpec(key=f"task-{i:06d}", type="quick", payload={"n": i}, batch_id=batch_id,
                                 concurrency_key=f"site-{i % keys}" if keys else None,
                                 concurrency_limit=key_limit if keys else None)
              for i in range(tasks)]
@@ -135,7 +137,7 @@ def happy_path(endpoint: str, tasks: int, concurrency: int, batch_id: str | None
         batches.put_tasks([lifecycle.new_task(spec, settings, now) for spec in specs], batch_id, now)
     else:
         for spec in specs:
-            lifecycle.put_task(spec, settings)
+            submit.put_task(spec, settings)
 
     invoker = dispatch.InProcessInvoker(settings)
     finished = dispatched = ticks = 0
@@ -204,8 +206,8 @@ def _load_backlog(client, settings: Settings, template: dict, start: int, stop: 
 
 def _measure_tick(endpoint: str, table: str, concurrency: int, meter: CapacityMeter) -> dict:
     settings = Settings(table_name=table, dynamodb_endpoint=endpoint, max_concurrency=concurrency)
-    leases.ensure_slots(settings.worker_slots)  # as the supervisor does when it starts
-    leases.retire_extra_slots(settings.worker_slots)
+    slots.ensure_slots(settings.worker_slots)  # as the supervisor does when it starts
+    slots.retire_extra_slots(settings.worker_slots)
     invoker = RecordingInvoker()
     first_read = len(meter.reads)
     start = meter.snapshot()
@@ -217,18 +219,18 @@ def _measure_tick(endpoint: str, table: str, concurrency: int, meter: CapacityMe
         "concurrency": concurrency, "dispatched": report.dispatched, "requests": sum(spent.requests.values()),
         "items_read": spent.items_read, "read_units": spent.read_units,
         "reported_read_units": spent.reported_read_units,
-        "due_items": sum(r.items_read for r in reads if r.key_values[:1] != (leases.SLOT_STATUS,)),
+        "due_items": sum(r.items_read for r in reads if r.key_values[:1] != (layout.SLOT_STATUS,)),
     }
 
 
 def scaling(endpoint: str, backlog: int, load_seconds: float) -> tuple[list[dict], int]:
     settings = _settings(endpoint, "cost-backlog", max_concurrency=100)
     client = dynamodb_client(settings)
-    lifecycle.put_task(lifecycle.TaskSpec(key="template", type="quick", payload={"n": 0}), settings)
+    submit.put_task(TaskSpec(key="template", type="quick", payload={"n": 0}), settings)
     template = client.get_item(TableName=settings.table_name, Key={"key": {"S": "template"}})["Item"]
     client.delete_item(TableName=settings.table_name, Key={"key": {"S": "template"}})
-    meter = CapacityMeter.for_model(TaskModel, client, leases.LeaseModel._get_connection().connection,
-                                    control.ControlModel._get_connection().connection).attach()
+    meter = CapacityMeter.for_model(TaskModel, client, LeaseModel._get_connection().connection,
+                                    ControlModel._get_connection().connection).attach()
     rows, loaded = [], 0
     for size in sorted({min(SMALL_BACKLOG, backlog), backlog}):
         started = time.monotonic()

@@ -59,11 +59,11 @@ if str(BENCH_DIR) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR))
 
 import requests  # noqa: E402
-from coworker.api_models import MAX_BATCH_TASKS  # noqa: E402
-from coworker.model import TaskModel  # noqa: E402
+from coworker.api.models import MAX_BATCH_TASKS  # noqa: E402
+from coworker.data.models import TaskModel  # noqa: E402
 from coworker_local.runtime import LocalRuntime, local_settings  # noqa: E402
 
-HANDLER_MODULES = "coworker.examples,bench_handlers"
+HANDLER_MODULES = "coworker.engine.examples,bench_handlers"
 SECTIONS = ("latency", "utilisation", "kill")
 SUBMIT_CHUNK = min(500, MAX_BATCH_TASKS)
 LATENCY_PAUSE = 0.2

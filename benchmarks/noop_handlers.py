@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from coworker.handlers import TaskContext, task_handler
+from coworker.engine.handlers import TaskContext, task_handler
 
 
 @task_handler("bench-noop")

@@ -43,7 +43,8 @@ os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "ERROR")
 os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
 
-from coworker import batches, schema  # noqa: E402
+from coworker.data import layout
+from coworker.engine import batches  # noqa: E402
 from coworker_local.capacity import status_index  # noqa: E402
 
 PARTITION_WRITE_LIMIT = 1_000  # write units per second per partition key value
@@ -105,7 +106,7 @@ def measure_task_writes(batched: bool, db: str | None) -> TaskWrites:
 
 
 def _partition(item: dict | None) -> str:
-    return (item or {}).get(schema.STATUS_INDEX_PARTITION_KEY, {}).get("S", "?").split("#")[0]
+    return (item or {}).get(layout.STATUS_INDEX_PARTITION_KEY, {}).get("S", "?").split("#")[0]
 
 
 def _step_of(record) -> str:

@@ -4,7 +4,7 @@
                                                [--best 2x16] [--peer-threads 16] [--peer-processes 2x16]
                                                [--best-tasks 1000] [--lock-waits]
 
-One DynamoDB Local; two Coworker tables of the same layout (``coworker.schema``), one with the
+One DynamoDB Local; two Coworker tables of the same layout (``coworker.data.layout``), one with the
 stream batch progress is counted from and one without, made first (DynamoDB Local serves a table
 with a stream more slowly the more such tables were made before it); the peer (pynamodb_mate's
 tracker) on tables of its own. The table without a stream is not a configuration Coworker
@@ -46,8 +46,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import throughput
-from coworker import schema
 from coworker.config import Settings
+from coworker.data import layout
 from coworker.observability import logger
 from coworker_local.database import EmbeddedDatabase, dynamodb_client, embedded_database
 
@@ -65,7 +65,7 @@ _TABLE_LOCK_FRAME = "LocalDBAccess$"  # LocalDBAccess$WriteLockWithTimeout / $Re
 
 
 def _table(endpoint: str, name: str, stream: bool) -> str:
-    request = schema.create_table_request(name)
+    request = layout.create_table_request(name)
     if not stream:
         request.pop("StreamSpecification")
     client = dynamodb_client(Settings(table_name=name, dynamodb_endpoint=endpoint))

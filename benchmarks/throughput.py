@@ -49,9 +49,10 @@ os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "ERROR")
 os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
 
 import botocore.client  # noqa: E402
-from coworker import dispatch, leases, lifecycle  # noqa: E402
 from coworker.bootstrap import configure  # noqa: E402
 from coworker.config import Settings  # noqa: E402
+from coworker.engine import dispatch, slots, submit  # noqa: E402
+from coworker.engine.tasks import TaskSpec
 from coworker.observability import metrics  # noqa: E402
 from coworker_local.database import (  # noqa: E402
     BACKENDS,
@@ -119,11 +120,11 @@ def run_coworker(endpoint: str, tasks: int, concurrency: int, counter: RequestCo
     settings = Settings(table_name=table or coworker_table(endpoint), dynamodb_endpoint=endpoint,
                         max_concurrency=concurrency, batch_size=concurrency, dispatch_on_submit=False)
     configure(settings)
-    leases.ensure_slots(settings.worker_slots)
-    leases.retire_extra_slots(settings.worker_slots)
+    slots.ensure_slots(settings.worker_slots)
+    slots.retire_extra_slots(settings.worker_slots)
     run = uuid.uuid4().hex[:6]
     for i in range(tasks):
-        lifecycle.put_task(lifecycle.TaskSpec(key=f"t-{run}-{i:06d}", type="bench-noop"), settings)
+        submit.put_task(TaskSpec(key=f"t-{run}-{i:06d}", type="bench-noop"), settings)
     invoker = dispatch.InProcessInvoker(settings)
     before = counter.snapshot()
     started = time.perf_counter()
@@ -161,11 +162,11 @@ class ProcessEngine:
     def run(self, tasks: int) -> dict:
         settings = self.settings
         configure(settings)
-        leases.ensure_slots(settings.worker_slots)  # this configuration's slots, as a deploy sets them
-        leases.retire_extra_slots(settings.worker_slots)
+        slots.ensure_slots(settings.worker_slots)  # this configuration's slots, as a deploy sets them
+        slots.retire_extra_slots(settings.worker_slots)
         self._runs += 1
         for i in range(tasks):
-            lifecycle.put_task(lifecycle.TaskSpec(key=f"{self.label}-r{self._runs}-{i:06d}", type="bench-noop"),
+            submit.put_task(TaskSpec(key=f"{self.label}-r{self._runs}-{i:06d}", type="bench-noop"),
                                settings)
         done_before = self.pool.outcomes.get("finished", 0)
         started = time.perf_counter()

@@ -15,8 +15,8 @@ from typing import Any
 
 from constructs import Node
 from coworker.config import Settings
+from coworker.engine.handlers import handler_package
 from coworker.errors import ConfigurationError
-from coworker.handlers import handler_package
 from pydantic import ValidationError
 
 from infra import constants as c

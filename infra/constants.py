@@ -1,6 +1,6 @@
 """Literals of the Coworker stack, in one place.
 
-Table names, keys and the index come from :mod:`coworker.schema`; this module holds only what
+Table names, keys and the index come from :mod:`coworker.data.layout`; this module holds only what
 is particular to the AWS deployment (context keys and their defaults, paths, names, limits).
 """
 

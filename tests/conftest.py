@@ -19,9 +19,9 @@ import pytest
 os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
 
-from coworker import leases  # noqa: E402
 from coworker.bootstrap import configure  # noqa: E402
 from coworker.config import Settings  # noqa: E402
+from coworker.engine import slots  # noqa: E402
 from coworker_local.database import (  # noqa: E402
     AUTO,
     BACKEND_VARIABLE,
@@ -105,7 +105,7 @@ def make_settings(dynamodb_server: EmbeddedDatabase):
         settings = Settings(**overrides)
         create_table(settings)
         configure(settings)
-        leases.ensure_slots(settings.worker_slots)  # as the coordinator does when it starts
+        slots.ensure_slots(settings.worker_slots)  # as the coordinator does when it starts
         return settings
 
     return make

@@ -2,9 +2,9 @@
 
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from coworker.api import create_app
+from coworker.api.app import create_app
 from coworker.bootstrap import configure
-from coworker.dispatch import invoker_from_settings
+from coworker.engine.dispatch import invoker_from_settings
 from coworker.observability import logger, metrics, tracer
 
 SETTINGS = configure()

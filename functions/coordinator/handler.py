@@ -5,7 +5,7 @@ import dataclasses
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from coworker.bootstrap import configure
-from coworker.dispatch import invoker_from_settings, supervise
+from coworker.engine.dispatch import invoker_from_settings, supervise
 from coworker.errors import ConfigurationError
 from coworker.observability import logger, metrics, tracer
 

@@ -4,8 +4,8 @@ import time
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from coworker.bootstrap import configure
+from coworker.engine.worker import WorkerRequest, run_invocation
 from coworker.observability import logger, metrics, tracer
-from coworker.worker import WorkerRequest, run_invocation
 
 SETTINGS = configure()
 

@@ -17,7 +17,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
-from coworker import schema
+from coworker.data import layout
 from coworker.observability import MetricName
 
 from infra import constants as c
@@ -79,7 +79,7 @@ class Monitoring(Construct):
         def metric(name: str, index: bool) -> cloudwatch.Metric:
             dimensions = {"TableName": self._table.table_name}
             if index:
-                dimensions["GlobalSecondaryIndexName"] = schema.STATUS_INDEX_NAME
+                dimensions["GlobalSecondaryIndexName"] = layout.STATUS_INDEX_NAME
             return cloudwatch.Metric(
                 namespace="AWS/DynamoDB",
                 metric_name=name,

@@ -7,7 +7,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-# Object prefixes (coworker.offload.RESULT_PREFIX / PAYLOAD_PREFIX); grants are limited to them.
+# Object prefixes (coworker.engine.offload.RESULT_PREFIX / PAYLOAD_PREFIX); grants are limited to them.
 RESULT_PREFIX = "results/"
 PAYLOAD_PREFIX = "payloads/"
 

@@ -1,11 +1,11 @@
-"""The task table, built from the one layout in :mod:`coworker.schema`."""
+"""The task table, built from the one layout in :mod:`coworker.data.layout`."""
 
 from __future__ import annotations
 
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_dynamodb as dynamodb
 from constructs import Construct
-from coworker import schema
+from coworker.data import layout
 
 _TYPES = {
     "S": dynamodb.AttributeType.STRING,
@@ -36,20 +36,20 @@ class TaskTable(Construct):
 
     def _build_table(self, removal_policy: RemovalPolicy, legacy_status_index: bool,
                      warm: dynamodb.WarmThroughput | None) -> dynamodb.TableV2:
-        types = schema.key_schema(legacy_status_index)
-        indexes = [self._status_index(schema.STATUS_INDEX_NAME, schema.STATUS_INDEX_PARTITION_KEY, types, warm)]
+        types = layout.key_schema(legacy_status_index)
+        indexes = [self._status_index(layout.STATUS_INDEX_NAME, layout.STATUS_INDEX_PARTITION_KEY, types, warm)]
         if legacy_status_index:
-            indexes.append(self._status_index(schema.LEGACY_STATUS_INDEX_NAME, schema.STATUS_ATTRIBUTE, types, None))
+            indexes.append(self._status_index(layout.LEGACY_STATUS_INDEX_NAME, layout.STATUS_ATTRIBUTE, types, None))
         return dynamodb.TableV2(
             self,
             "Table",
-            partition_key=self._attribute(schema.PARTITION_KEY, types),
+            partition_key=self._attribute(layout.PARTITION_KEY, types),
             billing=dynamodb.Billing.on_demand(),
             global_secondary_indexes=indexes,
             warm_throughput=warm,
-            # The coordinator counts batch progress from the stream (coworker.progress).
-            dynamo_stream=dynamodb.StreamViewType(schema.STREAM_SPECIFICATION["StreamViewType"]),
-            time_to_live_attribute=schema.TTL_ATTRIBUTE,
+            # The coordinator counts batch progress from the stream (coworker.engine.progress).
+            dynamo_stream=dynamodb.StreamViewType(layout.STREAM_SPECIFICATION["StreamViewType"]),
+            time_to_live_attribute=layout.TTL_ATTRIBUTE,
             point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
                 point_in_time_recovery_enabled=True
             ),
@@ -62,9 +62,9 @@ class TaskTable(Construct):
         return dynamodb.GlobalSecondaryIndexPropsV2(
             index_name=name,
             partition_key=self._attribute(partition_key, types),
-            sort_key=self._attribute(schema.STATUS_INDEX_SORT_KEY, types),
+            sort_key=self._attribute(layout.STATUS_INDEX_SORT_KEY, types),
             projection_type=dynamodb.ProjectionType.INCLUDE,
-            non_key_attributes=list(schema.STATUS_INDEX_PROJECTED),
+            non_key_attributes=list(layout.STATUS_INDEX_PROJECTED),
             warm_throughput=warm,
         )
 

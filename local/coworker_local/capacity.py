@@ -52,7 +52,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
-from coworker import schema
+from coworker.data import layout
 
 Item = Mapping[str, Mapping[str, Any]]
 
@@ -162,12 +162,12 @@ def _freeze(value: Any) -> Any:
 
 
 def status_index() -> IndexDescription:
-    """The task table's status index, from :mod:`coworker.schema`."""
+    """The task table's status index, from :mod:`coworker.data.layout`."""
     return IndexDescription(
-        name=schema.STATUS_INDEX_NAME,
-        table_key=(schema.PARTITION_KEY,),
-        key=(schema.STATUS_INDEX_PARTITION_KEY, schema.STATUS_INDEX_SORT_KEY),
-        projected=tuple(schema.STATUS_INDEX_PROJECTED),
+        name=layout.STATUS_INDEX_NAME,
+        table_key=(layout.PARTITION_KEY,),
+        key=(layout.STATUS_INDEX_PARTITION_KEY, layout.STATUS_INDEX_SORT_KEY),
+        projected=tuple(layout.STATUS_INDEX_PROJECTED),
     )
 
 
@@ -341,7 +341,7 @@ class CapacityMeter:
 
     def __init__(self, client: Any | Sequence[Any], snapshot_client: Any,
                  indexes: Iterable[IndexDescription] | None = None,
-                 table_key: tuple[str, ...] = (schema.PARTITION_KEY,)) -> None:
+                 table_key: tuple[str, ...] = (layout.PARTITION_KEY,)) -> None:
         # Several clients: pynamodb connections may each have their own (each is metered once).
         given = list(client) if isinstance(client, Sequence) else [client]
         self.clients = list({id(c): c for c in given}.values())

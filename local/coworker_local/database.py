@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from coworker import schema
 from coworker.config import Settings
+from coworker.data import layout
 
 FAKE_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "local",
@@ -111,11 +111,11 @@ def dynamodb_client(settings: Settings) -> Any:
 
 
 def create_table(settings: Settings, client: Any | None = None) -> bool:
-    """Create the task table as :mod:`coworker.schema` defines it, with TTL on; ``False`` when it
+    """Create the task table as :mod:`coworker.data.layout` defines it, with TTL on; ``False`` when it
     already exists (a restarted local run on a kept data folder)."""
     client = client or dynamodb_client(settings)
     try:
-        client.create_table(**schema.create_table_request(settings.table_name))
+        client.create_table(**layout.create_table_request(settings.table_name))
     except client.exceptions.ResourceInUseException:
         add_status_index(settings, client)
         add_stream(settings, client)
@@ -123,7 +123,7 @@ def create_table(settings: Settings, client: Any | None = None) -> bool:
     client.get_waiter("table_exists").wait(TableName=settings.table_name, WaiterConfig={"Delay": 1})
     client.update_time_to_live(
         TableName=settings.table_name,
-        TimeToLiveSpecification={"Enabled": True, "AttributeName": schema.TTL_ATTRIBUTE},
+        TimeToLiveSpecification={"Enabled": True, "AttributeName": layout.TTL_ATTRIBUTE},
     )
     return True
 
@@ -135,27 +135,27 @@ def add_stream(settings: Settings, client: Any | None = None) -> bool:
     table = client.describe_table(TableName=settings.table_name)["Table"]
     if table.get("StreamSpecification", {}).get("StreamEnabled"):
         return False
-    client.update_table(TableName=settings.table_name, StreamSpecification=schema.STREAM_SPECIFICATION)
+    client.update_table(TableName=settings.table_name, StreamSpecification=layout.STREAM_SPECIFICATION)
     return True
 
 
 def add_status_index(settings: Settings, client: Any | None = None) -> bool:
     """Add the sharded status index to a table made by a release before it (a kept local data
     folder), and wait until it is active; ``False`` when the table has it already. Its items
-    still need their shard: :func:`coworker.migration.reshard` (the local runtime runs it)."""
+    still need their shard: :func:`coworker_local.migration.reshard` (the local runtime runs it)."""
     client = client or dynamodb_client(settings)
     table = client.describe_table(TableName=settings.table_name)["Table"]
-    if any(ix["IndexName"] == schema.STATUS_INDEX_NAME for ix in table.get("GlobalSecondaryIndexes", [])):
+    if any(ix["IndexName"] == layout.STATUS_INDEX_NAME for ix in table.get("GlobalSecondaryIndexes", [])):
         return False
-    request = schema.create_table_request(settings.table_name)
-    (index,) = [ix for ix in request["GlobalSecondaryIndexes"] if ix["IndexName"] == schema.STATUS_INDEX_NAME]
+    request = layout.create_table_request(settings.table_name)
+    (index,) = [ix for ix in request["GlobalSecondaryIndexes"] if ix["IndexName"] == layout.STATUS_INDEX_NAME]
     client.update_table(TableName=settings.table_name, AttributeDefinitions=request["AttributeDefinitions"],
                         GlobalSecondaryIndexUpdates=[{"Create": index}])
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         table = client.describe_table(TableName=settings.table_name)["Table"]
         states = {ix["IndexName"]: ix.get("IndexStatus") for ix in table.get("GlobalSecondaryIndexes", [])}
-        if states.get(schema.STATUS_INDEX_NAME) == "ACTIVE":
+        if states.get(layout.STATUS_INDEX_NAME) == "ACTIVE":
             return True
         time.sleep(0.5)
-    raise TimeoutError(f"the index {schema.STATUS_INDEX_NAME} of {settings.table_name} did not become active")
+    raise TimeoutError(f"the index {layout.STATUS_INDEX_NAME} of {settings.table_name} did not become active")

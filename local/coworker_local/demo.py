@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import requests
-from coworker import handlers
+from coworker.engine import handlers
 
 if TYPE_CHECKING:
     from coworker_local.runtime import LocalRuntime
@@ -127,7 +127,7 @@ def _percentile(values: list[float], share: float) -> float:
 
 def summarise(keys: set[str], started: float, ended: float) -> Summary:
     """Read the demo's tasks back (one scan of the local table) and tabulate them."""
-    from coworker.model import TaskModel
+    from coworker.data.models import TaskModel
 
     rows: dict[str, list[Any]] = collections.defaultdict(list)
     by_status: collections.Counter[str] = collections.Counter()

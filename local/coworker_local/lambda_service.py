@@ -1,7 +1,7 @@
 """A local stand-in for the Lambda ``Invoke`` API, in front of the worker pool.
 
 The API (dispatch on submit) and the coordinator start workers with
-:class:`coworker.dispatch.LambdaInvoker`, a boto3 Lambda client, as they do on AWS; locally its
+:class:`coworker.engine.dispatch.LambdaInvoker`, a boto3 Lambda client, as they do on AWS; locally its
 endpoint (``COWORKER_LAMBDA_ENDPOINT``) is this server, which hands each ``Event`` invocation
 of the worker function to the :class:`~coworker_local.workers.ProcessWorkerPool` and answers
 ``202 Accepted`` at once, as Lambda does. So the local runtime runs the production code path,

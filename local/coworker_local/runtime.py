@@ -4,7 +4,7 @@
 on AWS              here
 ==================  ==========================================================================
 DynamoDB table      DynamoDB Local (or moto, ``--db moto``), see :mod:`coworker_local.database`;
-                    the table created from :mod:`coworker.schema` (or any endpoint you name)
+                    the table created from :mod:`coworker.data.layout` (or any endpoint you name)
 API Gateway + API   :class:`~coworker_local.gateway.LocalGateway` calling the API Lambda handler
 EventBridge rule +  :class:`CoordinatorTimer`: the coordinator's ``dispatch.Supervisor``, ticking
 coordinator         every ``tick_seconds`` on a fixed cadence, run again whenever a run ends
@@ -32,12 +32,13 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from coworker import dispatch, migration
 from coworker.bootstrap import configure
 from coworker.config import Settings
-from coworker.handlers import handler_package
+from coworker.engine import dispatch
+from coworker.engine.handlers import handler_package
 from coworker.observability import logger, metrics
 
+from coworker_local import migration
 from coworker_local.database import FAKE_CREDENTIALS, EmbeddedDatabase, create_table, start_database
 from coworker_local.gateway import LocalGateway
 from coworker_local.lambda_service import LocalLambdaService
@@ -296,8 +297,8 @@ class LocalRuntime:
         dashboard refresh would be a cost to avoid; on a local table of a few thousand items it
         is a few milliseconds).
         """
-        from coworker.batches import BATCH_KEY_PREFIX
-        from coworker.model import TaskModel, TaskStatus
+        from coworker.data.layout import BATCH_KEY_PREFIX
+        from coworker.data.models import TaskModel, TaskStatus
 
         with self._finished_lock:
             at, count = self._finished

@@ -29,11 +29,13 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from coworker import dispatch, leases, lifecycle, offload, progress, queries
 from coworker.bootstrap import configure
 from coworker.config import Settings
-from coworker.model import TaskStatus, utcnow
-from coworker.worker import TaskReport
+from coworker.data import index
+from coworker.data.models import TaskStatus, utcnow
+from coworker.engine import dispatch, lifecycle, offload, progress, slots, submit
+from coworker.engine.outcomes import TaskReport
+from coworker.engine.tasks import TaskSpec
 
 from coworker_local.database import (
     FAKE_CREDENTIALS,
@@ -102,7 +104,7 @@ class LocalTaskSystem:
         self.settings = Settings(**values)
         create_table(self.settings)
         configure(self.settings)
-        leases.ensure_slots(self.settings.worker_slots)
+        slots.ensure_slots(self.settings.worker_slots)
         return self
 
     def stop(self) -> None:
@@ -131,9 +133,9 @@ class LocalTaskSystem:
             batch_id: str | None = None) -> str:
         """Put one task, as the API does; returns its key (a new one unless given)."""
         key = key or f"{task_type}-{uuid.uuid4().hex[:12]}"
-        spec = lifecycle.TaskSpec(key=key, type=task_type, payload=payload, max_attempts=max_attempts,
+        spec = TaskSpec(key=key, type=task_type, payload=payload, max_attempts=max_attempts,
                                   run_at=run_at, batch_id=batch_id)
-        lifecycle.put_task(spec, self._settings)
+        submit.put_task(spec, self._settings)
         return key
 
     def get(self, key: str) -> dict[str, Any]:
@@ -182,8 +184,8 @@ class LocalTaskSystem:
 
     def _any_due(self) -> bool:
         now = utcnow()
-        return any(next(iter(queries.due(status, now, 1)), None) is not None for status in OPEN_STATUSES)
+        return any(next(iter(index.due(status, now, 1)), None) is not None for status in OPEN_STATUSES)
 
     @staticmethod
     def _count(status: TaskStatus) -> int:
-        return queries.count(status)
+        return index.count(status)

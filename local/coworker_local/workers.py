@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import coworker
-from coworker.worker import WorkerRequest
+from coworker.engine.worker import WorkerRequest
 
 import coworker_local
 
@@ -174,7 +174,7 @@ class _Environment:
 
 
 class ProcessWorkerPool:
-    """An :class:`coworker.dispatch.Invoker` whose invocations run in worker processes."""
+    """An :class:`coworker.engine.dispatch.Invoker` whose invocations run in worker processes."""
 
     def __init__(
         self,
@@ -195,7 +195,7 @@ class ProcessWorkerPool:
         self.max_invocations = max_invocations
         self._log = log
         self._command = [python, "-m", "coworker_local.workers"]
-        # The executor's queue plays Lambda's async event queue; its threads are the concurrency.
+        # The executor's queue plays Lambda's async event queue; its threads are the gates.
         self._executor = ThreadPoolExecutor(max_workers=max_invocations, thread_name_prefix="invocation")
         self._lock = threading.Lock()
         self._idle: list[_Environment] = []
@@ -400,8 +400,8 @@ def _interrupt(invocation: Any) -> int:
     Each write is fenced by (owner, attempt), like any outcome, so a handler that finishes at the
     same moment either records first (and this write is refused) or is refused itself.
     """
-    from coworker import concurrency, leases, lifecycle
-    from coworker.model import ErrorKind, utcnow
+    from coworker.data.models import ErrorKind, utcnow
+    from coworker.engine import gates, lifecycle, slots
 
     recorded = 0
     for claim in invocation.held():
@@ -410,10 +410,10 @@ def _interrupt(invocation: Any) -> int:
             "interrupted: the local runtime stopped (SIGTERM) before the task finished", utcnow())
         if lifecycle.fail(claim, invocation.settings, error) is not lifecycle.RecordOutcome.LOST:
             recorded += 1
-        concurrency.leave(claim)  # its places in concurrency groups, if any
+        gates.leave(claim)  # its places in concurrency groups, if any
     request = invocation.request
     if request.slot:
-        leases.release(request.slot, request.token or "")
+        slots.release(request.slot, request.token or "")
     return recorded
 
 
@@ -442,8 +442,8 @@ def child_main() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
 
     from coworker.bootstrap import configure
+    from coworker.engine.worker import Invocation as WorkerInvocation
     from coworker.observability import logger, metrics
-    from coworker.worker import Invocation as WorkerInvocation
 
     settings = configure()
     replies.write(json.dumps({"ready": os.getpid()}) + "\n")

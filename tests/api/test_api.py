@@ -13,12 +13,12 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from coworker import dispatch, lifecycle
-from coworker.api_models import MAX_BATCH_TASKS, MAX_KEY_CHARS
-from coworker.dispatch import InProcessInvoker
-from coworker.handlers import task_handler
-from coworker.lifecycle import TaskSpec
-from coworker.offload import MAX_RECORD_PAYLOAD_BYTES
+from coworker.api.models import MAX_BATCH_TASKS
+from coworker.engine import dispatch, lifecycle, submit
+from coworker.engine.dispatch import InProcessInvoker
+from coworker.engine.handlers import task_handler
+from coworker.engine.offload import MAX_RECORD_PAYLOAD_BYTES
+from coworker.engine.tasks import MAX_KEY_CHARS, TaskSpec
 from coworker_local.gateway import LocalLambdaContext, build_proxy_event
 
 from tests.support.doubles import Api, RecordingInvoker
@@ -96,7 +96,7 @@ def test_submit_without_key_generates_one_and_honours_run_at(api):
 
 
 def test_batch_submit_counts_only_created_tasks_and_resubmits_idempotently(api):
-    lifecycle.put_task(TaskSpec(key="old", type="quick"), api.settings)
+    submit.put_task(TaskSpec(key="old", type="quick"), api.settings)
     batch = {"batch_id": "b-1", "tasks": [{"key": "old", "type": "quick"},
                                           {"key": "a", "type": "quick"}, {"key": "b", "type": "slow"}]}
     status, body, _ = api.call("POST", "/tasks", batch)
@@ -204,10 +204,10 @@ def test_read_missing_task_and_keys_that_need_encoding(api):
 def test_list_pages_through_the_index_in_both_orders(api):
     from datetime import timedelta
 
-    from coworker.model import utcnow
+    from coworker.data.models import utcnow
     base = utcnow() - timedelta(minutes=10)
     for i in range(7):
-        lifecycle.put_task(TaskSpec(key=f"t{i}", type="quick"), api.settings, now=base + timedelta(seconds=i))
+        submit.put_task(TaskSpec(key=f"t{i}", type="quick"), api.settings, now=base + timedelta(seconds=i))
     seen, cursor, pages = [], None, 0
     while True:
         path = "/tasks?status=todo&limit=3" + (f"&cursor={cursor}" if cursor else "")
@@ -418,10 +418,10 @@ def result_settings(make_settings, tmp_path):
 
 
 def _finish_with(settings, key: str, value) -> None:
-    from coworker import offload
-    from coworker.worker import TaskOutcome, process_task  # noqa: F401
+    from coworker.engine import offload
+    from coworker.engine.outcomes import TaskOutcome  # noqa: F401
 
-    lifecycle.put_task(TaskSpec(key=key, type="quick"), settings)
+    submit.put_task(TaskSpec(key=key, type="quick"), settings)
     claim = lifecycle.claim(key, "w-1", settings)
     prepared = offload.prepare_result(value, settings, offload.store_for(settings), key=key, attempt=1, owner="w-1")
     lifecycle.complete(claim, settings, result=prepared.inline,
@@ -443,7 +443,7 @@ def test_a_result_is_read_from_the_record_or_the_store(result_settings) -> None:
 
 def test_a_task_without_a_result_yet_is_a_conflict_and_a_missing_one_not_found(result_settings) -> None:
     api = Api(result_settings)
-    lifecycle.put_task(TaskSpec(key="waiting", type="quick"), result_settings)
+    submit.put_task(TaskSpec(key="waiting", type="quick"), result_settings)
     status, body, _ = api.call("GET", "/tasks/waiting/result")
     assert status == 409 and "only a finished task has a result" in body["message"]
     status, body, _ = api.call("GET", "/tasks/nobody/result")
@@ -451,8 +451,8 @@ def test_a_task_without_a_result_yet_is_a_conflict_and_a_missing_one_not_found(r
 
 
 def test_a_result_too_large_for_a_response_redirects_to_its_link(result_settings, monkeypatch) -> None:
-    from coworker import api as api_module
-    from coworker import offload
+    from coworker.api import app as api_module
+    from coworker.engine import offload
 
     class LinkingStore(offload.FolderObjectStore):
         def link(self, uri: str) -> str:
@@ -586,7 +586,7 @@ def test_type_checking_can_be_turned_off_and_the_worker_still_guards(make_settin
 
 
 def test_a_storage_failure_mid_batch_names_what_was_stored_and_a_resend_completes_it(api, monkeypatch):
-    from coworker import batches
+    from coworker.engine import batches
 
     tasks = [{"key": f"part-{n:03d}", "type": "quick"} for n in range(150)]
     real = batches._put_if_new
@@ -609,7 +609,7 @@ def test_a_storage_failure_mid_batch_names_what_was_stored_and_a_resend_complete
 
 
 def test_stats_cost_is_bounded_per_request(api):
-    from coworker.api import MAX_STATS_CAP
+    from coworker.api.app import MAX_STATS_CAP
 
     assert api.call("GET", f"/stats?cap={MAX_STATS_CAP}")[0] == 200
     code, answer, _ = api.call("GET", f"/stats?cap={MAX_STATS_CAP + 1}")

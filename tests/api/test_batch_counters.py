@@ -5,9 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from coworker import batches, lifecycle, progress
-from coworker.lifecycle import PutOutcome, RecordOutcome, TaskSpec
-from coworker.model import BatchModel, ErrorKind, TaskModel, TaskStatus, utcnow
+from coworker.data import writes
+from coworker.data.models import BatchModel, ErrorKind, TaskModel, TaskStatus, utcnow
+from coworker.engine import batches, lifecycle, progress, submit
+from coworker.engine.lifecycle import RecordOutcome
+from coworker.engine.submit import PutOutcome
+from coworker.engine.tasks import TaskSpec
+from coworker.errors import BatchNotFoundError
 
 # The lifecycle contract: every test runs on DynamoDB Local and on moto.
 pytestmark = pytest.mark.both_backends
@@ -24,7 +28,7 @@ def counted(settings):
 
 
 def _put(settings, key, batch_id="b1", now=None, **kw):
-    return lifecycle.put_task(TaskSpec(key=key, type="quick", batch_id=batch_id, **kw), settings, now=now)
+    return submit.put_task(TaskSpec(key=key, type="quick", batch_id=batch_id, **kw), settings, now=now)
 
 
 def test_put_counts_only_created_tasks(settings, counted):
@@ -53,7 +57,7 @@ def test_complete_fail_cancel_retry_and_reap_move_the_counters(settings, counted
     past = utcnow() - timedelta(seconds=settings.effective_lock_seconds + 5)
     for key in ("done", "bad", "cancelled", "lost", "plain"):
         _put(settings, key, max_attempts=1, now=past)
-    lifecycle.put_task(TaskSpec(key="solo", type="quick"), settings)  # no batch: untouched counters
+    submit.put_task(TaskSpec(key="solo", type="quick"), settings)  # no batch: untouched counters
 
     claim = lifecycle.claim("done", "w", settings)
     assert lifecycle.complete(claim, settings, result={"ok": 1}) is RecordOutcome.FINISHED
@@ -96,7 +100,7 @@ def test_stale_worker_moves_no_counter(settings, counted):
 
 
 def test_missing_batch(settings, counted):
-    with pytest.raises(batches.BatchNotFoundError):
+    with pytest.raises(BatchNotFoundError):
         batches.get_batch("nope")
     assert list(BatchModel.scan(BatchModel.key.startswith("batch#"))) == []
 
@@ -125,7 +129,7 @@ def test_a_wide_batch_is_counted_without_a_transaction_or_a_hot_item(settings, c
     def no_transaction(*args, **kwargs):
         raise AssertionError("a task of a batch must be written like any task, not in a transaction")
 
-    monkeypatch.setattr(batches, "transact", no_transaction)
+    monkeypatch.setattr(writes, "transact", no_transaction)
     batches.put_tasks(tasks, "wide")
     for key in keys[:30]:
         claim = lifecycle.claim(key, "w", settings)
@@ -143,7 +147,7 @@ def test_a_wide_batch_is_counted_without_a_transaction_or_a_hot_item(settings, c
 def test_counting_again_after_a_crash_counts_nothing_twice(settings, counted):
     """A follower that dies after counting, before saving its place, reads the same records again."""
     for key in "abc":
-        lifecycle.put_task(TaskSpec(key=key, type="quick", batch_id="b1"), settings)
+        submit.put_task(TaskSpec(key=key, type="quick", batch_id="b1"), settings)
     lifecycle.complete(lifecycle.claim("a", "w", settings), settings)
     assert counted() == (3, 1, 0, 2, False)
     # A new process with no checkpoint: it reads the stream from its start.
@@ -162,7 +166,7 @@ def test_two_followers_at_once_count_each_change_once(settings, counted):
     import threading
 
     for index in range(30):
-        lifecycle.put_task(TaskSpec(key=f"t{index}", type="quick", batch_id="b1"), settings)
+        submit.put_task(TaskSpec(key=f"t{index}", type="quick", batch_id="b1"), settings)
     followers = [progress.StreamFollower(settings) for _ in range(4)]
     counts = []
     start = threading.Barrier(len(followers))
@@ -181,7 +185,7 @@ def test_two_followers_at_once_count_each_change_once(settings, counted):
 
 
 def test_the_same_changes_applied_twice_count_once(settings, counted):
-    lifecycle.put_task(TaskSpec(key="x", type="quick", batch_id="b1"), settings)
+    submit.put_task(TaskSpec(key="x", type="quick", batch_id="b1"), settings)
     changes = [progress.Change("b9", sequence, total=1) for sequence in (5, 6, 7)]
     BatchModel("batch#b9").save()
     assert progress.apply("shard-a", changes) == 3

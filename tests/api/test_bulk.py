@@ -7,10 +7,11 @@ import time
 from datetime import timedelta
 
 import pytest
-from coworker import bulk, lifecycle
-from coworker.lifecycle import TaskSpec
-from coworker.model import TaskStatus, utcnow
-from coworker.worker import run_batch
+from coworker.api import bulk
+from coworker.data.models import TaskStatus, utcnow
+from coworker.engine import lifecycle, submit
+from coworker.engine.tasks import TaskSpec
+from coworker.engine.worker import run_batch
 
 from tests.support.doubles import Api
 
@@ -23,7 +24,7 @@ def api(settings) -> Api:
 def _ignored(settings, keys, type_="always-fail", batch_id=None, created=None) -> None:
     """Tasks that failed their only attempt: ignored."""
     for key in keys:
-        lifecycle.put_task(TaskSpec(key=key, type=type_, max_attempts=1, batch_id=batch_id), settings,
+        submit.put_task(TaskSpec(key=key, type=type_, max_attempts=1, batch_id=batch_id), settings,
                            now=created)
     run_batch(list(keys), "w", settings, time.monotonic() + 30)
     assert {lifecycle.get_task(k).status for k in keys} == {TaskStatus.IGNORED.value}
@@ -48,7 +49,7 @@ def _run_all(api: Api, body: dict) -> tuple[list[dict], int]:
 def test_bulk_retry_by_type_redrives_only_that_type(api, settings):
     _ignored(settings, [f"a{i}" for i in range(5)], type_="always-fail")
     _ignored(settings, ["other"], type_="quick-fail")
-    lifecycle.put_task(TaskSpec(key="todo-one", type="always-fail"), settings)  # not ignored
+    submit.put_task(TaskSpec(key="todo-one", type="always-fail"), settings)  # not ignored
 
     answers, changed = _run_all(api, {"action": "retry", "status": "ignored", "type": "always-fail", "limit": 2})
 
@@ -75,9 +76,9 @@ def test_bulk_cancel_by_batch_and_creation_window(api, settings):
     now = utcnow()
     old, new = now - timedelta(hours=2), now - timedelta(minutes=5)
     for i in range(3):
-        lifecycle.put_task(TaskSpec(key=f"old{i}", type="quick", batch_id="b1"), settings, now=old)
-        lifecycle.put_task(TaskSpec(key=f"new{i}", type="quick", batch_id="b1"), settings, now=new)
-        lifecycle.put_task(TaskSpec(key=f"elsewhere{i}", type="quick", batch_id="b2"), settings, now=old)
+        submit.put_task(TaskSpec(key=f"old{i}", type="quick", batch_id="b1"), settings, now=old)
+        submit.put_task(TaskSpec(key=f"new{i}", type="quick", batch_id="b1"), settings, now=new)
+        submit.put_task(TaskSpec(key=f"elsewhere{i}", type="quick", batch_id="b2"), settings, now=old)
 
     body = {"action": "cancel", "status": "todo", "batch_id": "b1",
             "created_before": (now - timedelta(hours=1)).isoformat()}
@@ -140,7 +141,7 @@ def test_skipped_counts_tasks_that_changed_state_before_the_action(settings):
     ({"action": "retry"}, "body.status", "required field is missing"),
 ])
 def test_bad_bulk_requests_are_refused_and_change_nothing(api, settings, body, where, words):
-    lifecycle.put_task(TaskSpec(key="x", type="quick"), settings)
+    submit.put_task(TaskSpec(key="x", type="quick"), settings)
     before = api.items()
     status, answer, _ = api.call("POST", "/bulk", body)
     assert status == 422, answer

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from coworker import control, lifecycle
-from coworker.lifecycle import TaskSpec
+from coworker.engine import control, lifecycle, submit
+from coworker.engine.tasks import TaskSpec
 
 from tests.support.doubles import Api, RecordingInvoker
 
@@ -35,7 +35,7 @@ def test_pause_and_resume_a_type(settings):
 
 def test_an_unknown_type_is_404_and_changes_nothing(settings):
     api = Api(settings)
-    lifecycle.put_task(TaskSpec(key="k", type="quick"), settings)
+    submit.put_task(TaskSpec(key="k", type="quick"), settings)
     before = api.items()
     for path in ("/types/nope/pause", "/types/nope/resume", "/types/qu%0Aick/pause"):
         status, answer, _ = api.call("POST", path)

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from coworker import dispatch, progress
-from coworker.api import create_app
-from coworker.dispatch import InProcessInvoker
+from coworker.api.app import create_app
+from coworker.engine import dispatch, progress
+from coworker.engine.dispatch import InProcessInvoker
 from coworker_local.database import free_port
 from coworker_local.gateway import LocalGateway
 
@@ -26,7 +26,7 @@ def _command() -> list[str]:
     if script.exists():
         return [str(script)]
     found = shutil.which("coworker")
-    return [found] if found else [sys.executable, "-m", "coworker.cli"]
+    return [found] if found else [sys.executable, "-m", "coworker_local.cli"]
 
 
 class Served:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from coworker.api import create_app
+from coworker.api.app import create_app
 from coworker_local.gateway import LocalGateway
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from aws_cdk import App, cx_api
 from aws_cdk.assertions import Match, Template
-from coworker import schema
+from coworker.data import layout
 from coworker.errors import ConfigurationError
 from coworker.observability import MetricName
 
@@ -90,24 +90,24 @@ def test_table_keys_index_and_ttl_come_from_the_schema(template: Template) -> No
         "AWS::DynamoDB::GlobalTable",
         {
             "BillingMode": "PAY_PER_REQUEST",
-            "KeySchema": [{"AttributeName": schema.PARTITION_KEY, "KeyType": "HASH"}],
+            "KeySchema": [{"AttributeName": layout.PARTITION_KEY, "KeyType": "HASH"}],
             "AttributeDefinitions": Match.array_equals(
-                [{"AttributeName": name, "AttributeType": kind} for name, kind in schema.key_schema().items()]
+                [{"AttributeName": name, "AttributeType": kind} for name, kind in layout.key_schema().items()]
             ),
             "GlobalSecondaryIndexes": [
                 {
-                    "IndexName": schema.STATUS_INDEX_NAME,
+                    "IndexName": layout.STATUS_INDEX_NAME,
                     "KeySchema": [
-                        {"AttributeName": schema.STATUS_INDEX_PARTITION_KEY, "KeyType": "HASH"},
-                        {"AttributeName": schema.STATUS_INDEX_SORT_KEY, "KeyType": "RANGE"},
+                        {"AttributeName": layout.STATUS_INDEX_PARTITION_KEY, "KeyType": "HASH"},
+                        {"AttributeName": layout.STATUS_INDEX_SORT_KEY, "KeyType": "RANGE"},
                     ],
                     "Projection": {
                         "ProjectionType": "INCLUDE",
-                        "NonKeyAttributes": list(schema.STATUS_INDEX_PROJECTED),
+                        "NonKeyAttributes": list(layout.STATUS_INDEX_PROJECTED),
                     },
                 }
             ],
-            "TimeToLiveSpecification": {"AttributeName": schema.TTL_ATTRIBUTE, "Enabled": True},
+            "TimeToLiveSpecification": {"AttributeName": layout.TTL_ATTRIBUTE, "Enabled": True},
         },
     )
 
@@ -136,7 +136,7 @@ def test_table_has_pitr_aws_managed_encryption_and_is_retained_by_default(templa
 
 def test_the_schema_request_and_the_template_describe_the_same_table(template: Template) -> None:
     props = next(iter(resources(template, "AWS::DynamoDB::GlobalTable").values()))["Properties"]
-    request = schema.create_table_request()
+    request = layout.create_table_request()
     assert props["KeySchema"] == request["KeySchema"]
     assert sorted(props["AttributeDefinitions"], key=str) == sorted(request["AttributeDefinitions"], key=str)
     assert props["GlobalSecondaryIndexes"] == request["GlobalSecondaryIndexes"]
@@ -593,7 +593,12 @@ def test_layer_asset_holds_the_library_under_python(synthesized) -> None:
     (layer,) = resources(template, "AWS::Lambda::LayerVersion").values()
     asset_hash = layer["Properties"]["Content"]["S3Key"].removesuffix(".zip")
     asset_dir = Path(artifact.assembly.directory) / f"asset.{asset_hash}"
-    assert (asset_dir / "python" / "coworker" / "schema.py").is_file()
+    library = asset_dir / "python" / "coworker"
+    for folder in ("data", "engine", "api"):
+        assert (library / folder / "__init__.py").is_file()
+    assert (library / "data" / "layout.py").is_file()
+    # client-side tools (the CLI, the index migration) stay out of what Lambda loads
+    assert not list(asset_dir.rglob("cli.py")) and not list(asset_dir.rglob("migration.py"))
     assert not list(asset_dir.rglob("__pycache__"))
 
 
@@ -617,7 +622,7 @@ def test_layer_dependencies_are_wheels_for_lambda_arm64_installed_once(tmp_path,
     )
     for out in ("first", "second"):
         assert bundler.try_bundle(str(tmp_path / out), image=None) is True
-        assert (tmp_path / out / "python" / "coworker" / "schema.py").is_file()
+        assert (tmp_path / out / "python" / "coworker" / "data" / "layout.py").is_file()
         assert (tmp_path / out / "python" / "pynamodb").is_dir()
     (command,) = calls  # the second bundle reused the cached install
     assert command[command.index("--platform") + 1] == "manylinux2014_aarch64"

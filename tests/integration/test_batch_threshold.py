@@ -9,10 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
-from coworker import batches, control, dispatch, lifecycle, progress
-from coworker.lifecycle import TaskSpec
-from coworker.model import utcnow
-from coworker.worker import run_batch
+from coworker.data.models import utcnow
+from coworker.engine import batches, control, dispatch, lifecycle, progress
+from coworker.engine.tasks import TaskSpec
+from coworker.engine.worker import run_batch
+from coworker.errors import BatchFailedError
 
 from tests.support.doubles import Api, RecordingInvoker
 
@@ -62,7 +63,7 @@ def test_the_batch_stops_once_more_than_the_tolerated_share_is_ignored(make_sett
     assert (counted.finished, counted.ignored, counted.open, counted.state) == (1, 9, 0, "failed")
 
     # and it takes no new task
-    with pytest.raises(batches.BatchFailedError, match="stopped at its failure threshold"):
+    with pytest.raises(BatchFailedError, match="stopped at its failure threshold"):
         _put_batch(settings, "b", [("late", "quick")])
     # once every open task has ended the coordinator forgets it (it stays failed on its item)
     dispatch.tick(settings, RecordingInvoker(), measure_backlog=True)

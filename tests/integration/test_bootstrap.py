@@ -6,9 +6,11 @@ import threading
 import time
 
 import botocore.session
-from coworker import batches, lifecycle, model
-from coworker.lifecycle import TaskSpec
-from coworker.worker import TaskOutcome, run_batch
+from coworker.data import connection, models
+from coworker.engine import submit
+from coworker.engine.outcomes import TaskOutcome
+from coworker.engine.tasks import TaskSpec
+from coworker.engine.worker import run_batch
 
 
 def test_configure_builds_the_clients_so_a_cold_batch_of_threads_builds_none(make_settings, monkeypatch):
@@ -29,7 +31,7 @@ def test_configure_builds_the_clients_so_a_cold_batch_of_threads_builds_none(mak
 
     def put(i: int) -> None:
         start.wait()
-        lifecycle.put_task(TaskSpec(key=f"t{i}", type="quick", batch_id="b1" if i % 2 else None), settings)
+        submit.put_task(TaskSpec(key=f"t{i}", type="quick", batch_id="b1" if i % 2 else None), settings)
 
     threads = [threading.Thread(target=put, args=(i,)) for i in range(8)]
     for thread in threads:
@@ -42,5 +44,5 @@ def test_configure_builds_the_clients_so_a_cold_batch_of_threads_builds_none(mak
     assert [r.outcome for r in reports] == [TaskOutcome.FINISHED] * 8
     assert created[built_at_start:] == []
     # and every model and the transactions' connection send through the one client built at start
-    connections = [m._get_connection().connection for m in model._models()] + [batches._connection()]
-    assert len({id(connection.client) for connection in connections}) == 1
+    connections = [m._get_connection().connection for m in models.ALL_MODELS] + [connection.transaction_connection()]
+    assert len({id(each.client) for each in connections}) == 1

@@ -12,12 +12,15 @@ from datetime import timedelta
 
 import botocore.client
 import pytest
-from coworker import concurrency, control, dispatch, lifecycle, migration
-from coworker.concurrency import Entry, Group
-from coworker.handlers import TaskContext, task_handler
-from coworker.lifecycle import TaskSpec
-from coworker.model import TaskModel, utcnow
-from coworker.worker import Heartbeat, TaskOutcome, process_task, run_batch
+from coworker.data.models import GateModel, TaskModel, utcnow
+from coworker.engine import control, dispatch, gates, lifecycle, submit
+from coworker.engine.gates import Entry, Group
+from coworker.engine.handlers import TaskContext, task_handler
+from coworker.engine.heartbeat import Heartbeat
+from coworker.engine.outcomes import TaskOutcome
+from coworker.engine.tasks import TaskSpec
+from coworker.engine.worker import process_task, run_batch
+from coworker_local import migration
 
 from tests.support.doubles import RecordingInvoker
 
@@ -45,19 +48,19 @@ def _limited(payload, context: TaskContext):
 def _put(settings, key, ckey=None, limit=None, type_="test-limited", ago=10.0, **payload):
     spec = TaskSpec(key=key, type=type_, payload={"group": ckey or type_, **payload}, concurrency_key=ckey,
                     concurrency_limit=limit)
-    lifecycle.put_task(spec, settings, now=utcnow() - timedelta(seconds=ago))
+    submit.put_task(spec, settings, now=utcnow() - timedelta(seconds=ago))
 
 
 def _holding(group_name: str, at=None) -> int:
-    gate = concurrency.read_gate(group_name)
-    return concurrency.holding(gate, at or utcnow()) if gate else 0
+    gate = gates.read_gate(group_name)
+    return gates.holding(gate, at or utcnow()) if gate else 0
 
 
 def _enter(key, owner, settings, now=None):
     claim = lifecycle.claim(key, owner, settings, now=now)
     assert claim is not None
-    groups = concurrency.groups_of(claim.task, control.read().limits)
-    entry = concurrency.enter(claim, groups, now=now)
+    groups = gates.groups_of(claim.task, control.read().limits)
+    entry = gates.enter(claim, groups, now=now)
     return claim.__class__(claim.task, claim.owner, claim.attempt, groups), entry
 
 
@@ -69,7 +72,7 @@ def test_a_keyed_task_takes_a_place_while_it_runs_and_gives_it_back(make_setting
 
     claim, entry = _enter("k1", "w", settings)
     assert entry is Entry.ENTERED and _holding("key:site-a") == 1
-    concurrency.leave(claim)
+    gates.leave(claim)
     assert _holding("key:site-a") == 0
 
     _put(settings, "k2", ckey="site-a", limit=2)
@@ -93,7 +96,7 @@ def test_a_full_group_blocks_the_task_out_of_the_queue_and_a_release_wakes_it(ma
     assert lifecycle.claim("second", "stale-hint", settings) is None  # nobody claims a blocked task
     assert "second" not in RecordingInvoker_keys(settings)  # nor does the coordinator see it
 
-    concurrency.leave(holder)  # the holder finishes: the oldest waiter goes back to the queue
+    gates.leave(holder)  # the holder finishes: the oldest waiter goes back to the queue
 
     woken = lifecycle.get_task("second")
     assert (woken.status, woken.status_shard) == ("todo", TaskModel.shard_value_of("second", "todo"))
@@ -109,7 +112,7 @@ def RecordingInvoker_keys(settings) -> list[str]:  # noqa: N802 - reads like the
 
 
 def test_the_limit_holds_under_concurrent_workers_and_every_task_finishes(make_settings, monkeypatch):
-    monkeypatch.setattr(concurrency, "SWEEP_INTERVAL_SECONDS", 0.0)
+    monkeypatch.setattr(gates, "SWEEP_INTERVAL_SECONDS", 0.0)
     settings = make_settings()
     keys = {"site-a": 3, "site-b": 1}
     tasks = [(f"{site}-{i:02d}", site) for site in keys for i in range(12)]
@@ -133,7 +136,7 @@ def test_the_limit_holds_under_concurrent_workers_and_every_task_finishes(make_s
                 report = process_task(key, owner, settings, time.monotonic() + 30)
                 with _guard:
                     outcomes[report.outcome] += 1
-            concurrency.sweep(control.read().limits)  # what the coordinator does each tick
+            gates.sweep(control.read().limits)  # what the coordinator does each tick
 
     threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(8)]
     for thread in threads:
@@ -162,8 +165,8 @@ def test_a_dead_holders_place_comes_back_when_its_lock_expires(make_settings):
 
     assert entry is Entry.ENTERED and _holding("key:api") == 1
     # The dead worker wakes up: its heartbeat is refused, so it learns its place is gone.
-    assert concurrency.extend(dead, settings, utcnow()) is False
-    assert concurrency.extend(taker, settings, utcnow()) is True
+    assert gates.extend(dead, settings, utcnow()) is False
+    assert gates.extend(taker, settings, utcnow()) is True
 
 
 def test_a_dead_holders_place_in_a_type_limit_comes_back_too(make_settings):
@@ -188,11 +191,11 @@ def test_the_sweep_wakes_a_waiter_when_a_holder_dies_without_a_release(make_sett
     _, entry = _enter("waiter", "w2", settings)
     assert entry is Entry.BLOCKED
 
-    assert concurrency.sweep({}) == 0  # the holder is alive: nothing to wake
+    assert gates.sweep({}) == 0  # the holder is alive: nothing to wake
     assert lifecycle.get_task("waiter").status_shard == "blocked#key:db"
     # The holder dies; once its lock has expired, the coordinator's sweep lets the waiter go.
     later = utcnow() + timedelta(seconds=settings.effective_lock_seconds + 1)
-    assert concurrency.sweep({}, now=later) == 1
+    assert gates.sweep({}, now=later) == 1
     assert lifecycle.get_task("waiter").status_shard == TaskModel.shard_value_of("waiter", "todo")
 
 
@@ -202,11 +205,11 @@ def test_a_block_that_races_a_release_is_refused_and_the_task_enters_instead(mak
     _put(settings, "b", ckey="x", limit=1, ago=10)
     holder, _ = _enter("a", "w1", settings)
     claim = lifecycle.claim("b", "w2", settings)
-    concurrency.leave(holder)  # a place frees after "b" read the gate as full
+    gates.leave(holder)  # a place frees after "b" read the gate as full
 
-    assert concurrency._block(claim, Group("key:x", 1), utcnow()) is None
+    assert gates._block(claim, Group("key:x", 1), utcnow()) is None
     assert lifecycle.get_task("b").status == "processing"  # untouched: it may enter now
-    assert concurrency.enter(claim, [Group("key:x", 1)]) is Entry.ENTERED
+    assert gates.enter(claim, [Group("key:x", 1)]) is Entry.ENTERED
 
 
 def test_other_keys_and_unkeyed_tasks_are_not_held_back_by_a_full_key(make_settings):
@@ -227,7 +230,7 @@ def test_other_keys_and_unkeyed_tasks_are_not_held_back_by_a_full_key(make_setti
     assert sorted(invoker.keys) == ["plain-0", "small-0"]  # nothing of big.example in the way
     reports = run_batch(invoker.keys, "w2", settings, time.monotonic() + 30)
     assert {r.outcome for r in reports} == {TaskOutcome.FINISHED}
-    concurrency.leave(holder)
+    gates.leave(holder)
 
 
 def test_tasks_in_no_group_pay_nothing(make_settings, monkeypatch):
@@ -248,7 +251,7 @@ def test_tasks_in_no_group_pay_nothing(make_settings, monkeypatch):
     assert report.outcome is TaskOutcome.FINISHED
     assert [operation for operation, _ in requests] == ["UpdateItem", "UpdateItem"]  # claim, complete
     assert not any("gate#" in keys for _, keys in requests)
-    assert [item.key for item in concurrency.GateModel.scan() if item.key.startswith("gate#")] == []
+    assert [item.key for item in GateModel.scan() if item.key.startswith("gate#")] == []
 
 
 def test_a_type_limit_is_set_live_and_lifting_it_lets_the_blocked_go(make_settings):
@@ -264,11 +267,11 @@ def test_a_type_limit_is_set_live_and_lifting_it_lets_the_blocked_go(make_settin
 
     assert control.set_limit("test-limited", None)
     assert control.read().limits == {}
-    later = utcnow() + timedelta(seconds=concurrency.SWEEP_INTERVAL_SECONDS + 1)
-    assert concurrency.sweep(control.read().limits, now=later) == 2
+    later = utcnow() + timedelta(seconds=gates.SWEEP_INTERVAL_SECONDS + 1)
+    assert gates.sweep(control.read().limits, now=later) == 2
     reports = run_batch(["t1", "t2"], "w2", settings, time.monotonic() + 30)
     assert {r.outcome for r in reports} == {TaskOutcome.FINISHED}
-    concurrency.leave(holder)
+    gates.leave(holder)
 
 
 def test_a_task_in_two_groups_needs_a_place_in_both(make_settings):
@@ -290,13 +293,13 @@ def test_the_heartbeat_extends_the_lease_with_the_lock(make_settings):
     settings = make_settings()
     _put(settings, "long", ckey="k", limit=1)
     claim, _ = _enter("long", "w", settings)
-    before = concurrency.read_gate("key:k").holders.as_dict()[concurrency.holder_token(claim)]
+    before = gates.read_gate("key:k").holders.as_dict()[gates.holder_token(claim)]
     heartbeat = Heartbeat(settings)
     heartbeat.watch(claim, TaskContext(key="long", attempt=1, max_attempts=3, fencing_token="t",
                                        deadline=time.monotonic() + 30))
     time.sleep(0.01)
     heartbeat.beat()
-    after = concurrency.read_gate("key:k").holders.as_dict()[concurrency.holder_token(claim)]
+    after = gates.read_gate("key:k").holders.as_dict()[gates.holder_token(claim)]
     lock = lifecycle.get_task("long").lock_expires_at
     assert after > before and after == int(lock.timestamp() * 1000)
 
@@ -308,11 +311,11 @@ def test_a_cancelled_blocked_task_ends_and_its_gate_stops_waiting(make_settings)
     holder, _ = _enter("a", "w1", settings)
     assert _enter("b", "w2", settings)[1] is Entry.BLOCKED
     assert lifecycle.cancel("b", settings).status == "ignored"
-    concurrency.leave(holder)
+    gates.leave(holder)
 
-    quiet = utcnow() + timedelta(seconds=concurrency.QUIET_SECONDS + 1)
-    assert concurrency.sweep({}, now=quiet) == 0
-    assert concurrency.read_gate("key:c").status_shard is None  # out of gates#waiting
+    quiet = utcnow() + timedelta(seconds=gates.QUIET_SECONDS + 1)
+    assert gates.sweep({}, now=quiet) == 0
+    assert gates.read_gate("key:c").status_shard is None  # out of gates#waiting
 
 
 def test_a_blocked_task_stays_blocked_through_a_reshard(make_settings):
@@ -351,10 +354,10 @@ def test_a_task_cancelled_while_it_waits_to_enter_is_left_as_the_cancel_made_it(
     claim = lifecycle.claim("b", "w2", settings)
     assert lifecycle.cancel("b", settings) is not None  # an operator cancels it after the claim
     blocks = []
-    real = concurrency._block
-    monkeypatch.setattr(concurrency, "_block", lambda *args: blocks.append(real(*args)) or blocks[-1])
+    real = gates._block
+    monkeypatch.setattr(gates, "_block", lambda *args: blocks.append(real(*args)) or blocks[-1])
 
-    assert concurrency.enter(claim, [Group("key:q", 1)]) is Entry.LOST
+    assert gates.enter(claim, [Group("key:q", 1)]) is Entry.LOST
 
     assert blocks == [Entry.LOST]  # told at once by the transaction, not after retries
     task = lifecycle.get_task("b")
@@ -372,4 +375,4 @@ def test_the_backlog_counts_tasks_waiting_for_a_place(make_settings):
     report = dispatch.tick(settings, RecordingInvoker(), measure_backlog=True)
 
     assert report.backlog.blocked == 2 and report.backlog.due == 0
-    assert concurrency.count_blocked(1) == (1, True)  # counted up to the cap
+    assert gates.count_blocked(1) == (1, True)  # counted up to the cap

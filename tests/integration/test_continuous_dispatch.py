@@ -8,12 +8,16 @@ import time
 from datetime import timedelta
 
 import pytest
-from coworker import dispatch, leases, lifecycle, model
-from coworker.dispatch import InProcessInvoker
-from coworker.handlers import TaskContext, task_handler
-from coworker.lifecycle import TaskSpec
-from coworker.model import utcnow
-from coworker.worker import Feeder, TaskOutcome, TaskSource, WorkerRequest, run_invocation, stripe_of
+from coworker.data import connection, layout
+from coworker.data.layout import shard_of
+from coworker.data.models import LeaseModel, utcnow
+from coworker.engine import dispatch, lifecycle, slots, submit
+from coworker.engine.dispatch import InProcessInvoker
+from coworker.engine.feeder import Feeder
+from coworker.engine.handlers import TaskContext, task_handler
+from coworker.engine.outcomes import TaskOutcome, TaskSource
+from coworker.engine.tasks import TaskSpec
+from coworker.engine.worker import WorkerRequest, run_invocation
 
 pytestmark = pytest.mark.both_backends
 
@@ -36,13 +40,13 @@ def _wait_for_lost_claim(payload: dict, context: TaskContext) -> str:
 def _put(settings, keys, type_="quick", **kw):
     past = utcnow() - timedelta(seconds=10)
     for key in keys:
-        lifecycle.put_task(TaskSpec(key=key, type=type_, **kw), settings, now=past)
+        submit.put_task(TaskSpec(key=key, type=type_, **kw), settings, now=past)
 
 
 def _reserved_request(settings, keys=()) -> WorkerRequest:
-    slot = leases.free_slots(settings.worker_slots, 1)[0]
-    token = leases.new_token()
-    assert leases.reserve(slot, token, settings.reservation_seconds)
+    slot = slots.free_slots(settings.worker_slots, 1)[0]
+    token = slots.new_token()
+    assert slots.reserve(slot, token, settings.reservation_seconds)
     return WorkerRequest(tuple(keys), slot, token)
 
 
@@ -56,8 +60,8 @@ def test_a_worker_with_a_slot_feeds_itself_until_the_backlog_is_done(make_settin
     assert {r.source for r in finished if r.key in keys[:2]} == {TaskSource.HINT}
     assert sum(r.source is TaskSource.FEED for r in finished) == 23
     # The slot is free again once the invocation returns.
-    assert leases.free_slots(settings.worker_slots, 10) != []
-    assert leases.count_busy_slots(settings.worker_slots) == 0
+    assert slots.free_slots(settings.worker_slots, 10) != []
+    assert slots.count_busy_slots(settings.worker_slots) == 0
 
 
 def test_a_worker_without_a_slot_runs_only_its_keys(settings):
@@ -91,7 +95,7 @@ def _first_feed(settings, slot_number: int) -> tuple[Feeder, tuple | None, list[
     def count(parsed, **_):
         entries_read.append(parsed.get("Count", 0))
 
-    client = model.shared_client()
+    client = connection.shared_client()
     client.meta.events.register("after-call.dynamodb.Query", count)
     try:
         feeder = Feeder(settings, hints=(), self_feed=True, feed_until=time.monotonic() + 60,
@@ -113,14 +117,14 @@ def test_a_feeding_worker_reads_one_window_when_its_own_shard_fills_it(make_sett
 
     # Then it took a window of its own stripe's keys and read no index entry beyond them
     assert first is not None and first[1] is TaskSource.FEED
-    assert {stripe_of(key, 2) for key in [first[0], *feeder._seen]} == {0} and len(feeder._seen) == 8
+    assert {shard_of(key, 2) for key in [first[0], *feeder._seen]} == {0} and len(feeder._seen) == 8
     assert sum(entries_read) == 8
 
 
 def test_a_feeding_worker_whose_own_shards_are_empty_reads_the_others_in_one_page(make_settings):
     # Given two worker slots over four index shards, and due work only in stripe 1's shards
     settings = make_settings(max_concurrency=4, batch_size=2, status_shards=4)
-    _put(settings, [key for key in (f"t{i:03d}" for i in range(400)) if stripe_of(key, 2) == 1][:100])
+    _put(settings, [key for key in (f"t{i:03d}" for i in range(400)) if shard_of(key, 2) == 1][:100])
 
     # When the worker of slot 0 looks for work
     feeder, first, entries_read = _first_feed(settings, slot_number=0)
@@ -130,7 +134,7 @@ def test_a_feeding_worker_whose_own_shards_are_empty_reads_the_others_in_one_pag
     # with two keys at a time, so it looked again at once)
     assert first is not None and first[1] is TaskSource.FEED
     assert 24 in entries_read and set(entries_read) <= {0, 24}
-    assert {stripe_of(key, 2) for key in feeder._seen} == {1}
+    assert {shard_of(key, 2) for key in feeder._seen} == {1}
 
 
 def test_a_feeding_worker_whose_stripes_mix_in_the_shards_reads_one_page(make_settings):
@@ -144,7 +148,7 @@ def test_a_feeding_worker_whose_stripes_mix_in_the_shards_reads_one_page(make_se
     # Then one query found its work (a page of about two windows of its stripe), not many small ones
     assert first is not None and first[1] is TaskSource.FEED
     assert len([n for n in entries_read if n]) == 1
-    assert {stripe_of(key, 3) for key in [first[0], *feeder._seen]} == {1} and len(feeder._seen) == 8
+    assert {shard_of(key, 3) for key in [first[0], *feeder._seen]} == {1} and len(feeder._seen) == 8
 
 
 def test_heartbeat_keeps_a_long_task_locked_past_its_lock_lifetime(make_settings):
@@ -207,11 +211,11 @@ def test_a_worker_whose_slot_was_taken_over_stops_taking_work(make_settings):
     worker.start()
     time.sleep(0.3)
     # Someone else now holds the slot (as after a stall past the lease).
-    leases.LeaseModel(request.slot).update(actions=[leases.LeaseModel.holder.set("intruder")])
+    LeaseModel(request.slot).update(actions=[LeaseModel.holder.set("intruder")])
     worker.join(timeout=15)
     assert [r.key for r in result] == ["a"]  # finished its task, fed on nothing more
     assert lifecycle.get_task("b").status == "todo"
-    assert leases.LeaseModel.get(request.slot).holder == "intruder"  # not released by the worker
+    assert LeaseModel.get(request.slot).holder == "intruder"  # not released by the worker
 
 
 def test_fan_out_sends_invocations_in_parallel(settings):
@@ -313,27 +317,27 @@ def test_only_one_supervisor_holds_the_lease(make_settings):
     running.join()
     end = time.monotonic() + 0.5
     assert second.run(lambda: end - time.monotonic()) != []  # released on the way out: taken
-    assert leases.LeaseModel.get(leases.COORDINATOR_LEASE).holder is None
+    assert LeaseModel.get(layout.COORDINATOR_LEASE).holder is None
 
 
 def test_supervisor_creates_missing_slots_when_it_starts(make_settings):
     settings = make_settings(max_concurrency=30, batch_size=10, tick_seconds=0.2)
     bigger = settings.model_copy(update={"max_concurrency": 50})  # raised: two new slots
-    assert leases.count_busy_slots(bigger.worker_slots) == 0
-    assert len(leases.free_slots(bigger.worker_slots, 10)) == 3
+    assert slots.count_busy_slots(bigger.worker_slots) == 0
+    assert len(slots.free_slots(bigger.worker_slots, 10)) == 3
     end = time.monotonic() + 0.3
     dispatch.Supervisor(bigger, InProcessInvoker(bigger)).run(lambda: end - time.monotonic())
-    assert len(leases.free_slots(bigger.worker_slots, 10)) == 5
+    assert len(slots.free_slots(bigger.worker_slots, 10)) == 5
 
 
 def test_slots_left_from_a_larger_concurrency_neither_hide_free_slots_nor_linger(make_settings):
     settings = make_settings(max_concurrency=50, batch_size=10, tick_seconds=0.2)  # five slots
     smaller = settings.model_copy(update={"max_concurrency": 10})  # now one
-    token = leases.new_token()  # slot#0000 freed last: the four extra slots come first in the index
-    assert leases.reserve("slot#0000", token, 30)
-    assert leases.release("slot#0000", token)
-    assert leases.free_slots(smaller.worker_slots, 1) == ["slot#0000"]
+    token = slots.new_token()  # slot#0000 freed last: the four extra slots come first in the index
+    assert slots.reserve("slot#0000", token, 30)
+    assert slots.release("slot#0000", token)
+    assert slots.free_slots(smaller.worker_slots, 1) == ["slot#0000"]
     end = time.monotonic() + 0.3
     dispatch.Supervisor(smaller, InProcessInvoker(smaller)).run(lambda: end - time.monotonic())
-    slots = [item.key for item in leases.LeaseModel.scan(leases.LeaseModel.key.startswith(leases.SLOT_KEY_PREFIX))]
-    assert slots == ["slot#0000"]
+    left = [item.key for item in LeaseModel.scan(LeaseModel.key.startswith(layout.SLOT_KEY_PREFIX))]
+    assert left == ["slot#0000"]

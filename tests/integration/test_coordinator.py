@@ -11,11 +11,12 @@ import time
 from datetime import timedelta
 
 import pytest
-from coworker import dispatch, lifecycle
-from coworker.dispatch import InProcessInvoker
-from coworker.lifecycle import TaskSpec
-from coworker.model import TaskStatus, utcnow
-from coworker.worker import TaskOutcome, run_batch, run_invocation
+from coworker.data.models import TaskStatus, utcnow
+from coworker.engine import dispatch, lifecycle, submit
+from coworker.engine.dispatch import InProcessInvoker
+from coworker.engine.outcomes import TaskOutcome
+from coworker.engine.tasks import TaskSpec
+from coworker.engine.worker import run_batch, run_invocation
 
 from tests.support.doubles import RecordingInvoker
 
@@ -27,7 +28,7 @@ def _put_many(settings, count, prefix="t", type_="quick", now=None, **kw):
     # Put in the past (beyond the submit grace), spread so "oldest first" has a defined order.
     base = now or utcnow() - timedelta(seconds=10)
     for i in range(count):
-        lifecycle.put_task(TaskSpec(key=f"{prefix}{i:03d}", type=type_, **kw), settings,
+        submit.put_task(TaskSpec(key=f"{prefix}{i:03d}", type=type_, **kw), settings,
                            now=base - timedelta(seconds=count - i))
 
 
@@ -78,8 +79,8 @@ def test_a_lapsed_reservation_frees_the_slot_and_its_late_worker_does_not_start(
 
 
 def test_not_yet_due_tasks_are_not_dispatched(settings):
-    lifecycle.put_task(TaskSpec(key="later", type="quick", run_at=utcnow() + timedelta(hours=1)), settings)
-    lifecycle.put_task(TaskSpec(key="now", type="quick"), settings, now=utcnow() - timedelta(seconds=10))
+    submit.put_task(TaskSpec(key="later", type="quick", run_at=utcnow() + timedelta(hours=1)), settings)
+    submit.put_task(TaskSpec(key="now", type="quick"), settings, now=utcnow() - timedelta(seconds=10))
     invoker = RecordingInvoker()
     dispatch.tick(settings, invoker)
     assert invoker.keys == ["now"]
@@ -87,7 +88,7 @@ def test_not_yet_due_tasks_are_not_dispatched(settings):
 
 def test_new_tasks_are_left_to_dispatch_on_submit_for_a_moment(make_settings):
     settings = make_settings()
-    lifecycle.put_task(TaskSpec(key="fresh", type="quick"), settings)
+    submit.put_task(TaskSpec(key="fresh", type="quick"), settings)
     assert dispatch.tick(settings, RecordingInvoker()).dispatched == 0
     assert dispatch.tick(settings.model_copy(update={"dispatch_on_submit": False}),
                          RecordingInvoker()).dispatched == 1
@@ -106,9 +107,9 @@ def test_lost_work_and_due_retries_go_before_new_tasks(make_settings):
     settings = make_settings(max_concurrency=3, batch_size=3)
     past = utcnow() - timedelta(seconds=settings.effective_lock_seconds + 5)
     _put_many(settings, 5, prefix="new", now=past)
-    lifecycle.put_task(TaskSpec(key="lost", type="quick"), settings, now=past)
+    submit.put_task(TaskSpec(key="lost", type="quick"), settings, now=past)
     lifecycle.claim("lost", "dead-worker", settings, now=past)
-    lifecycle.put_task(TaskSpec(key="retry", type="always-fail"), settings, now=past)
+    submit.put_task(TaskSpec(key="retry", type="always-fail"), settings, now=past)
     run_batch(["retry"], "w", settings, time.monotonic() + 30)  # backoff 0 in tests: due now
     invoker = RecordingInvoker()
     dispatch.tick(settings, invoker)
@@ -127,7 +128,7 @@ def test_dispatching_the_same_task_twice_is_harmless(settings):
 
 def test_expired_lock_is_handed_out_again_and_the_lost_attempt_counted(settings):
     past = utcnow() - timedelta(seconds=settings.effective_lock_seconds + 5)
-    lifecycle.put_task(TaskSpec(key="k", type="quick"), settings, now=past)
+    submit.put_task(TaskSpec(key="k", type="quick"), settings, now=past)
     lifecycle.claim("k", "dead-worker", settings, now=past)  # never records: the worker "died"
     invoker = InProcessInvoker(settings)
     report = dispatch.tick(settings, invoker)
@@ -140,7 +141,7 @@ def test_expired_lock_is_handed_out_again_and_the_lost_attempt_counted(settings)
 
 def test_lost_on_the_last_attempt_becomes_ignored_with_worker_lost(settings):
     past = utcnow() - timedelta(seconds=settings.effective_lock_seconds + 5)
-    lifecycle.put_task(TaskSpec(key="k", type="quick", max_attempts=1), settings, now=past)
+    submit.put_task(TaskSpec(key="k", type="quick", max_attempts=1), settings, now=past)
     lifecycle.claim("k", "dead-worker", settings, now=past)
     invoker = RecordingInvoker()
     report = dispatch.tick(settings, invoker)
@@ -154,9 +155,9 @@ def test_every_task_reaches_a_terminal_state(make_settings):
     settings = make_settings(max_concurrency=8, batch_size=3)
     past = utcnow() - timedelta(seconds=10)
     for i in range(12):
-        lifecycle.put_task(TaskSpec(key=f"q{i}", type="quick"), settings, now=past)
-        lifecycle.put_task(TaskSpec(key=f"f{i}", type="flaky", payload={"fail_attempts": 1}), settings, now=past)
-        lifecycle.put_task(TaskSpec(key=f"x{i}", type="always-fail"), settings, now=past)
+        submit.put_task(TaskSpec(key=f"q{i}", type="quick"), settings, now=past)
+        submit.put_task(TaskSpec(key=f"f{i}", type="flaky", payload={"fail_attempts": 1}), settings, now=past)
+        submit.put_task(TaskSpec(key=f"x{i}", type="always-fail"), settings, now=past)
     invoker = InProcessInvoker(settings)
     for _ in range(40):
         report = dispatch.tick(settings, invoker)
@@ -174,7 +175,7 @@ WORKER_SCRIPT = """
 import sys, time
 from coworker.bootstrap import configure
 from coworker.config import Settings
-from coworker.worker import run_batch
+from coworker.engine.worker import run_batch
 
 settings = configure(Settings.from_env())
 print("started", flush=True)
@@ -185,7 +186,7 @@ run_batch([sys.argv[1]], "doomed-worker", settings, time.monotonic() + settings.
 @pytest.mark.slow
 def test_killed_worker_process_task_is_completed_by_another_after_lock_expiry(make_settings, tmp_path):
     settings = make_settings(worker_timeout_seconds=3, lock_seconds=5, timeout_margin_seconds=1)
-    lifecycle.put_task(TaskSpec(key="victim", type="slow", payload={"seconds": 1.5}), settings)
+    submit.put_task(TaskSpec(key="victim", type="slow", payload={"seconds": 1.5}), settings)
     env = {**os.environ, **settings.as_environment(),
            "PYTHONPATH": os.pathsep.join(sys.path)}
     child = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, "victim"], env=env,
@@ -213,8 +214,8 @@ def test_killed_worker_process_task_is_completed_by_another_after_lock_expiry(ma
 def test_running_count_is_exact_beyond_one_page_of_index_data(make_settings):
     """A single query stops at 1 MB of index data; the tick's count of running tasks (and of
     lost ones) must page on."""
-    from coworker import queries
-    from coworker.model import TaskModel
+    from coworker.data import index
+    from coworker.data.models import TaskModel
 
     settings = make_settings(status_shards=1)  # one index partition holds them all
     now = utcnow()
@@ -225,14 +226,14 @@ def test_running_count_is_exact_beyond_one_page_of_index_data(make_settings):
             expires = now + timedelta(minutes=5) if i % 10 else now - timedelta(minutes=1)
             task.status, task.due_at, task.attempts = "processing", expires, 1
             batch.save(task)
-    running, lost = queries.running_and_lost(utcnow())
+    running, lost = index.running_and_lost(utcnow())
     assert (running, len(lost)) == (2_250, 250)
 
 
 def test_priority_puts_a_task_ahead_of_older_backlog(settings):
     _put_many(settings, 5)  # put 11-15 seconds ago
-    lifecycle.put_task(TaskSpec(key="urgent", type="quick", priority=3600), settings)
-    lifecycle.put_task(TaskSpec(key="meh", type="quick", priority=-3600), settings)
+    submit.put_task(TaskSpec(key="urgent", type="quick", priority=3600), settings)
+    submit.put_task(TaskSpec(key="meh", type="quick", priority=-3600), settings)
     invoker = RecordingInvoker()
     dispatch.tick(settings, invoker)
     assert invoker.keys == ["urgent", "t000", "t001", "t002", "t003", "t004"]  # "meh" waits an hour
@@ -243,10 +244,10 @@ def test_backlog_counts_due_tasks_by_status_and_the_oldest_ones_age(make_setting
     now = utcnow()
     past = now - timedelta(seconds=settings.effective_lock_seconds + 5)
     _put_many(settings, 4, prefix="new", now=now - timedelta(seconds=100))  # due 104 ... 101 s ago
-    lifecycle.put_task(TaskSpec(key="later", type="quick", run_at=now + timedelta(hours=1)), settings)
-    lifecycle.put_task(TaskSpec(key="lost", type="quick"), settings, now=past)
+    submit.put_task(TaskSpec(key="later", type="quick", run_at=now + timedelta(hours=1)), settings)
+    submit.put_task(TaskSpec(key="lost", type="quick"), settings, now=past)
     lifecycle.claim("lost", "dead-worker", settings, now=past)
-    lifecycle.put_task(TaskSpec(key="retry", type="always-fail"), settings, now=past)
+    submit.put_task(TaskSpec(key="retry", type="always-fail"), settings, now=past)
     run_batch(["retry"], "w", settings, time.monotonic() + 30)  # backoff 0 in tests: due now
 
     report = dispatch.tick(settings, RecordingInvoker(), measure_backlog=True)

@@ -11,9 +11,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from coworker import batches, control, dispatch, leases, lifecycle, queries
-from coworker.lifecycle import TaskSpec
-from coworker.model import TaskModel, status_shards, utcnow
+from coworker.data import connection, index, layout, writes
+from coworker.data.models import ControlModel, LeaseModel, TaskModel, status_shards, utcnow
+from coworker.engine import dispatch, lifecycle, submit
+from coworker.engine.tasks import TaskSpec
 from coworker_local.capacity import CapacityMeter, Reported, item_size, read_units, status_index
 from coworker_local.database import dynamodb_client
 
@@ -36,7 +37,7 @@ class RecordingInvoker:
 def load_backlog(settings, count: int) -> None:
     """``count`` due todo tasks, copies of a real task item, written with BatchWriteItem."""
     client = dynamodb_client(settings)
-    lifecycle.put_task(TaskSpec(key="template", type="quick", payload={"n": 0}), settings)
+    submit.put_task(TaskSpec(key="template", type="quick", payload={"n": 0}), settings)
     template = client.get_item(TableName=settings.table_name, Key={"key": {"S": "template"}})["Item"]
     client.delete_item(TableName=settings.table_name, Key={"key": {"S": "template"}})
     base = utcnow() - timedelta(hours=1)
@@ -59,8 +60,8 @@ def partition(read) -> str:
 
 
 def metered_tick(settings) -> tuple[dispatch.TickReport, CapacityMeter]:
-    lease_connection = leases.LeaseModel._get_connection().connection
-    control_connection = control.ControlModel._get_connection().connection
+    lease_connection = LeaseModel._get_connection().connection
+    control_connection = ControlModel._get_connection().connection
     with CapacityMeter.for_model(TaskModel, dynamodb_client(settings), lease_connection,
                                  control_connection) as meter:
         report = dispatch.tick(settings, RecordingInvoker())
@@ -84,7 +85,7 @@ def test_tick_reads_what_it_dispatches_not_the_backlog(make_settings):
     # hands out: one page per index shard, of about 7/S entries each
     shards = status_shards()
     assert (report.busy_slots, report.free_slots, report.dispatched, report.invocations) == (3, 7, 7, 7)
-    slot_reads = [r for r in meter.reads if r.key_values[:1] == (leases.SLOT_STATUS,)]
+    slot_reads = [r for r in meter.reads if r.key_values[:1] == (layout.SLOT_STATUS,)]
     todo_reads = [r for r in meter.reads if partition(r).startswith("todo#")]
     assert [r.items_read for r in slot_reads] == [7]
     assert len({r.key_values[0] for r in todo_reads}) == shards
@@ -145,7 +146,7 @@ def test_happy_path_write_units_match_the_rules_for_the_observed_items(make_sett
     keys = {f"t{i}" for i in range(tasks)}
     with CapacityMeter.for_model(TaskModel, dynamodb_client(settings)) as meter:
         for key in sorted(keys):
-            lifecycle.put_task(TaskSpec(key=key, type="quick", payload={"n": int(key[1:])}), settings)
+            submit.put_task(TaskSpec(key=key, type="quick", payload={"n": int(key[1:])}), settings)
         invoker = dispatch.InProcessInvoker(settings)
         finished = 0
         for _ in range(10):
@@ -196,9 +197,9 @@ def test_happy_path_write_units_match_the_rules_for_the_observed_items(make_sett
 
 def test_failed_conditional_put_is_billed_without_index_writes(make_settings):
     settings = make_settings()
-    lifecycle.put_task(TaskSpec(key="dup", type="quick"), settings)
+    submit.put_task(TaskSpec(key="dup", type="quick"), settings)
     with CapacityMeter.for_model(TaskModel, dynamodb_client(settings)) as meter:
-        assert lifecycle.put_task(TaskSpec(key="dup", type="quick"), settings) is lifecycle.PutOutcome.EXISTS
+        assert submit.put_task(TaskSpec(key="dup", type="quick"), settings) is submit.PutOutcome.EXISTS
     (record,) = meter.writes
     assert not record.succeeded
     assert (record.table_units, record.index_units) == (1, 0)
@@ -217,8 +218,8 @@ def test_transaction_figures_reported_and_by_the_rules_side_by_side(make_setting
         for task in tasks:
             transaction.save(task, condition=TaskModel.key.does_not_exist())
 
-    with CapacityMeter.for_model(TaskModel, dynamodb_client(settings), batches._connection()) as meter:
-        assert batches.transact(build, "two puts") is None
+    with CapacityMeter.for_model(TaskModel, dynamodb_client(settings), connection.transaction_connection()) as meter:
+        assert writes.transact(build, "two puts") is None
     assert meter.totals.requests["TransactWriteItems"] == 1
     # Then the rules bill each item twice (a transactional write costs double), and DynamoDB
     # Local, visibly, reports one unit each: the benchmarks print both, and bill by the rules
@@ -236,7 +237,7 @@ def test_backlog_measure_reads_at_most_the_cap_whatever_the_backlog(make_setting
 
     # When the coordinator measures the backlog
     with CapacityMeter.for_model(TaskModel, dynamodb_client(settings)) as meter:
-        backlog = queries.backlog(utcnow(), cap)
+        backlog = index.backlog(utcnow(), cap)
 
     # Then it reports the cap (and says so), and the age of the oldest due task (loaded an hour ago)
     assert (backlog.todo, backlog.capped) == (cap, ("todo",))

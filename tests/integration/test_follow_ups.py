@@ -4,12 +4,15 @@ claim, idempotent by key, in its batch when asked; the example crawl fans one se
 from __future__ import annotations
 
 import pytest
-from coworker import batches, lifecycle
-from coworker.examples import crawl_key
-from coworker.handlers import MAX_FOLLOW_UPS, task_handler
-from coworker.model import TaskModel
+from coworker.data import writes
+from coworker.data.models import TaskModel
+from coworker.engine import batches, lifecycle
+from coworker.engine.examples import crawl_key
+from coworker.engine.handlers import MAX_FOLLOW_UPS, task_handler
+from coworker.engine.outcomes import TaskOutcome
+from coworker.engine.worker import process_task
+from coworker.errors import StorageError
 from coworker.testing import make_context
-from coworker.worker import TaskOutcome, process_task
 from coworker_local.testing import LocalTaskSystem
 
 _spawned_by: dict[str, list[str]] = {}
@@ -115,21 +118,21 @@ def test_a_completion_that_cannot_be_written_fails_the_attempt_and_its_retry_put
     parent = system.put("test-spawn", {"children": children, "inherit": True}, max_attempts=3,
                         batch_id=f"b-{children}")
     calls = []
-    real = batches.update_task_and_put
+    real = writes.update_task_and_put
 
     def failing_once(*args, **kwargs):
         calls.append(1)
         if len(calls) == 1:
-            raise batches.StorageError("DynamoDB is throttling")
+            raise StorageError("DynamoDB is throttling")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(batches, "update_task_and_put", failing_once)
+    monkeypatch.setattr(writes, "update_task_and_put", failing_once)
     report = process_task(parent, "w-1", system.settings, deadline=float("inf"))
     assert report.outcome is TaskOutcome.FAILED
     record = system.get(parent)
     assert record["errors"][0]["kind"] == "system" and "throttling" in record["errors"][0]["message"]
     written_before = [key for key in _spawned_by[parent] if _exists(key)]
-    assert len(written_before) == max(0, children - batches.FOLD_ROOM)  # the folded ones went with the failed write
+    assert len(written_before) == max(0, children - writes.FOLD_ROOM)  # the folded ones went with the failed write
     system.drain()
     assert system.get(parent)["status"] == "finished"
     assert all(system.get(key)["status"] == "finished" for key in _spawned_by[parent])

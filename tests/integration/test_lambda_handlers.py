@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from coworker import lifecycle
-from coworker.dispatch import InProcessInvoker
-from coworker.lifecycle import TaskSpec
+from coworker.engine import lifecycle, submit
+from coworker.engine.dispatch import InProcessInvoker
+from coworker.engine.tasks import TaskSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,8 +42,8 @@ def _load(name: str, settings, monkeypatch):
 
 def test_worker_handler_processes_its_batch(settings, monkeypatch):
     worker = _load("worker", settings, monkeypatch)
-    lifecycle.put_task(TaskSpec(key="a", type="quick"), settings)
-    lifecycle.put_task(TaskSpec(key="b", type="always-fail"), settings)
+    submit.put_task(TaskSpec(key="a", type="quick"), settings)
+    submit.put_task(TaskSpec(key="b", type="always-fail"), settings)
     result = worker.handler({"keys": ["a", "b", "missing"]}, FakeLambdaContext())
     assert result == {"tasks": 3, "outcomes": {"finished": 1, "failed": 1, "not_claimed": 1}}
     assert lifecycle.get_task("a").lock_owner is None
@@ -54,7 +54,7 @@ def test_worker_handler_rejects_a_malformed_event_and_touches_nothing(settings, 
     from coworker.errors import InvalidEventError
 
     worker = _load("worker", settings, monkeypatch)
-    lifecycle.put_task(TaskSpec(key="a", type="quick"), settings)
+    submit.put_task(TaskSpec(key="a", type="quick"), settings)
     with pytest.raises(InvalidEventError, match="worker event"):
         worker.handler(event, FakeLambdaContext())
     assert lifecycle.get_task("a").status == "todo"
@@ -68,7 +68,7 @@ def test_coordinator_handler_supervises_for_its_window_and_dispatches(make_setti
     invoker = InProcessInvoker(coordinator.SETTINGS)
     monkeypatch.setattr(coordinator, "INVOKER", invoker)
     for i in range(3):
-        lifecycle.put_task(TaskSpec(key=f"t{i}", type="quick"), settings)
+        submit.put_task(TaskSpec(key=f"t{i}", type="quick"), settings)
     event = {"id": "evt-1", "detail-type": "Scheduled Event", "source": "aws.events", "detail": {}}
     result = coordinator.handler(event, FakeLambdaContext())
     invoker.wait()

@@ -11,12 +11,16 @@ import time
 from datetime import timedelta
 
 import pytest
-from coworker import lifecycle, queries
+from coworker.data import index
+from coworker.data.models import ErrorKind, TaskModel, TaskStatus, utcnow
+from coworker.engine import lifecycle, submit
+from coworker.engine.handlers import task_handler
+from coworker.engine.lifecycle import RecordOutcome
+from coworker.engine.outcomes import TaskOutcome
+from coworker.engine.submit import PutOutcome
+from coworker.engine.tasks import TaskSpec
+from coworker.engine.worker import process_task, run_batch
 from coworker.errors import TaskFailed
-from coworker.handlers import task_handler
-from coworker.lifecycle import PutOutcome, RecordOutcome, TaskSpec
-from coworker.model import ErrorKind, TaskModel, TaskStatus, utcnow
-from coworker.worker import TaskOutcome, process_task, run_batch
 
 # The lifecycle contract: every test runs on DynamoDB Local and on moto.
 pytestmark = pytest.mark.both_backends
@@ -48,7 +52,7 @@ def _past(settings, extra: float = 1.0):
 
 
 def _put(settings, key="k1", type_="quick", now=None, **kw):
-    return lifecycle.put_task(TaskSpec(key=key, type=type_, payload={"n": 1}, **kw), settings, now=now)
+    return submit.put_task(TaskSpec(key=key, type=type_, payload={"n": 1}, **kw), settings, now=now)
 
 
 def _deadline(seconds: float = 60) -> float:
@@ -62,7 +66,7 @@ def test_put_creates_todo_then_reports_exists_without_resetting(settings):
     claim = lifecycle.claim("k1", "w1", settings)
     assert claim is not None
 
-    assert lifecycle.put_task(TaskSpec(key="k1", type="slow", payload={"x": 2}), settings) is PutOutcome.EXISTS
+    assert submit.put_task(TaskSpec(key="k1", type="slow", payload={"x": 2}), settings) is PutOutcome.EXISTS
 
     task = lifecycle.get_task("k1")
     assert task.status == "processing"
@@ -197,14 +201,14 @@ def test_success_finishes_releases_lock_and_leaves_the_status_index(settings):
     assert task.status == "finished" and task.lock_owner is None and task.lock_expires_at is None
     assert task.due_at is None and task.finished_at is not None
     assert "sha256" in task.result
-    assert queries.count("finished") == 0 and queries.count("processing") == 0
+    assert index.count("finished") == 0 and index.count("processing") == 0
 
 
 def test_business_failure_and_system_error_are_recorded_differently(make_settings):
     settings = make_settings(backoff_base_seconds=30, backoff_max_seconds=60)
     _put(settings, key="biz", type_="always-fail")
     _put(settings, key="sys", type_="flaky", max_attempts=3)
-    lifecycle.put_task(TaskSpec(key="sys2", type="flaky", payload={"fail_attempts": 5}), settings)
+    submit.put_task(TaskSpec(key="sys2", type="flaky", payload={"fail_attempts": 5}), settings)
     before = utcnow()
     assert process_task("biz", "w", settings, _deadline()).outcome is TaskOutcome.FAILED
     assert process_task("sys2", "w", settings, _deadline()).outcome is TaskOutcome.FAILED
@@ -224,7 +228,7 @@ def test_business_failure_and_system_error_are_recorded_differently(make_setting
 
 
 def test_retries_run_to_the_ceiling_then_the_task_is_ignored(settings):
-    lifecycle.put_task(TaskSpec(key="never", type="always-fail", max_attempts=4), settings)
+    submit.put_task(TaskSpec(key="never", type="always-fail", max_attempts=4), settings)
     outcomes = [process_task("never", f"w{i}", settings, _deadline()).outcome for i in range(5)]
     assert outcomes == [TaskOutcome.FAILED] * 3 + [TaskOutcome.IGNORED, TaskOutcome.NOT_CLAIMED]
     task = lifecycle.get_task("never")
@@ -233,7 +237,7 @@ def test_retries_run_to_the_ceiling_then_the_task_is_ignored(settings):
 
 
 def test_flaky_task_finishes_on_a_later_attempt_with_its_errors_kept(settings):
-    lifecycle.put_task(TaskSpec(key="f", type="flaky", payload={"fail_attempts": 2}), settings)
+    submit.put_task(TaskSpec(key="f", type="flaky", payload={"fail_attempts": 2}), settings)
     outcomes = [process_task("f", "w", settings, _deadline()).outcome for _ in range(3)]
     assert outcomes == [TaskOutcome.FAILED, TaskOutcome.FAILED, TaskOutcome.FINISHED]
     task = lifecycle.get_task("f")
@@ -249,7 +253,7 @@ def test_non_retryable_business_failure_is_ignored_at_once(settings):
 
 def test_error_history_keeps_only_the_last_n(make_settings):
     settings = make_settings(error_history=2)
-    lifecycle.put_task(TaskSpec(key="h", type="always-fail", max_attempts=5), settings)
+    submit.put_task(TaskSpec(key="h", type="always-fail", max_attempts=5), settings)
     for _ in range(5):
         process_task("h", "w", settings, _deadline())
     assert [int(e.attempt) for e in lifecycle.get_task("h").errors] == [4, 5]
@@ -267,7 +271,7 @@ def test_unknown_task_type_is_a_recorded_error_not_a_crash(settings):
 
 def test_task_that_cannot_finish_in_time_is_failed_and_unlocked_before_the_deadline(make_settings):
     settings = make_settings(timeout_margin_seconds=1.0, worker_timeout_seconds=10)
-    lifecycle.put_task(TaskSpec(key="t", type="test-sleep", payload={"seconds": 20}), settings)
+    submit.put_task(TaskSpec(key="t", type="test-sleep", payload={"seconds": 20}), settings)
     deadline = _deadline(3.0)
     reports = run_batch(["t"], "w", settings, deadline)
     assert time.monotonic() < deadline  # recorded with time to spare
@@ -351,7 +355,7 @@ def test_cancel_while_running_is_not_hidden_by_the_late_result(settings):
 
 
 def test_retry_redrives_an_ignored_task_keeping_its_history(settings):
-    lifecycle.put_task(TaskSpec(key="i", type="always-fail", max_attempts=1), settings)
+    submit.put_task(TaskSpec(key="i", type="always-fail", max_attempts=1), settings)
     process_task("i", "w", settings, _deadline())
     assert lifecycle.retry("i") is not None
     task = lifecycle.get_task("i")
@@ -370,3 +374,34 @@ def test_finished_task_gets_a_ttl_only_when_retention_is_set(make_settings):
     process_task("week", "w", expiring, _deadline())
     task = lifecycle.get_task("week")
     assert abs((task.delete_after_epoch - task.finished_at).total_seconds() - 7 * 86400) < 2
+
+
+def test_a_heartbeat_extends_the_lock_with_the_lean_write_and_names_itself_when_refused(settings, monkeypatch):
+    """``extend_lock`` once passed its arguments one place off: every heartbeat asked for the whole
+    item back, and a refusal read "could not None task". A beat is one UpdateItem that returns
+    nothing, and its errors say what failed."""
+    import botocore.client
+    from coworker.errors import StorageError
+
+    submit.put_task(TaskSpec(key="beat", type="quick"), settings)
+    claim = lifecycle.claim("beat", "w-1", settings)
+    sent: list[dict] = []
+    original = botocore.client.BaseClient._make_api_call
+
+    def recorded(client, operation, params):
+        if operation == "UpdateItem":
+            sent.append(params)
+        return original(client, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", recorded)
+    assert lifecycle.extend_lock(claim, settings)
+    assert [params.get("ReturnValues") for params in sent] == ["NONE"]
+
+    def refused(client, operation, params):
+        raise botocore.exceptions.ClientError(
+            {"Error": {"Code": "AccessDeniedException", "Message": "not authorized to perform: dynamodb:UpdateItem"}},
+            operation)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", refused)
+    with pytest.raises(StorageError, match=r"could not extend the lock of task 'beat': not authorized"):
+        lifecycle.extend_lock(claim, settings)

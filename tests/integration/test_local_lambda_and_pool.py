@@ -10,8 +10,8 @@ import time
 import boto3
 import pytest
 from botocore.exceptions import ClientError
-from coworker.dispatch import LambdaInvoker
-from coworker.worker import WorkerRequest
+from coworker.engine.dispatch import LambdaInvoker
+from coworker.engine.worker import WorkerRequest
 from coworker_local.database import FAKE_CREDENTIALS
 from coworker_local.lambda_service import LOCAL_WORKER_FUNCTION, LocalLambdaService
 from coworker_local.workers import ProcessWorkerPool

@@ -7,10 +7,12 @@ import time
 from datetime import timedelta
 
 import pytest
-from coworker import control, dispatch, lifecycle
-from coworker.lifecycle import TaskSpec
-from coworker.model import TaskStatus, utcnow
-from coworker.worker import TaskOutcome, run_batch, run_invocation
+from coworker.data import connection
+from coworker.data.models import TaskStatus, utcnow
+from coworker.engine import control, dispatch, lifecycle, submit
+from coworker.engine.outcomes import TaskOutcome
+from coworker.engine.tasks import TaskSpec
+from coworker.engine.worker import run_batch, run_invocation
 
 from tests.support.doubles import RecordingInvoker, reserved_request
 
@@ -21,7 +23,7 @@ def _put(settings, keys, type_, ago: float) -> None:
     """Tasks due for a while, the first key the oldest."""
     base = utcnow() - timedelta(seconds=ago)
     for i, key in enumerate(keys):
-        lifecycle.put_task(TaskSpec(key=key, type=type_), settings, now=base + timedelta(milliseconds=i))
+        submit.put_task(TaskSpec(key=key, type=type_), settings, now=base + timedelta(milliseconds=i))
 
 
 def _entry(key: str) -> tuple[str, str]:
@@ -121,17 +123,17 @@ def test_self_feeding_workers_skip_a_paused_type(make_settings):
 
 
 def test_held_tasks_stay_held_when_the_index_is_resharded(make_settings):
-    from coworker import migration, model
+    from coworker_local import migration
 
     settings = make_settings(status_shards=8)
     keys = [f"h{i:02d}" for i in range(12)]
     _put(settings, keys, "slow", ago=20)
     control.pause("slow")
     assert dispatch.tick(settings, RecordingInvoker()).parked == 12
-    model.bind(settings.model_copy(update={"status_shards": 2}))
+    connection.bind(settings.model_copy(update={"status_shards": 2}))
     try:
         assert migration.reshard().moved > 0
         assert control.count_held("slow", 100) == (12, False)  # every one found in 2 held shards
         assert {_entry(k)[0] for k in keys} == {"todo"}
     finally:
-        model.bind(settings)
+        connection.bind(settings)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import time
 
 import pytest
-from coworker import batches, lifecycle, progress
-from coworker.handlers import task_handler
-from coworker.lifecycle import TaskSpec
-from coworker.model import TaskModel
-from coworker.worker import TaskOutcome, process_task
+from coworker.data.models import TaskModel
+from coworker.engine import batches, lifecycle, progress, submit
+from coworker.engine.handlers import task_handler
+from coworker.engine.outcomes import TaskOutcome
+from coworker.engine.tasks import TaskSpec
+from coworker.engine.worker import process_task
 from pynamodb.exceptions import PutError
 
 # DynamoDB Local enforces the item size limit as DynamoDB does.
@@ -27,7 +28,7 @@ def _raise_long(payload, context):
 def _put_near_the_limit(settings, key: str, type_: str, room: int, batch_id: str | None = None) -> None:
     """A task whose item leaves about ``room`` bytes below 400 KB (put around the API's checks,
     as a record that grew, or settings that allow large records, would have it)."""
-    lifecycle.put_task(TaskSpec(key=key, type=type_, max_attempts=3, batch_id=batch_id), settings)
+    submit.put_task(TaskSpec(key=key, type=type_, max_attempts=3, batch_id=batch_id), settings)
     task = TaskModel.get(key, consistent_read=True)
     low, high = LIMIT - 4096, LIMIT  # the largest payload DynamoDB takes, found by trying
     while high - low > 1:

@@ -7,9 +7,11 @@ import random
 from collections import Counter
 
 import pytest
-from coworker import dispatch, leases, lifecycle, migration, queries, schema
-from coworker.lifecycle import TaskSpec
-from coworker.model import TaskModel, TaskStatus, utcnow
+from coworker.data import connection, index, layout
+from coworker.data.models import TaskModel, TaskStatus, utcnow
+from coworker.engine import dispatch, lifecycle, slots, submit
+from coworker.engine.tasks import TaskSpec
+from coworker_local import migration
 from coworker_local.database import dynamodb_client
 
 from tests.support.doubles import Api, RecordingInvoker
@@ -22,7 +24,7 @@ def _put_spread(settings, count: int, seed: int = 7) -> list[str]:
     keys = []
     for i, offset in enumerate(offsets):
         key = f"task-{i:04d}"
-        lifecycle.put_task(TaskSpec(key=key, type="quick", run_at=None, priority=7200 - offset), settings)
+        submit.put_task(TaskSpec(key=key, type="quick", run_at=None, priority=7200 - offset), settings)
         keys.append((offset, key))
     return [key for _, key in sorted(keys)]
 
@@ -37,12 +39,12 @@ def test_every_task_carries_the_shard_of_its_key_and_status(make_settings):
     shards = Counter(_raw(settings, key)["status_shard"]["S"] for key in keys)
     assert set(shards) == {f"todo#{n}" for n in range(4)}  # all four used
     for key in keys[:5]:
-        assert _raw(settings, key)["status_shard"]["S"] == f"todo#{schema.shard_of(key, 4)}"
+        assert _raw(settings, key)["status_shard"]["S"] == f"todo#{layout.shard_of(key, 4)}"
     # a claim moves the task to the processing shard of the same number, and back on release
     claim = lifecycle.claim(keys[0], "w1", settings)
-    assert _raw(settings, keys[0])["status_shard"]["S"] == f"processing#{schema.shard_of(keys[0], 4)}"
+    assert _raw(settings, keys[0])["status_shard"]["S"] == f"processing#{layout.shard_of(keys[0], 4)}"
     lifecycle.release_unstarted(claim)
-    assert _raw(settings, keys[0])["status_shard"]["S"] == f"todo#{schema.shard_of(keys[0], 4)}"
+    assert _raw(settings, keys[0])["status_shard"]["S"] == f"todo#{layout.shard_of(keys[0], 4)}"
 
 
 @pytest.mark.parametrize("shards", [1, 3, 8])
@@ -50,13 +52,13 @@ def test_merged_read_is_the_global_oldest_first_order(make_settings, shards):
     settings = make_settings(status_shards=shards)
     oldest_first = _put_spread(settings, 80)
     now = utcnow()
-    assert [t.key for t in queries.due(TaskStatus.TODO, now, 80)] == oldest_first
-    assert [t.key for t in queries.due(TaskStatus.TODO, now, 7)] == oldest_first[:7]
-    newest = queries.MergedRead("todo", want=10, forward=False)
+    assert [t.key for t in index.due(TaskStatus.TODO, now, 80)] == oldest_first
+    assert [t.key for t in index.due(TaskStatus.TODO, now, 7)] == oldest_first[:7]
+    newest = index.MergedRead("todo", want=10, forward=False)
     assert [t.key for t in newest][:10] == oldest_first[::-1][:10]
-    assert queries.count(TaskStatus.TODO) == 80
-    assert queries.count_capped("todo", 20) == (20, True)
-    assert queries.count_capped("todo", 500) == (80, False)
+    assert index.count(TaskStatus.TODO) == 80
+    assert index.count_capped("todo", 20) == (20, True)
+    assert index.count_capped("todo", 500) == (80, False)
 
 
 def test_a_merged_read_resumes_where_it_stopped(make_settings):
@@ -65,7 +67,7 @@ def test_a_merged_read_resumes_where_it_stopped(make_settings):
     seen: list[str] = []
     starts = None
     while True:
-        read = queries.MergedRead("todo", want=6, starts=starts)
+        read = index.MergedRead("todo", want=6, starts=starts)
         page = []
         for task in read:
             page.append(task.key)
@@ -103,14 +105,13 @@ def test_api_listing_pages_through_all_shards_in_order(make_settings):
     # a cursor made under another shard count is refused, not misread
     code, page, _ = api.call("GET", "/tasks?status=todo&limit=4")
     other = Api(settings.model_copy(update={"status_shards": 8}))
-    from coworker import model
 
-    model.bind(settings.model_copy(update={"status_shards": 8}))
+    connection.bind(settings.model_copy(update={"status_shards": 8}))
     try:
         code, answer, _ = other.call("GET", f"/tasks?status=todo&cursor={page['cursor']}")
         assert code == 400 and "another listing" in answer["message"]
     finally:
-        model.bind(settings)
+        connection.bind(settings)
 
 
 def _legacy_table(make_settings, new_index: bool = True):
@@ -120,17 +121,17 @@ def _legacy_table(make_settings, new_index: bool = True):
     client = dynamodb_client(settings)
     client.delete_table(TableName=settings.table_name)
     client.get_waiter("table_not_exists").wait(TableName=settings.table_name, WaiterConfig={"Delay": 1})
-    request = schema.create_table_request(settings.table_name, legacy_index=True)
+    request = layout.create_table_request(settings.table_name, legacy_index=True)
     if not new_index:
         request["GlobalSecondaryIndexes"] = [ix for ix in request["GlobalSecondaryIndexes"]
-                                             if ix["IndexName"] == schema.LEGACY_STATUS_INDEX_NAME]
+                                             if ix["IndexName"] == layout.LEGACY_STATUS_INDEX_NAME]
         request["AttributeDefinitions"] = [a for a in request["AttributeDefinitions"]
-                                           if a["AttributeName"] != schema.STATUS_INDEX_PARTITION_KEY]
+                                           if a["AttributeName"] != layout.STATUS_INDEX_PARTITION_KEY]
     client.create_table(**request)
     client.get_waiter("table_exists").wait(TableName=settings.table_name, WaiterConfig={"Delay": 1})
-    leases.ensure_slots(settings.worker_slots)
+    slots.ensure_slots(settings.worker_slots)
     for i in range(12):
-        lifecycle.put_task(TaskSpec(key=f"old-{i:02d}", type="quick", priority=100 - i), settings)
+        submit.put_task(TaskSpec(key=f"old-{i:02d}", type="quick", priority=100 - i), settings)
     for item in client.scan(TableName=settings.table_name)["Items"]:
         client.update_item(TableName=settings.table_name, Key={"key": item["key"]},
                            UpdateExpression="REMOVE status_shard")
@@ -142,39 +143,38 @@ def test_migrating_an_unsharded_table_makes_its_tasks_visible_again(make_setting
     invoker = RecordingInvoker()
     # Slots and tasks have no shard: nothing can be dispatched yet. The coordinator's start
     # (ensure_slots) gives the slots theirs.
-    assert queries.count(TaskStatus.TODO) == 0
-    leases.ensure_slots(settings.worker_slots)
+    assert index.count(TaskStatus.TODO) == 0
+    slots.ensure_slots(settings.worker_slots)
     assert dispatch.tick(settings, invoker).dispatched == 0
 
     dry = migration.reshard(dry_run=True)
-    assert (dry.moved, queries.count(TaskStatus.TODO)) == (12, 0)
+    assert (dry.moved, index.count(TaskStatus.TODO)) == (12, 0)
     report = migration.reshard()
     assert report.moved == 12 and report.scanned == 12 + settings.worker_slots
-    assert queries.count(TaskStatus.TODO) == 12
+    assert index.count(TaskStatus.TODO) == 12
     assert dispatch.tick(settings, invoker).dispatched == 12
     assert migration.reshard().moved == 0  # idempotent
 
 
 def test_lowering_the_shard_count_needs_a_reshard_raising_it_does_not(make_settings):
-    from coworker import model
 
     settings = make_settings(status_shards=8)
     _put_spread(settings, 30)
     fewer = settings.model_copy(update={"status_shards": 2})
-    model.bind(fewer)
+    connection.bind(fewer)
     try:
-        assert queries.count(TaskStatus.TODO) < 30  # tasks in shards 2..7 are not read
+        assert index.count(TaskStatus.TODO) < 30  # tasks in shards 2..7 are not read
         assert migration.reshard().moved > 0
-        assert queries.count(TaskStatus.TODO) == 30
-        model.bind(settings.model_copy(update={"status_shards": 16}))
-        assert queries.count(TaskStatus.TODO) == 30  # more shards: every old one is still read
+        assert index.count(TaskStatus.TODO) == 30
+        connection.bind(settings.model_copy(update={"status_shards": 16}))
+        assert index.count(TaskStatus.TODO) == 30  # more shards: every old one is still read
     finally:
-        model.bind(settings)
+        connection.bind(settings)
 
 
 def test_a_reshard_leaves_a_task_a_worker_moved_meanwhile(make_settings):
     settings = _legacy_table(make_settings)
-    leases.ensure_slots(settings.worker_slots)
+    slots.ensure_slots(settings.worker_slots)
     item = TaskModel.get("old-00")
     assert item.status_shard is None
     lifecycle.claim("old-00", "w1", settings)  # a new-release worker writes the shard itself
@@ -183,7 +183,7 @@ def test_a_reshard_leaves_a_task_a_worker_moved_meanwhile(make_settings):
 
 
 def test_a_cursor_over_four_shards_of_the_longest_keys_stays_under_its_limit(make_settings):
-    from coworker.api import MAX_CURSOR_CHARS
+    from coworker.api.app import MAX_CURSOR_CHARS
 
 
     settings = make_settings(status_shards=4)
@@ -191,7 +191,7 @@ def test_a_cursor_over_four_shards_of_the_longest_keys_stays_under_its_limit(mak
     alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:"
     keys = {"".join(rng.choice(alphabet) for _ in range(512)) for _ in range(24)}
     for key in keys:
-        lifecycle.put_task(TaskSpec(key=key, type="quick"), settings)
+        submit.put_task(TaskSpec(key=key, type="quick"), settings)
     api = Api(settings)
     seen, cursor, longest = [], None, 0
     while True:
@@ -226,11 +226,11 @@ def test_a_kept_local_table_without_the_index_gets_it_and_its_tasks_their_shards
         client = dynamodb_client(settings)
         assert create_table(settings) is False  # it exists: the index is added instead
         table = client.describe_table(TableName=settings.table_name)["Table"]
-        assert schema.STATUS_INDEX_NAME in {ix["IndexName"] for ix in table["GlobalSecondaryIndexes"]}
+        assert layout.STATUS_INDEX_NAME in {ix["IndexName"] for ix in table["GlobalSecondaryIndexes"]}
         assert add_status_index(settings) is False  # once only
-        leases.ensure_slots(settings.worker_slots)
+        slots.ensure_slots(settings.worker_slots)
         assert migration.reshard().moved == 12
-        assert queries.count(TaskStatus.TODO) == 12
+        assert index.count(TaskStatus.TODO) == 12
     finally:
         server.stop()
 
@@ -238,7 +238,7 @@ def test_a_kept_local_table_without_the_index_gets_it_and_its_tasks_their_shards
 def test_the_migrate_index_command_reports_and_moves(make_settings):
     import io
 
-    from coworker import cli
+    from coworker_local import cli
 
     settings = _legacy_table(make_settings)
     out, err = io.StringIO(), io.StringIO()
@@ -246,9 +246,9 @@ def test_the_migrate_index_command_reports_and_moves(make_settings):
             "--shards", str(settings.status_shards)]
     assert cli.main([*args, "--dry-run"], out, err) == 0
     moved = 12 + settings.worker_slots  # the tasks, and the slots (the coordinator's start would too)
-    assert f"would move {moved} " in out.getvalue() and queries.count(TaskStatus.TODO) == 0
+    assert f"would move {moved} " in out.getvalue() and index.count(TaskStatus.TODO) == 0
     out = io.StringIO()
     assert cli.main([*args, "--segments", "3"], out, err) == 0
-    assert f"moved {moved} " in out.getvalue() and queries.count(TaskStatus.TODO) == 12
+    assert f"moved {moved} " in out.getvalue() and index.count(TaskStatus.TODO) == 12
     assert cli.main(["migrate-index", "--endpoint", settings.dynamodb_endpoint], io.StringIO(), err) == 2
     assert "--table" in err.getvalue()

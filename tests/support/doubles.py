@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 
-from coworker import leases
-from coworker.api import create_app
-from coworker.worker import WorkerRequest
+from coworker.api.app import create_app
+from coworker.data import layout
+from coworker.engine import slots
+from coworker.engine.worker import WorkerRequest
 from coworker_local.database import dynamodb_client
 from coworker_local.gateway import LocalLambdaContext, build_proxy_event
 
@@ -30,7 +31,7 @@ class Api:
     def counted_batch(self, batch_id: str):
         """GET /batches/{id} once the stream follower (the coordinator's, every tick) has counted
         every write made so far."""
-        from coworker import progress
+        from coworker.engine import progress
 
         progress.catch_up(self.settings)
         return self.call("GET", f"/batches/{batch_id}")
@@ -41,7 +42,7 @@ class Api:
         client = dynamodb_client(self.settings)
         pages = client.get_paginator("scan").paginate(TableName=self.settings.table_name, ConsistentRead=True)
         items = (item for page in pages for item in page["Items"]
-                 if not item["key"]["S"].startswith(leases.SLOT_KEY_PREFIX))
+                 if not item["key"]["S"].startswith(layout.SLOT_KEY_PREFIX))
         return sorted(items, key=lambda i: i["key"]["S"])
 
 
@@ -65,7 +66,7 @@ class RecordingInvoker:
 
 def reserved_request(settings, keys=()) -> WorkerRequest:
     """A worker request holding a freshly reserved slot: the worker feeds itself."""
-    slot = leases.free_slots(settings.worker_slots, 1)[0]
-    token = leases.new_token()
-    assert leases.reserve(slot, token, settings.reservation_seconds)
+    slot = slots.free_slots(settings.worker_slots, 1)[0]
+    token = slots.new_token()
+    assert slots.reserve(slot, token, settings.reservation_seconds)
     return WorkerRequest(tuple(keys), slot, token)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from coworker import schema
+from coworker.data import layout
 from coworker_local import capacity
 from coworker_local.capacity import (
     get_item_read_units,
@@ -86,7 +86,7 @@ def test_failed_conditional_write_is_billed_at_the_existing_items_size():
 # --- index writes ----------------------------------------------------------------------------
 
 def test_index_description_is_the_schemas():
-    request = schema.create_table_request("t")
+    request = layout.create_table_request("t")
     (gsi,) = request["GlobalSecondaryIndexes"]
     assert INDEX.name == gsi["IndexName"]
     assert list(INDEX.key) == [k["AttributeName"] for k in gsi["KeySchema"]]

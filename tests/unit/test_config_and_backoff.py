@@ -4,8 +4,8 @@ import random
 
 import pytest
 from coworker.config import Settings
+from coworker.engine.lifecycle import backoff_delay
 from coworker.errors import ConfigurationError
-from coworker.lifecycle import backoff_delay
 
 
 def test_settings_read_environment_names_and_defaults():

@@ -6,12 +6,13 @@ import sys
 import threading
 import time
 
-import coworker.examples  # noqa: F401  (registers the example types that follow-ups name)
+import coworker.engine.examples  # noqa: F401  (registers the example types that follow-ups name)
 import pytest
-from coworker import TaskFailed, handlers
+from coworker import TaskFailed
 from coworker.config import EXAMPLE_HANDLER_MODULE, Settings
+from coworker.engine import handlers
+from coworker.engine.handlers import handler_package, load_handler_modules
 from coworker.errors import ConfigurationError, UnknownTaskTypeError
-from coworker.handlers import handler_package, load_handler_modules
 from coworker.testing import HandlerTimeout, make_context, run_handler
 
 from tests.support.handler_packages import write_handler_package
@@ -23,7 +24,7 @@ def test_examples_stay_registered_next_to_your_modules_unless_turned_off() -> No
         EXAMPLE_HANDLER_MODULE, "team.a", "team.b"]
     assert Settings(handler_modules="team.a", example_handlers=False).handler_module_list == ["team.a"]
     # Listing the examples explicitly keeps them, once.
-    assert Settings(handler_modules="coworker.examples,team.a",
+    assert Settings(handler_modules="coworker.engine.examples,team.a",
                     example_handlers=False).handler_module_list == [EXAMPLE_HANDLER_MODULE, "team.a"]
     assert Settings.from_env({"COWORKER_EXAMPLE_HANDLERS": "false"}).example_handlers is False
 

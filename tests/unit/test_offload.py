@@ -7,10 +7,10 @@ import json
 
 import boto3
 import pytest
-from coworker import offload
 from coworker.config import Settings
-from coworker.errors import StorageError
-from coworker.offload import FolderObjectStore, S3ObjectStore, object_name, prepare_result
+from coworker.engine import offload
+from coworker.engine.offload import FolderObjectStore, S3ObjectStore, object_name, prepare_result
+from coworker.errors import PayloadTooLargeError, StorageError
 from moto import mock_aws
 
 SETTINGS = Settings(inline_result_bytes=1024, max_result_bytes=100_000)
@@ -81,9 +81,9 @@ def test_payload_sizes_are_counted_as_dynamodb_stores_them() -> None:
     assert offload.stored_size("é") == len('"\\u00e9"')  # 8 bytes for one character
     assert offload.check_payload({"a": 1}, settings, has_store=False) == len('{"a": 1}')
     # Without a store the record takes up to 256 KB, counted on the escaped form.
-    with pytest.raises(offload.PayloadTooLargeError, match="without an object store"):
+    with pytest.raises(PayloadTooLargeError, match="without an object store"):
         offload.check_payload("é" * 50_000, settings, has_store=False)
-    with pytest.raises(offload.PayloadTooLargeError, match="COWORKER_MAX_PAYLOAD_BYTES"):
+    with pytest.raises(PayloadTooLargeError, match="COWORKER_MAX_PAYLOAD_BYTES"):
         offload.check_payload("x" * 20_000, settings, has_store=True)
     assert offload.check_payload("x" * 5_000, settings, has_store=True) == 5_002
 

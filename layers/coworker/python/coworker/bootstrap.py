@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import gc
 
-from coworker import batches, handlers, model, offload
 from coworker.config import Settings
+from coworker.data import connection
+from coworker.engine import handlers, offload
 
 _started = False
 
@@ -20,9 +21,8 @@ def configure(settings: Settings | None = None) -> Settings:
     """
     global _started
     settings = settings or Settings.from_env()
-    model.bind(settings)
-    model.build_clients()  # once per process, before any worker thread needs one
-    batches.build_client()
+    connection.bind(settings)
+    connection.build_clients()  # once per process, before any worker thread needs one
     offload.store_for(settings)
     handlers.load_handler_modules(settings.handler_module_list)
     if not _started:

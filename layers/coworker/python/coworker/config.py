@@ -13,11 +13,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from coworker.data.layout import DEFAULT_STATUS_SHARDS, DEFAULT_TABLE_NAME, MAX_STATUS_SHARDS
 from coworker.errors import ConfigurationError
-from coworker.schema import DEFAULT_STATUS_SHARDS, DEFAULT_TABLE_NAME, MAX_STATUS_SHARDS
 
 # The example task types shipped with the library (registered unless example_handlers is off).
-EXAMPLE_HANDLER_MODULE = "coworker.examples"
+EXAMPLE_HANDLER_MODULE = "coworker.engine.examples"
 
 
 # DynamoDB Streams publishes a write typically well under a second after it, with a timestamp
@@ -184,7 +184,7 @@ class Settings(BaseModel):
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Read settings from environment variables (unset ones take their defaults)."""
         environ = os.environ if environ is None else environ
-        aliases = {field.alias for field in cls.model_fields.values()}
+        aliases = {field.alias or name for name, field in cls.model_fields.items()}
         values: dict[str, Any] = {name: environ[name] for name in aliases if environ.get(name, "") != ""}
         if "AWS_REGION" not in values and environ.get("AWS_DEFAULT_REGION"):
             values["AWS_REGION"] = environ["AWS_DEFAULT_REGION"]

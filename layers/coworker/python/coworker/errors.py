@@ -1,4 +1,5 @@
-"""Every exception Coworker raises derives from :class:`CoworkerError`."""
+"""Every exception Coworker raises derives from :class:`CoworkerError`; they are all here, and the
+API maps them to HTTP answers in one table (``coworker.api.errors.ERROR_STATUS``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,35 @@ class StorageError(CoworkerError):
 
 class RecordTooLargeError(StorageError):
     """A write would make the task's item larger than DynamoDB's 400 KB limit."""
+
+
+class PartialPutError(StorageError):
+    """Storage failed part-way through putting a batch: ``stored`` are the keys that went in,
+    the others did not."""
+
+    def __init__(self, message: str, stored: list[str]) -> None:
+        super().__init__(message)
+        self.stored = stored
+
+
+class GuardFailedError(CoworkerError):
+    """The guard of a guarded put no longer held: nothing of that chunk was written."""
+
+
+class PayloadTooLargeError(CoworkerError):
+    """A payload is larger than Coworker accepts (see ``coworker.engine.offload.check_payload``)."""
+
+
+class BatchNotFoundError(CoworkerError):
+    """No batch has the given id."""
+
+
+class BatchFailedError(CoworkerError):
+    """The batch stopped at its failure threshold: it takes no new tasks until it is redriven."""
+
+
+class TooManyPausedTypesError(CoworkerError):
+    """The claim condition can exclude at most ``control.MAX_PAUSED_TYPES`` types."""
 
 
 class TaskNotFoundError(CoworkerError):

@@ -14,6 +14,7 @@ from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.logging.formatter import LambdaPowertoolsFormatter
+from aws_lambda_powertools.logging.types import PowertoolsLogRecord
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME", "coworker")
 NAMESPACE = os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Coworker")
@@ -46,10 +47,10 @@ def _clip_all(value: Any, limit: int) -> Any:
 class ClippingFormatter(LambdaPowertoolsFormatter):
     """Powertools' JSON log format, with every text field clipped (see MAX_LOG_FIELD_CHARS)."""
 
-    def serialize(self, log: dict[str, Any]) -> str:
+    def serialize(self, log: dict[str, Any] | PowertoolsLogRecord) -> str:
         clipped = {
             name: _clip_all(value, MAX_LOG_EXCEPTION_CHARS if name == "exception" else MAX_LOG_FIELD_CHARS)
-            for name, value in log.items()
+            for name, value in dict(log).items()
         }
         return super().serialize(clipped)
 

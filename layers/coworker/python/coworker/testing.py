@@ -1,4 +1,4 @@
-"""Run one handler in a test, with a real :class:`~coworker.handlers.TaskContext`.
+"""Run one handler in a test, with a real :class:`~coworker.engine.handlers.TaskContext`.
 
 ::
 
@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from coworker.handlers import Handler, TaskContext, get_handler
+from coworker.engine.handlers import Handler, TaskContext, get_handler
 
 TEST_OWNER = "test-worker"
 

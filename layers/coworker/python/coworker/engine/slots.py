@@ -1,4 +1,5 @@
-"""Leases: items with a holder and an expiry, taken and kept by conditional writes.
+"""Worker slots and the coordinator's lease: items with a holder and an expiry, taken and kept by
+conditional writes. The slots are how ``max_concurrency`` is enforced.
 
 Two kinds live in the task table next to the tasks:
 
@@ -26,59 +27,13 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta
+from typing import Any
 
-from pynamodb.attributes import UnicodeAttribute, UTCDateTimeAttribute
-from pynamodb.exceptions import DeleteError, PutError, UpdateError
 from pynamodb.expressions.condition import Condition
-from pynamodb.indexes import GlobalSecondaryIndex, KeysOnlyProjection
-from pynamodb.models import Model
 
-from coworker import schema
-from coworker.errors import StorageError
-from coworker.model import utcnow
-
-SLOT_KEY_PREFIX = "slot#"
-LEASE_KEY_PREFIX = "lease#"
-COORDINATOR_LEASE = LEASE_KEY_PREFIX + "coordinator"
-# The status-index partition of worker slots: not a task status, so task listings never see it.
-SLOT_STATUS = "worker-slot"
-_CONDITION_FAILED = "ConditionalCheckFailedException"
-
-
-class LeaseState:
-    FREE = "free"
-    RESERVED = "reserved"
-    RUNNING = "running"
-    HELD = "held"
-
-
-class SlotIndex(GlobalSecondaryIndex["LeaseModel"]):
-    """The tasks' status index, read for the ``worker-slot`` partition only."""
-
-    class Meta:
-        index_name = schema.STATUS_INDEX_NAME
-        projection = KeysOnlyProjection()
-
-    status_shard = UnicodeAttribute(hash_key=True)
-    due_at = UTCDateTimeAttribute(range_key=True)
-
-
-class LeaseModel(Model):
-    """A lease item: ``holder`` has it until ``due_at`` (absent holder: free)."""
-
-    class Meta:
-        table_name = schema.DEFAULT_TABLE_NAME
-        region = "us-east-1"
-
-    key = UnicodeAttribute(hash_key=True, attr_name=schema.PARTITION_KEY)
-    status = UnicodeAttribute(null=True, attr_name=schema.STATUS_ATTRIBUTE)
-    status_shard = UnicodeAttribute(null=True, attr_name=schema.STATUS_INDEX_PARTITION_KEY)
-    due_at = UTCDateTimeAttribute(attr_name=schema.STATUS_INDEX_SORT_KEY)
-    holder = UnicodeAttribute(null=True)
-    state = UnicodeAttribute(default=LeaseState.FREE)
-    updated_at = UTCDateTimeAttribute()
-
-    slot_index = SlotIndex()
+from coworker.data import layout, writes
+from coworker.data.layout import SLOT_KEY_PREFIX, SLOT_STATUS
+from coworker.data.models import LeaseModel, LeaseState, utcnow
 
 
 def new_token() -> str:
@@ -93,14 +48,8 @@ def slot_number(key: str) -> int:
     return int(key[len(SLOT_KEY_PREFIX):])
 
 
-def _update(key: str, actions: list, condition: Condition) -> bool:
-    try:
-        LeaseModel(key).update(actions=actions, condition=condition)
-    except UpdateError as exc:
-        if exc.cause_response_code == _CONDITION_FAILED:
-            return False
-        raise StorageError(f"could not update lease {key!r}: {exc.cause_response_message}") from exc
-    return True
+def _update(key: str, actions: list[Any], condition: Condition) -> bool:
+    return writes.update(LeaseModel(key), actions, condition, f"update lease {key!r}")
 
 
 def take(key: str, holder: str, seconds: float, state: str, now: datetime | None = None) -> bool:
@@ -143,7 +92,7 @@ def ensure_slots(count: int, now: datetime | None = None) -> int:
     now = now or utcnow()
     wanted = [slot_key(number) for number in range(count)]
     existing = {item.key: item for item in LeaseModel.batch_get(
-        wanted, attributes_to_get=[schema.PARTITION_KEY, schema.STATUS_INDEX_PARTITION_KEY])}
+        wanted, attributes_to_get=[layout.PARTITION_KEY, layout.STATUS_INDEX_PARTITION_KEY])}
     created = 0
     for key in wanted:
         if key in existing:
@@ -152,12 +101,7 @@ def ensure_slots(count: int, now: datetime | None = None) -> int:
             continue
         slot = LeaseModel(key, status=SLOT_STATUS, status_shard=SLOT_STATUS, due_at=now,
                           state=LeaseState.FREE, updated_at=now)
-        try:
-            slot.save(condition=LeaseModel.key.does_not_exist())
-            created += 1
-        except PutError as exc:
-            if exc.cause_response_code != _CONDITION_FAILED:
-                raise StorageError(f"could not create {key!r}: {exc.cause_response_message}") from exc
+        created += writes.put_if_new(slot, f"slot {key!r}")
     return created
 
 
@@ -171,12 +115,7 @@ def retire_extra_slots(count: int, now: datetime | None = None) -> int:
     for item in LeaseModel.slot_index.query(SLOT_STATUS, LeaseModel.due_at <= now):
         if slot_number(item.key) < count:
             continue
-        try:
-            LeaseModel(item.key).delete(condition=LeaseModel.due_at <= now)
-            retired += 1
-        except DeleteError as exc:
-            if exc.cause_response_code != _CONDITION_FAILED:
-                raise StorageError(f"could not delete {item.key!r}: {exc.cause_response_message}") from exc
+        retired += writes.delete_if(LeaseModel(item.key), LeaseModel.due_at <= now, f"slot {item.key!r}")
     return retired
 
 

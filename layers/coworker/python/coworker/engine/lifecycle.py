@@ -32,37 +32,19 @@ from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from pynamodb.constants import NONE
-from pynamodb.exceptions import DoesNotExist, PutError, UpdateError
+from pynamodb.exceptions import DoesNotExist
 from pynamodb.expressions.condition import Condition
 
-from coworker import batches, offload
 from coworker.config import Settings
-from coworker.errors import RecordTooLargeError, StorageError, TaskNotFoundError
-from coworker.handlers import FollowUp
-from coworker.model import ErrorKind, ErrorRecord, TaskModel, TaskStatus, put_if_new, utcnow
-from coworker.schema import BLOCKED_PREFIX, HELD_PREFIX
+from coworker.data import writes
+from coworker.data.layout import BLOCKED_PREFIX, HELD_PREFIX
+from coworker.data.models import ErrorKind, ErrorRecord, TaskModel, TaskStatus, utcnow
+from coworker.engine import offload
+from coworker.engine.tasks import TaskSpec
+from coworker.errors import GuardFailedError, PayloadTooLargeError, RecordTooLargeError, StorageError, TaskNotFoundError
 
 MAX_MESSAGE_CHARS = 1000
 MAX_TRACEBACK_CHARS = 2000
-CONDITION_FAILED = "ConditionalCheckFailedException"
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskSpec:
-    """What a caller puts: a new task."""
-
-    key: str
-    type: str
-    payload: Any = None
-    max_attempts: int | None = None
-    run_at: datetime | None = None
-    batch_id: str | None = None
-    priority: int | None = None
-    parent: str | None = None  # the task that spawned this one (a follow-up)
-    concurrency_key: str | None = None  # at most concurrency_limit tasks of one key run at once
-    concurrency_limit: int | None = None
-    payload_ref: dict[str, Any] | None = None  # set by stage_payloads: the payload is in the store
 
 
 def stage_payloads(specs: Sequence[TaskSpec], settings: Settings) -> list[TaskSpec]:
@@ -72,19 +54,14 @@ def stage_payloads(specs: Sequence[TaskSpec], settings: Settings) -> list[TaskSp
     for number, spec in enumerate(specs, start=1):
         try:
             offload.check_payload(spec.payload, settings, store is not None)
-        except offload.PayloadTooLargeError as exc:
+        except PayloadTooLargeError as exc:
             where = f"task {number} (key {spec.key!r})" if len(specs) > 1 else f"task {spec.key!r}"
-            raise offload.PayloadTooLargeError(f"{where}: {exc}") from None
+            raise PayloadTooLargeError(f"{where}: {exc}") from None
     staged = []
     for spec in specs:
         payload, ref = offload.stage_payload(spec.payload, settings, store, key=spec.key)
         staged.append(dataclasses.replace(spec, payload=payload, payload_ref=ref.to_dict()) if ref else spec)
     return staged
-
-
-class PutOutcome(str, enum.Enum):
-    CREATED = "created"
-    EXISTS = "exists"
 
 
 class RecordOutcome(str, enum.Enum):
@@ -103,7 +80,7 @@ class Claim:
     task: TaskModel
     owner: str
     attempt: int
-    # The concurrency groups whose places this attempt holds (see :mod:`coworker.concurrency`).
+    # The concurrency groups whose places this attempt holds (see :mod:`coworker.engine.gates`).
     groups: tuple[Any, ...] = ()
 
     @property
@@ -125,16 +102,6 @@ class Claim:
     def took_over_lost_attempt(self) -> bool:
         """True when this claim took the task from a worker whose lock had expired."""
         return self.task.claimed_from == TaskStatus.PROCESSING.value
-
-
-def _condition_failed(exc: PutError | UpdateError) -> bool:
-    return exc.cause_response_code == CONDITION_FAILED
-
-
-def _too_large(exc: PutError | UpdateError) -> bool:
-    """DynamoDB refused the write because the item would pass its 400 KB limit."""
-    return (exc.cause_response_code == "ValidationException"
-            and "maximum allowed size" in (exc.cause_response_message or ""))
 
 
 def backoff_delay(attempt: int, settings: Settings, rng: random.Random | None = None) -> float:
@@ -200,22 +167,6 @@ def new_task(spec: TaskSpec, settings: Settings, now: datetime) -> TaskModel:
     )
 
 
-def put_task(spec: TaskSpec, settings: Settings, now: datetime | None = None) -> PutOutcome:
-    """Create a task in ``todo``; a task whose key exists is left exactly as it is.
-
-    A task with a ``batch_id`` also creates or touches its batch (see :func:`batches.put_tasks`). A large
-    payload goes to the object store first (:func:`stage_payloads`); one too large for any store
-    raises ``offload.PayloadTooLargeError`` and nothing is written.
-    """
-    now = now or utcnow()
-    (spec,) = stage_payloads([spec], settings)
-    task = new_task(spec, settings, now)
-    if spec.batch_id:
-        created = batches.put_tasks([task], spec.batch_id, now)[0]
-        return PutOutcome.CREATED if created else PutOutcome.EXISTS
-    return PutOutcome.CREATED if put_if_new(task, f"task {spec.key!r}") else PutOutcome.EXISTS
-
-
 def get_task(key: str, consistent: bool = True) -> TaskModel:
     """Read one task, or raise :class:`TaskNotFoundError`."""
     try:
@@ -248,27 +199,22 @@ def claim(key: str, owner: str, settings: Settings, now: datetime | None = None,
     if stopped_batches:
         claimable &= ~TaskModel.batch_id.is_in(*sorted(stopped_batches))
     task = TaskModel(key)
+    actions = [
+        TaskModel.claimed_from.set(TaskModel.status),  # right-hand side reads the old value
+        *TaskModel.status_actions(key, TaskStatus.PROCESSING.value),
+        TaskModel.lock_owner.set(owner),
+        TaskModel.lock_expires_at.set(expires),
+        TaskModel.due_at.set(expires),
+        TaskModel.attempts.add(1),
+        TaskModel.updated_at.set(now),
+    ]
     try:
-        task.update(
-            actions=[
-                TaskModel.claimed_from.set(TaskModel.status),  # right-hand side reads the old value
-                *TaskModel.status_actions(key, TaskStatus.PROCESSING.value),
-                TaskModel.lock_owner.set(owner),
-                TaskModel.lock_expires_at.set(expires),
-                TaskModel.due_at.set(expires),
-                TaskModel.attempts.add(1),
-                TaskModel.updated_at.set(now),
-            ],
-            condition=claimable,
-        )
-    except UpdateError as exc:
-        if _condition_failed(exc):
+        if not writes.update(task, actions, claimable, f"claim task {key!r}"):
             return None
-        if _too_large(exc):
-            # Not even the lock fits: end the task rather than have it handed out for ever.
-            _end_too_large(TaskModel(key), claimable, None, now)
-            return None
-        raise StorageError(f"could not claim task {key!r}: {exc.cause_response_message}") from exc
+    except RecordTooLargeError:
+        # Not even the lock fits: end the task rather than have it handed out for ever.
+        _end_too_large(TaskModel(key), claimable, None, now)
+        return None
     return Claim(task=task, owner=owner, attempt=int(task.attempts))
 
 
@@ -280,7 +226,7 @@ def release_unstarted(claim: Claim, now: datetime | None = None) -> bool:
     return _write(TaskModel(claim.key), give_back_actions(claim, now), fenced(claim), "release")
 
 
-def give_back_actions(claim: Claim, now: datetime, partition: str | None = None) -> list:
+def give_back_actions(claim: Claim, now: datetime, partition: str | None = None) -> list[Any]:
     """Update actions that return an unstarted claim: the status it was claimed from, due now,
     lock removed, the attempt not counted (write them under :func:`fenced`).
 
@@ -329,7 +275,7 @@ def extend_lock(claim: Claim, settings: Settings, now: datetime | None = None) -
     expires = lock_expiry(settings, now or utcnow())
     # A fresh item object: the worker thread may be reading ``claim.task`` at this moment.
     return _write(TaskModel(claim.key), [TaskModel.lock_expires_at.set(expires), TaskModel.due_at.set(expires)],
-                  fenced(claim), None, "extend the lock of")
+                  fenced(claim), "extend the lock of")
 
 
 def _history(claim: Claim, settings: Settings, now: datetime, new: list[ErrorRecord]) -> list[ErrorRecord]:
@@ -343,7 +289,7 @@ def _history(claim: Claim, settings: Settings, now: datetime, new: list[ErrorRec
     return entries[-settings.error_history:]
 
 
-def release_lock_actions(now: datetime) -> list:
+def release_lock_actions(now: datetime) -> list[Any]:
     return [
         TaskModel.lock_owner.remove(),
         TaskModel.lock_expires_at.remove(),
@@ -352,25 +298,14 @@ def release_lock_actions(now: datetime) -> list:
     ]
 
 
-def _write(task: TaskModel, actions: list, condition: Condition, what: str, refresh: bool = False) -> bool:
-    """One state change, a single conditional UpdateItem; ``False`` (nothing written) when
-    ``condition`` does not hold. (A task of a batch is written the same way: its batch counts it
-    from the table's stream.) With ``refresh``, ``task`` is updated from the written item;
-    without, nothing is returned (the cheaper request a worker makes twice per task).
+def _write(task: TaskModel, actions: list[Any], condition: Condition, doing: str, *, refresh: bool = False) -> bool:
+    """One state change of ``task``, a single conditional UpdateItem; ``False`` (nothing written)
+    when ``condition`` does not hold. (A task of a batch is written the same way: its batch counts
+    it from the table's stream.) With ``refresh``, ``task`` is updated from the written item;
+    without, nothing is returned (the cheaper request a worker makes twice per task). ``doing``
+    names the change in an error's message: "could not <doing> task 'k'".
     """
-    try:
-        if refresh:
-            task.update(actions=actions, condition=condition)
-        else:
-            TaskModel._get_connection().update_item(task.key, actions=actions, condition=condition,
-                                                    return_values=NONE)
-    except UpdateError as exc:
-        if _condition_failed(exc):
-            return False
-        if _too_large(exc):
-            raise RecordTooLargeError(f"could not {what} task {task.key!r}: its record would pass 400 KB") from exc
-        raise StorageError(f"could not {what} task {task.key!r}: {exc.cause_response_message}") from exc
-    return True
+    return writes.update(task, actions, condition, f"{doing} task {task.key!r}", refresh=refresh)
 
 
 def _end_too_large(task: TaskModel, condition: Condition, kept: ErrorRecord | None, now: datetime) -> bool:
@@ -412,31 +347,26 @@ def _fenced_update(claim: Claim, actions: list, outcome: RecordOutcome) -> Recor
     return outcome
 
 
-def _follow_up_tasks(claim: Claim, follow_ups: Sequence[FollowUp], settings: Settings,
+def _follow_up_tasks(claim: Claim, follow_ups: Sequence[TaskSpec], settings: Settings,
                      now: datetime) -> list[TaskModel]:
     """The items of an attempt's follow-ups: each key once (the task's own key always exists),
-    in the task's batch when they inherit it, large payloads moved to the object store."""
+    large payloads moved to the object store."""
     specs = []
     seen = {claim.key}
     for follow_up in follow_ups:
         if follow_up.key in seen:
             continue
         seen.add(follow_up.key)
-        specs.append(TaskSpec(key=follow_up.key, type=follow_up.type, payload=follow_up.payload,
-                              max_attempts=follow_up.max_attempts, run_at=follow_up.run_at,
-                              batch_id=claim.task.batch_id if follow_up.inherit_batch else None,
-                              priority=follow_up.priority, parent=claim.key,
-                              concurrency_key=follow_up.concurrency_key,
-                              concurrency_limit=follow_up.concurrency_limit))
+        specs.append(follow_up)
     return [new_task(spec, settings, now) for spec in stage_payloads(specs, settings)]
 
 
 def _split_for_fold(tasks: list[TaskModel]) -> tuple[list[TaskModel], list[TaskModel]]:
     """``(put before, put with the completion)``: as many as fit in the completion's transaction."""
-    room, budget = batches.FOLD_ROOM, batches.PUT_CHUNK_BYTES
+    room, budget = writes.FOLD_ROOM, writes.PUT_CHUNK_BYTES
     folded: list[TaskModel] = []
     for task in reversed(tasks):
-        size = batches.item_size(task)
+        size = writes.item_size(task)
         if len(folded) >= room or size > budget:
             break
         folded.append(task)
@@ -446,7 +376,7 @@ def _split_for_fold(tasks: list[TaskModel]) -> tuple[list[TaskModel], list[TaskM
 
 
 def complete(claim: Claim, settings: Settings, result: Any = None, now: datetime | None = None,
-             result_ref: dict[str, Any] | None = None, follow_ups: Sequence[FollowUp] = ()) -> RecordOutcome:
+             result_ref: dict[str, Any] | None = None, follow_ups: Sequence[TaskSpec] = ()) -> RecordOutcome:
     """Record success: finished, lock removed, task leaves the status index.
 
     ``result`` is kept on the record; ``result_ref`` points at a result in the result store.
@@ -454,7 +384,7 @@ def complete(claim: Claim, settings: Settings, result: Any = None, now: datetime
     transaction as far as DynamoDB's limits allow (98 tasks, 4 MB); more are put first, in
     transactions that check the claim, so a stale attempt adds nothing. Each is put only if its
     key is new: if the worker dies after those first puts, the retry asks for the same keys.
-    Raises ``offload.PayloadTooLargeError`` for a follow-up payload no store takes.
+    Raises ``PayloadTooLargeError`` for a follow-up payload no store takes.
     """
     now = now or utcnow()
     actions = [
@@ -476,10 +406,10 @@ def complete(claim: Claim, settings: Settings, result: Any = None, now: datetime
     before, folded = _split_for_fold(_follow_up_tasks(claim, follow_ups, settings, now))
     try:
         for batch_id in dict.fromkeys(task.batch_id for task in before):
-            batches.put_guarded([t for t in before if t.batch_id == batch_id], claim.key, fenced(claim))
-    except batches.GuardFailedError:
+            writes.put_guarded([t for t in before if t.batch_id == batch_id], claim.key, fenced(claim))
+    except GuardFailedError:
         return RecordOutcome.LOST
-    if not batches.update_task_and_put(claim.task, actions, fenced(claim), folded):
+    if not writes.update_task_and_put(claim.task, actions, fenced(claim), folded):
         return RecordOutcome.LOST
     return RecordOutcome.FINISHED
 
@@ -516,7 +446,7 @@ def fail(
 RACE_RETRIES = 5
 
 
-def _write_with_error(task: TaskModel, entry: ErrorRecord, settings: Settings, actions: list,
+def _write_with_error(task: TaskModel, entry: ErrorRecord, settings: Settings, actions: list[Any],
                       condition: Condition, what: str, refresh: bool = False) -> bool:
     """A state change that adds ``entry`` to the task's error history, kept at the last
     ``error_history`` entries like every other writer of it.

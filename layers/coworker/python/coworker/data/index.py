@@ -1,6 +1,6 @@
 """Reads through the sharded status index: what the coordinator dispatches, listings, counts.
 
-Each status lives in S index partitions, ``todo#0`` ... ``todo#S-1`` (see :mod:`coworker.schema`).
+Each status lives in S index partitions, ``todo#0`` ... ``todo#S-1`` (see :mod:`coworker.data.layout`).
 A read queries the S partitions of a status in parallel, a page each, and merges them by
 ``due_at``: the merged stream is in exactly the order one unsharded partition would give, and it
 fetches a shard's next page only when the merge needs it. Reading the first N entries this way
@@ -11,6 +11,7 @@ the backlog.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -20,10 +21,10 @@ from typing import Any, Final
 
 from pynamodb.expressions.condition import Condition
 
-from coworker import schema
-from coworker.model import TaskModel, TaskStatus, status_shards
+from coworker.data import layout
+from coworker.data.models import TaskModel, TaskStatus, status_shards
 
-_INDEX_KEYS = (schema.PARTITION_KEY, schema.STATUS_INDEX_PARTITION_KEY, schema.STATUS_INDEX_SORT_KEY)
+_INDEX_KEYS = (layout.PARTITION_KEY, layout.STATUS_INDEX_PARTITION_KEY, layout.STATUS_INDEX_SORT_KEY)
 _pool: ThreadPoolExecutor | None = None
 
 
@@ -92,7 +93,7 @@ class MergedRead:
                  starts: Sequence[dict[str, Any] | None | bool] | None = None,
                  budget: int | None = None, shards: int | None = None) -> None:
         shards = shards or status_shards()
-        values = schema.shard_values(status, shards)
+        values = layout.shard_values(status, shards)
         starts = list(starts) if starts is not None else [None] * shards
         if len(starts) != shards:
             raise ValueError(f"{len(starts)} shard positions for {shards} shards")
@@ -135,7 +136,7 @@ class MergedRead:
         while dry:
             if self.budget is not None and self.scanned >= self.budget:
                 return False
-            _parallel([lambda s=stream: s.fetch(self.page_size, **self.query) for stream in dry])
+            _parallel([functools.partial(stream.fetch, self.page_size, **self.query) for stream in dry])
             dry = [stream for stream in dry if not stream.buffer and stream.more_pages]
         return True
 
@@ -145,7 +146,7 @@ class MergedRead:
             if not ready:
                 return
             pick = min if self.forward else max
-            stream = pick(ready, key=lambda s: s.buffer[0][schema.STATUS_INDEX_SORT_KEY]["S"])
+            stream = pick(ready, key=lambda s: s.buffer[0][layout.STATUS_INDEX_SORT_KEY]["S"])
             yield TaskModel.from_raw_data(stream.take())
 
 
@@ -165,7 +166,7 @@ def due(status: TaskStatus, now: datetime, limit: int, read_past: int = 0) -> It
 
 # What a self-feeding worker reads of each index entry: what it filters on, nothing it would
 # parse for nothing (a worker's own CPU bounds how fast its threads turn over).
-FEED_ATTRIBUTES: Final = [schema.PARTITION_KEY, "type", "batch_id", "attempts", "max_attempts"]
+FEED_ATTRIBUTES: Final = [layout.PARTITION_KEY, "type", "batch_id", "attempts", "max_attempts"]
 
 
 def due_from_shard(status: TaskStatus, now: datetime, limit: int, first_shard: int,
@@ -182,7 +183,7 @@ def due_from_shard(status: TaskStatus, now: datetime, limit: int, first_shard: i
     for step in range(shards):
         if taken >= limit:
             return
-        value = schema.shard_value(status.value, (first_shard + step) % shards)
+        value = layout.shard_value(status.value, (first_shard + step) % shards)
         page_size = first_page_size if step == 0 and first_page_size else limit
         for task in TaskModel.status_index.query(value, TaskModel.due_at <= now, limit=limit - taken,
                                                  page_size=min(limit - taken, page_size),
@@ -201,8 +202,8 @@ def running_and_lost(now: datetime) -> tuple[int, list[TaskModel]]:
     def shard(value: str) -> list[TaskModel]:
         return list(TaskModel.status_index.query(value))
 
-    entries = [task for found in _parallel([lambda v=value: shard(v) for value in
-                                            schema.shard_values(TaskStatus.PROCESSING.value, status_shards())])
+    entries = [task for found in _parallel([functools.partial(shard, value) for value in
+                                            layout.shard_values(TaskStatus.PROCESSING.value, status_shards())])
                for task in found]
     lost = sorted((task for task in entries if task.due_at <= now), key=lambda task: task.due_at)
     return len(entries) - len(lost), lost
@@ -219,8 +220,8 @@ def count(status: TaskStatus | str, range_key_condition: Condition | None = None
     """Exact number of index entries of ``status`` (all shards, in parallel; paginates)."""
     value = status.value if isinstance(status, TaskStatus) else status
     return sum(_parallel([
-        lambda v=shard_value: TaskModel.status_index.count(v, range_key_condition)
-        for shard_value in schema.shard_values(value, status_shards())
+        functools.partial(TaskModel.status_index.count, shard_value, range_key_condition)
+        for shard_value in layout.shard_values(value, status_shards())
     ]))
 
 
@@ -231,7 +232,7 @@ def count_capped(status: str, cap: int, range_key_condition: Condition | None = 
     Each shard counts up to its share of ``cap``; ``capped`` means some shard had more (or the
     sum passed ``cap``), so the true count is at least ``count``, which is never above ``cap``.
     """
-    return count_partitions(schema.shard_values(status, status_shards()), cap, range_key_condition)
+    return count_partitions(layout.shard_values(status, status_shards()), cap, range_key_condition)
 
 
 def count_partitions(values: Sequence[str], cap: int, range_key_condition: Condition | None = None
@@ -239,7 +240,7 @@ def count_partitions(values: Sequence[str], cap: int, range_key_condition: Condi
     """Entries of the index partitions ``values`` (in parallel), each counted up to its share of
     ``cap``: ``(count, capped)`` as :func:`count_capped`."""
     share = max(1, math.ceil(cap / len(values)))
-    counted = _parallel([lambda v=value: _count_shard(v, share, range_key_condition) for value in values])
+    counted = _parallel([functools.partial(_count_shard, value, share, range_key_condition) for value in values])
     total = sum(n for n, _ in counted)
     return min(total, cap), total > cap or any(capped for _, capped in counted)
 
@@ -248,8 +249,10 @@ def first_entries(values: Sequence[str], limit: int) -> list[TaskModel]:
     """About ``limit`` entries from the index partitions ``values`` together (a page of each, in
     parallel, oldest first within each)."""
     share = max(1, math.ceil(limit / len(values)))
-    pages = _parallel([lambda v=value: list(TaskModel.status_index.query(v, limit=share, page_size=share))
-                       for value in values])
+    def first_page(value: str) -> list[TaskModel]:
+        return list(TaskModel.status_index.query(value, limit=share, page_size=share))
+
+    pages = _parallel([functools.partial(first_page, value) for value in values])
     return [task for page in pages for task in page]
 
 
@@ -259,7 +262,7 @@ def _count_shard(value: str, cap: int, range_key_condition: Condition | None = N
     while total < cap:
         page = next(TaskModel.status_index.query(
             value, range_key_condition, page_size=cap - total, last_evaluated_key=last_key,
-            attributes_to_get=[schema.PARTITION_KEY]).page_iter)
+            attributes_to_get=[layout.PARTITION_KEY]).page_iter)
         total += int(page.get("Count", 0))
         last_key = page.get("LastEvaluatedKey")
         if last_key is None:
@@ -281,7 +284,7 @@ class Backlog:
     lost: int
     oldest_due_age_seconds: float
     capped: tuple[str, ...] = ()
-    # Not due: waiting for a place in a concurrency group (see coworker.concurrency).
+    # Not due: waiting for a place in a concurrency group (see coworker.engine.gates).
     blocked: int = 0
 
     @property

@@ -1,7 +1,7 @@
-"""The table layout, in one place: imported by the pynamodb model, the CDK construct,
+"""The table layout, in one place: imported by the pynamodb models, the CDK construct,
 the local runtime and the tests, so the definitions cannot drift apart.
 
-Layout (one item per task)::
+Tasks (one item per task)::
 
     key (S, partition key)                       the task's unique key
     status (S)       todo | processing | failed | finished | ignored
@@ -22,12 +22,26 @@ shards of a status in parallel and merge them by ``due_at``, so "oldest first" s
 The index is sparse: a finished task drops ``due_at`` and leaves the index (one index write
 instead of the two a key change costs), so the index holds only live and ignored tasks and
 the coordinator's queries never wade through finished work.
+
+Coworker's own items live in the same table, under reserved key prefixes (a task key may not
+start with any of them; :func:`reserved_prefix`)::
+
+    batch#<id>, batch#<id>#<shard>   a batch's head and its stream counters  (engine.batches)
+    control#types                    paused types, type limits, stopped batches (engine.control)
+    slot#NNNN                        worker slots: capacity accounting       (engine.slots)
+    lease#coordinator                the coordinator's single-flight lease   (engine.slots)
+    gate#<group>                     a concurrency group's places            (engine.gates)
+    stream#<shard>, stream#counted-through   the stream follower's place     (engine.progress)
+
+Index partitions other than ``<status>#<n>``: ``worker-slot`` (slots), ``held#<type>#<n>``
+(tasks of a paused type), ``blocked#<group>`` (tasks waiting for a place in a concurrency
+group), ``gates#waiting`` (gates with blocked tasks).
 """
 
 from __future__ import annotations
 
 import zlib
-from typing import Final
+from typing import Any, Final
 
 DEFAULT_TABLE_NAME: Final = "coworker-tasks"
 
@@ -47,20 +61,46 @@ STATUS_INDEX_PROJECTED: Final = (
     STATUS_ATTRIBUTE, "type", "attempts", "max_attempts", "updated_at", "batch_id", "lock_owner",
 )
 TTL_ATTRIBUTE: Final = "delete_after_epoch"
+# -- item kinds: key prefixes of Coworker's own items ------------------------------------------
+BATCH_KEY_PREFIX: Final = "batch#"
+CONTROL_KEY_PREFIX: Final = "control#"
+CONTROL_KEY: Final = CONTROL_KEY_PREFIX + "types"
+SLOT_KEY_PREFIX: Final = "slot#"
+LEASE_KEY_PREFIX: Final = "lease#"
+COORDINATOR_LEASE: Final = LEASE_KEY_PREFIX + "coordinator"
+STREAM_KEY_PREFIX: Final = "stream#"
+# The stream follower's watermark: every write made before its ``counted_through`` has been counted.
+COUNTED_THROUGH_KEY: Final = STREAM_KEY_PREFIX + "counted-through"
+# Concurrency gates (``gate#<group>`` items).
+GATE_PREFIX: Final = "gate#"
+RESERVED_KEY_PREFIXES: Final = (BATCH_KEY_PREFIX, CONTROL_KEY_PREFIX, SLOT_KEY_PREFIX, LEASE_KEY_PREFIX,
+                                STREAM_KEY_PREFIX, GATE_PREFIX)
+
+# -- index partitions besides the tasks' status shards -----------------------------------------
+# Worker slots: one partition, not sharded (not a task status, so task listings never see it).
+SLOT_STATUS: Final = "worker-slot"
 # Index partitions ``held#<type>#<shard>``: tasks of a paused type, parked out of the queue.
 HELD_PREFIX: Final = "held#"
 # Index partitions ``blocked#<group>``: tasks waiting for a place in their concurrency group.
 BLOCKED_PREFIX: Final = "blocked#"
-# Concurrency gates (``gate#<group>`` items); the index partition of gates with blocked tasks.
-GATE_PREFIX: Final = "gate#"
+# The index partition of gates with blocked tasks.
 WAITING_GATES: Final = "gates#waiting"
-# The table's stream: the coordinator counts batch progress from it (see coworker.progress).
+# The table's stream: the coordinator counts batch progress from it (see coworker.engine.progress).
 STREAM_SPECIFICATION: Final = {"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"}
 
 
 def shard_of(key: str, shards: int) -> int:
-    """The status shard of a task key: a stable hash, so every writer and reader agrees."""
+    """The shard of a key among ``shards``: a stable hash, so every writer and reader agrees.
+
+    It places a task in its status's index shard, and a self-feeding worker's *stripe* is the
+    same hash over the worker slots (engine.feeder): where the slots divide the shards, a
+    shard holds one stripe's keys."""
     return zlib.crc32(key.encode()) % shards
+
+
+def reserved_prefix(key: str) -> str | None:
+    """The reserved prefix ``key`` starts with (an item of Coworker's own, not a task), or ``None``."""
+    return next((prefix for prefix in RESERVED_KEY_PREFIXES if key.startswith(prefix)), None)
 
 
 def shard_value(status: str, shard: int) -> str:
@@ -81,7 +121,7 @@ def key_schema(legacy_index: bool = False) -> dict[str, str]:
     return keys
 
 
-def _index(name: str, partition_key: str) -> dict:
+def _index(name: str, partition_key: str) -> dict[str, Any]:
     return {
         "IndexName": name,
         "KeySchema": [
@@ -92,7 +132,7 @@ def _index(name: str, partition_key: str) -> dict:
     }
 
 
-def create_table_request(table_name: str = DEFAULT_TABLE_NAME, legacy_index: bool = False) -> dict:
+def create_table_request(table_name: str = DEFAULT_TABLE_NAME, legacy_index: bool = False) -> dict[str, Any]:
     """A CreateTable request for this layout (on-demand), as boto3 takes it.
 
     Used by the local runtime and the tests; the CDK construct builds the same table from the

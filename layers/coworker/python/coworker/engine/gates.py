@@ -5,7 +5,7 @@ A task belongs to up to two groups:
 * its **concurrency key**, ``key:<concurrency_key>``, with the limit the task carries (a crawled
   domain, a tenant: ``concurrency_limit`` of them at once, 1 when not given);
 * its **type**, ``type:<type>``, when the type has a limit (set live in the control record,
-  :func:`coworker.control.set_limit`).
+  :func:`coworker.engine.control.set_limit`).
 
 A task in no group (no key, no type limit) pays nothing: no read, no write, no condition.
 
@@ -54,23 +54,19 @@ import enum
 import hashlib
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
-from pynamodb.attributes import MapAttribute, NumberAttribute, UnicodeAttribute, UTCDateTimeAttribute
 from pynamodb.exceptions import DoesNotExist
 from pynamodb.expressions.condition import Condition, size
-from pynamodb.indexes import GlobalSecondaryIndex, KeysOnlyProjection
-from pynamodb.models import Model
 from pynamodb.transactions import TransactWrite
 
-from coworker import batches, queries, schema
 from coworker.config import Settings
-from coworker.lifecycle import Claim, fenced, give_back_actions, lock_expiry, release_unstarted
-from coworker.model import TaskModel, conditional_update, put_if_new, utcnow
+from coworker.data import index, writes
+from coworker.data.layout import BLOCKED_PREFIX, GATE_PREFIX, WAITING_GATES
+from coworker.data.models import GateModel, TaskModel, utcnow
+from coworker.engine.lifecycle import Claim, fenced, give_back_actions, lock_expiry, release_unstarted
 from coworker.observability import logger
 
-GATE_PREFIX = schema.GATE_PREFIX
-BLOCKED_PREFIX = schema.BLOCKED_PREFIX
-WAITING_GATES = schema.WAITING_GATES
 KEY_GROUP = "key:"
 TYPE_GROUP = "type:"
 # A gate leaves gates#waiting only when it has blocked nobody for this long (the index is
@@ -85,36 +81,6 @@ COUNTED_GATES = 25
 SWEEP_INTERVAL_SECONDS = 5.0
 # Reads and conditional writes one entry tries while the gate changes under it.
 RACE_RETRIES = 5
-_TRANSACTION_CONDITION_FAILED = "ConditionalCheckFailed"  # a transaction's cancellation reason
-
-
-class GateIndex(GlobalSecondaryIndex["GateModel"]):
-    """The tasks' status index, read for the ``gates#waiting`` partition only."""
-
-    class Meta:
-        index_name = schema.STATUS_INDEX_NAME
-        projection = KeysOnlyProjection()
-
-    status_shard = UnicodeAttribute(hash_key=True)
-    due_at = UTCDateTimeAttribute(range_key=True)
-
-
-class GateModel(Model):
-    """The gate of one concurrency group (one item, next to the tasks)."""
-
-    class Meta:
-        table_name = schema.DEFAULT_TABLE_NAME
-        region = "us-east-1"
-
-    key = UnicodeAttribute(hash_key=True, attr_name=schema.PARTITION_KEY)
-    holders = MapAttribute(null=True)  # holder token -> lease end (epoch ms)
-    limit = NumberAttribute(null=True)  # the limit its last holder entered under
-    # "gates#waiting" while tasks may be blocked on it; due_at: when it was last swept.
-    status_shard = UnicodeAttribute(null=True, attr_name=schema.STATUS_INDEX_PARTITION_KEY)
-    due_at = UTCDateTimeAttribute(null=True, attr_name=schema.STATUS_INDEX_SORT_KEY)
-    blocked_at = UTCDateTimeAttribute(null=True)  # the last time it blocked a task
-
-    waiting_index = GateIndex()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,11 +128,11 @@ def _epoch_ms(moment: datetime) -> int:
     return int(moment.timestamp() * 1000)
 
 
-def _update(key: str, actions: list, condition: Condition | None) -> GateModel | None:
+def _update(key: str, actions: list[Any], condition: Condition | None) -> GateModel | None:
     """One UpdateItem on gate ``key``; the gate as written, or ``None`` when ``condition`` does
     not hold."""
     gate = GateModel(key)
-    return gate if conditional_update(gate, actions, condition, f"gate {key!r}") else None
+    return gate if writes.update(gate, actions, condition, f"update gate {key!r}") else None
 
 
 def _take(group: Group, token: str, lease_end: int, now: datetime) -> tuple[bool, bool]:
@@ -202,7 +168,7 @@ def _take(group: Group, token: str, lease_end: int, now: datetime) -> tuple[bool
 def _create(group: Group, token: str, lease_end: int) -> bool:
     """Make ``group``'s gate with this one entry; ``False`` if another writer made it first."""
     gate = GateModel(group.gate_key, holders={token: lease_end}, limit=group.limit)
-    return put_if_new(gate, f"gate {group.gate_key!r}")
+    return writes.put_if_new(gate, f"gate {group.gate_key!r}")
 
 
 def enter(claim: Claim, groups: Sequence[Group], now: datetime | None = None) -> Entry:
@@ -249,10 +215,10 @@ def _block(claim: Claim, group: Group, now: datetime) -> Entry | None:
             GateModel.status_shard.set(WAITING_GATES), GateModel.due_at.set(GateModel.due_at | now),
             GateModel.blocked_at.set(now)])
 
-    reasons = batches.transact(build, f"block task {claim.key!r} on {group.name!r}")
+    reasons = writes.transact(build, f"block task {claim.key!r} on {group.name!r}")
     if reasons is None:
         return Entry.BLOCKED
-    if reasons[0] == _TRANSACTION_CONDITION_FAILED:
+    if reasons[0] == writes.TRANSACTION_CONDITION_FAILED:
         return Entry.LOST  # the claim is no longer this worker's (cancelled meanwhile)
     return None
 
@@ -297,8 +263,8 @@ def wake(group: Group, count: int) -> list[str]:
     woken: list[str] = []
     for task in TaskModel.status_index.query(group.blocked_partition, limit=count):
         back = [TaskModel.status_shard.set(TaskModel.shard_value_of(task.key, task.status))]
-        if not conditional_update(TaskModel(task.key), back, TaskModel.status_shard == group.blocked_partition,
-                                  f"(wake) task {task.key!r}"):
+        if not writes.update(TaskModel(task.key), back, TaskModel.status_shard == group.blocked_partition,
+                             f"wake task {task.key!r}"):
             continue  # cancelled or woken by someone else meanwhile
         woken.append(task.key)
         if len(woken) >= count:
@@ -310,7 +276,7 @@ def occupancy(group_name: str, cap: int) -> tuple[int, int]:
     """``(places held now, tasks blocked)`` of a group; blocked counted up to about ``cap``."""
     gate = read_gate(group_name)
     running = holding(gate, utcnow()) if gate is not None else 0
-    blocked_count, _ = queries.count_partitions([BLOCKED_PREFIX + group_name], cap)
+    blocked_count, _ = index.count_partitions([BLOCKED_PREFIX + group_name], cap)
     return running, blocked_count
 
 
@@ -321,7 +287,7 @@ def count_blocked(cap: int) -> tuple[int, bool]:
              for gate in GateModel.waiting_index.query(WAITING_GATES, limit=COUNTED_GATES + 1)]
     if not names:
         return 0, False
-    count, capped = queries.count_partitions([BLOCKED_PREFIX + name for name in names[:COUNTED_GATES]], cap)
+    count, capped = index.count_partitions([BLOCKED_PREFIX + name for name in names[:COUNTED_GATES]], cap)
     return count, capped or len(names) > COUNTED_GATES
 
 

@@ -1,11 +1,11 @@
 """Dispatch: starting workers when there is work and a free worker slot.
 
 Three paths start workers, all through the same capacity accounting (worker slots, see
-:mod:`coworker.leases`), so together they never run more than ``max_concurrency`` tasks:
+:mod:`coworker.engine.slots`), so together they never run more than ``max_concurrency`` tasks:
 
 * **on submit** (:func:`dispatch_submitted`): the API, having put tasks, reserves free slots and
   invokes workers with the new keys at once, so a task starts well within a second;
-* **self-feeding** (in :mod:`coworker.worker`): a running worker claims more due work itself
+* **self-feeding** (:mod:`coworker.engine.feeder`): a running worker claims more due work itself
   until its time or the backlog runs out;
 * **the supervisor** (:class:`Supervisor`): the coordinator ticks every ``tick_seconds`` on a
   fixed cadence within one long invocation, holding a single-flight lease; each tick tops up
@@ -31,14 +31,20 @@ from typing import Any, Protocol
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from coworker import batches, concurrency, control, leases, lifecycle, progress, queries, worker
 from coworker.config import Settings
-from coworker.model import TaskModel, TaskStatus, utcnow
+from coworker.data import index
+from coworker.data.layout import COORDINATOR_LEASE, shard_of
+from coworker.data.models import LeaseState, TaskModel, TaskStatus, utcnow
+from coworker.engine import batches, control, gates, lifecycle, progress, slots, worker
+from coworker.engine.control import DueAction
+from coworker.engine.feeder import FEED_ORDER
+from coworker.engine.outcomes import TaskReport
+from coworker.engine.worker import WorkerRequest
+from coworker.errors import BatchNotFoundError
 from coworker.observability import MetricName, logger, metrics, publish_metrics, tracer
-from coworker.worker import WorkerRequest
 
 # Order in which work is handed out: lost by dead workers, then due retries, then new.
-DISPATCH_ORDER = worker.FEED_ORDER
+DISPATCH_ORDER = FEED_ORDER
 # New tasks younger than this are left to dispatch-on-submit (whose worker may still be
 # starting), so a tick does not hand the same key to a second worker.
 SUBMIT_GRACE_SECONDS = 2.0
@@ -115,7 +121,7 @@ class InProcessInvoker:
         self._count = 0
         self._lock = threading.Lock()
         self.requests: list[WorkerRequest] = []
-        self.futures: list[Future] = []
+        self.futures: list[Future[list[TaskReport]]] = []
 
     def invoke(self, request: WorkerRequest) -> None:
         with self._lock:
@@ -125,7 +131,7 @@ class InProcessInvoker:
             deadline = time.monotonic() + self._settings.worker_timeout_seconds
             self.futures.append(self._pool.submit(worker.run_invocation, request, owner, self._settings, deadline))
 
-    def wait(self) -> list[worker.TaskReport]:
+    def wait(self) -> list[TaskReport]:
         """Wait for every invocation so far; return their reports."""
         with self._lock:
             futures, self.futures = self.futures, []
@@ -164,19 +170,19 @@ def start_workers(settings: Settings, invoker: Invoker, keys: Sequence[str],
         return []
     now = now or utcnow()
     if free is None:
-        free = leases.free_slots(settings.worker_slots, math.ceil(len(keys) / settings.batch_size), now)
+        free = slots.free_slots(settings.worker_slots, math.ceil(len(keys) / settings.batch_size), now)
     requests: list[WorkerRequest] = []
     remaining = list(dict.fromkeys(keys))
     for slot in free:
         if not remaining:
             break
-        token = leases.new_token()
-        if leases.reserve(slot, token, settings.reservation_seconds, now):
-            number = leases.slot_number(slot)
+        token = slots.new_token()
+        if slots.reserve(slot, token, settings.reservation_seconds, now):
+            number = slots.slot_number(slot)
             # The keys of the slot's own stripe first: the ones self-feeding workers of other
-            # slots leave alone (see worker.Feeder), so they do not race this worker for them.
-            own = [key for key in remaining if worker.stripe_of(key, settings.worker_slots) == number]
-            rest = [key for key in remaining if worker.stripe_of(key, settings.worker_slots) != number]
+            # slots leave alone (see feeder.Feeder), so they do not race this worker for them.
+            own = [key for key in remaining if shard_of(key, settings.worker_slots) == number]
+            rest = [key for key in remaining if shard_of(key, settings.worker_slots) != number]
             hints = (own + rest)[:settings.slot_threads(number)]
             taken = set(hints)
             remaining = [key for key in remaining if key not in taken]
@@ -238,7 +244,18 @@ class TickReport:
     released: int = 0  # held tasks of resumed types put back
     woken: int = 0  # blocked tasks put back by the concurrency sweep
     counted: int = 0  # batch changes counted from the table's stream
-    backlog: queries.Backlog | None = None  # measured this tick (every backlog_seconds), else None
+    backlog: index.Backlog | None = None  # measured this tick (every backlog_seconds), else None
+
+
+@dataclasses.dataclass
+class _DueWork:
+    """What one tick found in the queue, and what it does with it."""
+
+    keys: list[str] = dataclasses.field(default_factory=list)  # to hand to new workers
+    due: int = 0
+    reaped: int = 0
+    to_park: list[TaskModel] = dataclasses.field(default_factory=list)
+    to_cancel: list[TaskModel] = dataclasses.field(default_factory=list)
 
 
 @tracer.capture_method
@@ -250,89 +267,102 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     and find lost ones: at most ``max_concurrency``, a few hundred bytes each), and for failed
     and todo about the free slots' worth of entries (at least ``batch_size``) plus a page per
     index shard, whatever the size of the backlog. With ``measure_backlog`` it also counts the
-    due backlog by status (at most ``backlog_count_cap`` entries each, see :func:`queries.backlog`).
+    due backlog by status (at most ``backlog_count_cap`` entries each, see :func:`index.backlog`).
     """
     now = now or utcnow()
-    slots = settings.worker_slots
-    free = leases.free_slots(slots, slots, now)
-    free_threads = sum(settings.slot_threads(leases.slot_number(slot)) for slot in free)
-    capacity = max(free_threads, settings.batch_size)
-    fresh_after = now - timedelta(seconds=SUBMIT_GRACE_SECONDS) if settings.dispatch_on_submit else now
-    keys: list[str] = []
-    due = reaped = 0
+    free = slots.free_slots(settings.worker_slots, settings.worker_slots, now)
+    free_threads = sum(settings.slot_threads(slots.slot_number(slot)) for slot in free)
     view = control.read()
-    woken = concurrency.sweep(view.limits, now)  # before reading the queue: they are due at once
-    to_park: list[TaskModel] = []
-    to_cancel: list[TaskModel] = []
-    running, lost = queries.running_and_lost(now)
-    backlog = queries.backlog(now, settings.backlog_count_cap, lost) if measure_backlog else None
-    if backlog is not None:
-        blocked, blocked_capped = concurrency.count_blocked(settings.backlog_count_cap)
-        backlog = dataclasses.replace(backlog, blocked=blocked,
-                                      capped=backlog.capped + (("blocked",) if blocked_capped else ()))
+    woken = gates.sweep(view.limits, now)  # before reading the queue: they are due at once
+    running, lost = index.running_and_lost(now)
+    backlog = _measure_backlog(settings, now, lost) if measure_backlog else None
+    work = _find_due_work(settings, view, now, lost, max(free_threads, settings.batch_size), memory)
+    parked = _each(lambda task: control.park(task, now), work.to_park)
+    cancelled = _each(lambda task: lifecycle.cancel(task.key, settings, reason=STOPPED_BATCH_REASON) is not None,
+                      work.to_cancel)
+    if measure_backlog:
+        _forget_finished_batches(view)
+    released = _release_held(view)
+    requests = start_workers(settings, invoker, work.keys[:free_threads], free=free, now=now) if free else []
+    sent = [key for request in requests for key in request.keys]
+    if memory is not None:
+        memory.remember(sent)
+    counted = _count_batch_progress(settings, now)
+    report = TickReport(busy_slots=settings.worker_slots - len(free), free_slots=len(free), due=work.due,
+                        dispatched=len(sent), invocations=len(requests), reaped=work.reaped,
+                        running_tasks=running, parked=parked, released=released, cancelled=cancelled,
+                        woken=woken, counted=counted, backlog=backlog)
+    _publish_tick(report)
+    logger.debug("coordinator tick", extra=dataclasses.asdict(report))
+    return report
+
+
+def _measure_backlog(settings: Settings, now: datetime, lost: Sequence[TaskModel]) -> index.Backlog:
+    """The due backlog by status, and the tasks blocked on their concurrency groups."""
+    backlog = index.backlog(now, settings.backlog_count_cap, lost)
+    blocked, blocked_capped = gates.count_blocked(settings.backlog_count_cap)
+    return dataclasses.replace(backlog, blocked=blocked,
+                               capped=backlog.capped + (("blocked",) if blocked_capped else ()))
+
+
+def _find_due_work(settings: Settings, view: control.ControlView, now: datetime, lost: Sequence[TaskModel],
+                   capacity: int, memory: HintMemory | None) -> _DueWork:
+    """Read the queue, lost work first, for up to ``capacity`` keys to hand out, applying
+    :func:`control.due_action` to each task met (tasks lost at their ceiling are retired here)."""
+    fresh_after = now - timedelta(seconds=SUBMIT_GRACE_SECONDS) if settings.dispatch_on_submit else now
+    work = _DueWork()
     for status in DISPATCH_ORDER:
-        if len(keys) >= capacity:
+        if len(work.keys) >= capacity:
             break
-        limit = capacity - len(keys)
+        limit = capacity - len(work.keys)
         # Tasks of paused types (parked) and of stopped batches (cancelled) are read past, up to
         # PARK_BUDGET in all, so that such a backlog at the head of the queue does not hold back
         # the other work.
-        read_past = PARK_BUDGET - len(to_park) - len(to_cancel) if view.paused or view.stopped_batches else 0
+        read_past = (PARK_BUDGET - len(work.to_park) - len(work.to_cancel)
+                     if view.paused or view.stopped_batches else 0)
         found = (lost[:limit + read_past] if status is TaskStatus.PROCESSING
-                 else queries.due(status, now, limit, read_past))
+                 else index.due(status, now, limit, read_past))
         taken = 0
         for task in found:
-            if view.is_stopped(task.batch_id):
-                to_cancel.append(task)  # its batch stopped at its failure threshold
+            action = control.due_action(view, task, status)
+            if action is DueAction.CANCEL:
+                work.to_cancel.append(task)  # its batch stopped at its failure threshold
                 continue
-            if view.is_paused(task.task_type):
-                to_park.append(task)
+            if action is DueAction.PARK:
+                work.to_park.append(task)
                 continue
             if taken >= limit:
                 break
             taken += 1
-            due += 1
-            if status is TaskStatus.PROCESSING and task.attempts >= task.max_attempts:
+            work.due += 1
+            if action is DueAction.REAP:
                 # Lost on its last allowed attempt: no claim can take it, so retire it here.
-                reaped += lifecycle.reap_lost(task.key, int(task.attempts), settings, now)
+                work.reaped += lifecycle.reap_lost(task.key, int(task.attempts), settings, now)
                 continue
             if status is TaskStatus.TODO and task.due_at > fresh_after:
                 continue
             if memory is not None and task.key in memory:
                 continue
-            keys.append(task.key)
-    keys = keys[:free_threads]
-    parked = _each(lambda task: control.park(task, now), to_park)
-    cancelled = _each(lambda task: lifecycle.cancel(task.key, settings, reason=STOPPED_BATCH_REASON) is not None,
-                      to_cancel)
-    if measure_backlog:
-        _forget_finished_batches(view)
-    released = _release_held(view)
-    requests = start_workers(settings, invoker, keys, free=free, now=now) if free else []
-    sent = [key for request in requests for key in request.keys]
-    if memory is not None:
-        memory.remember(sent)
-    counted = _count_batch_progress(settings, now)
-    report = TickReport(busy_slots=slots - len(free), free_slots=len(free), due=due,
-                        dispatched=len(sent), invocations=len(requests), reaped=reaped,
-                        running_tasks=running, parked=parked, released=released, cancelled=cancelled,
-                        woken=woken, counted=counted, backlog=backlog)
+            work.keys.append(task.key)
+    return work
+
+
+def _publish_tick(report: TickReport) -> None:
+    """A tick's figures as metrics."""
     metrics.add_metric(name=MetricName.COORDINATOR_TICKS, unit=MetricUnit.Count, value=1)
     metrics.add_metric(name=MetricName.BUSY_SLOTS, unit=MetricUnit.Count, value=report.busy_slots)
     metrics.add_metric(name=MetricName.RUNNING_TASKS, unit=MetricUnit.Count, value=report.running_tasks)
-    if backlog is not None:
-        publish_backlog(backlog)
-    metrics.add_metric(name=MetricName.DISPATCHED, unit=MetricUnit.Count, value=len(sent))
-    metrics.add_metric(name=MetricName.WORKER_INVOCATIONS, unit=MetricUnit.Count, value=len(requests))
-    if reaped:
-        metrics.add_metric(name=MetricName.REAPED, unit=MetricUnit.Count, value=reaped)
-    if woken:
-        metrics.add_metric(name=MetricName.WOKEN, unit=MetricUnit.Count, value=woken)
-    if parked or released:
-        metrics.add_metric(name=MetricName.PARKED, unit=MetricUnit.Count, value=parked)
-        metrics.add_metric(name=MetricName.RELEASED, unit=MetricUnit.Count, value=released)
-    logger.debug("coordinator tick", extra=dataclasses.asdict(report))
-    return report
+    if report.backlog is not None:
+        publish_backlog(report.backlog)
+    metrics.add_metric(name=MetricName.DISPATCHED, unit=MetricUnit.Count, value=report.dispatched)
+    metrics.add_metric(name=MetricName.WORKER_INVOCATIONS, unit=MetricUnit.Count, value=report.invocations)
+    if report.reaped:
+        metrics.add_metric(name=MetricName.REAPED, unit=MetricUnit.Count, value=report.reaped)
+    if report.woken:
+        metrics.add_metric(name=MetricName.WOKEN, unit=MetricUnit.Count, value=report.woken)
+    if report.parked or report.released:
+        metrics.add_metric(name=MetricName.PARKED, unit=MetricUnit.Count, value=report.parked)
+        metrics.add_metric(name=MetricName.RELEASED, unit=MetricUnit.Count, value=report.released)
 
 
 def _each(write: Callable[[TaskModel], bool], tasks: Sequence[TaskModel]) -> int:
@@ -361,7 +391,7 @@ def _forget_finished_batches(view: control.ControlView) -> None:
         try:
             if batches.get_batch(batch_id).done:
                 control.forget_stopped_batch(batch_id)
-        except batches.BatchNotFoundError:
+        except BatchNotFoundError:
             control.forget_stopped_batch(batch_id)
 
 
@@ -381,7 +411,7 @@ def _release_held(view: control.ControlView) -> int:
     return released
 
 
-def publish_backlog(backlog: queries.Backlog) -> None:
+def publish_backlog(backlog: index.Backlog) -> None:
     """Backlog metrics: due tasks by status, their total, the oldest one's age, and the tasks
     waiting for a place in a concurrency group."""
     for name, value in ((MetricName.DUE_TODO, backlog.todo), (MetricName.DUE_RETRY, backlog.retry),
@@ -414,7 +444,7 @@ class Supervisor:
     def _take_lease(self, remaining: Callable[[], float], stop: threading.Event) -> bool:
         """Wait for the lease (an overlapping run still holds it) while time remains."""
         while True:
-            if leases.take(leases.COORDINATOR_LEASE, self.holder, self.lease_seconds, leases.LeaseState.HELD):
+            if slots.take(COORDINATOR_LEASE, self.holder, self.lease_seconds, LeaseState.HELD):
                 return True
             if remaining() < self.settings.tick_seconds or stop.wait(min(1.0, self.settings.tick_seconds)):
                 return False
@@ -428,11 +458,11 @@ class Supervisor:
             return []
         reports: list[TickReport] = []
         try:
-            leases.ensure_slots(settings.worker_slots)
-            leases.retire_extra_slots(settings.worker_slots)
+            slots.ensure_slots(settings.worker_slots)
+            slots.retire_extra_slots(settings.worker_slots)
             next_at = self.clock()
             while not stop.is_set() and remaining() >= settings.tick_seconds:
-                if not leases.extend(leases.COORDINATOR_LEASE, self.holder, self.lease_seconds):
+                if not slots.extend(COORDINATOR_LEASE, self.holder, self.lease_seconds):
                     logger.warning("coordinator lease lost to another coordinator; stopping")
                     return reports
                 measure = (self.backlog_measured_at is None
@@ -453,7 +483,7 @@ class Supervisor:
                     next_at += missed * settings.tick_seconds
                 stop.wait(max(0.0, next_at - self.clock()))
         finally:
-            leases.release(leases.COORDINATOR_LEASE, self.holder)
+            slots.release(COORDINATOR_LEASE, self.holder)
         return reports
 
     def _notify(self, report: TickReport | None, error: str | None) -> None:

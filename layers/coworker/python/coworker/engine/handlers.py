@@ -28,25 +28,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from coworker.engine.tasks import NewTask, TaskSpec
 from coworker.errors import ConfigurationError, UnknownTaskTypeError
 
 # Most follow-up tasks one attempt may spawn (each is a transactional put when it finishes).
 MAX_FOLLOW_UPS = 1000
-
-
-@dataclasses.dataclass(frozen=True)
-class FollowUp:
-    """A task a handler asked for with :meth:`TaskContext.spawn`."""
-
-    key: str
-    type: str
-    payload: Any = None
-    max_attempts: int | None = None
-    run_at: datetime | None = None
-    priority: int | None = None
-    inherit_batch: bool = False
-    concurrency_key: str | None = None
-    concurrency_limit: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +50,7 @@ class TaskContext:
     # Set by the worker's heartbeat when this attempt's claim was taken over or cancelled.
     lost: threading.Event = dataclasses.field(default_factory=threading.Event, compare=False, repr=False)
     # Follow-up tasks asked for by this attempt, put when it is recorded as finished.
-    follow_ups: list[FollowUp] = dataclasses.field(default_factory=list, compare=False, repr=False)
+    follow_ups: list[TaskSpec] = dataclasses.field(default_factory=list, compare=False, repr=False)
 
     def spawn(self, task_type: str, payload: Any = None, *, key: str | None = None,
               max_attempts: int | None = None, run_at: datetime | None = None, priority: int | None = None,
@@ -82,25 +68,19 @@ class TaskContext:
         ``concurrency_key`` / ``concurrency_limit`` limit it like a task put through the API.
         Raises ``ValueError`` for a task the API would refuse, or past ``MAX_FOLLOW_UPS``.
         """
-        from coworker.api_models import TaskIn  # the API's own rules for a task
-
         if task_type not in _registry:
             raise ValueError(f"follow-up task refused: no handler is registered for task type {task_type!r}")
         if len(self.follow_ups) >= MAX_FOLLOW_UPS:
             raise ValueError(f"one attempt may spawn at most {MAX_FOLLOW_UPS} follow-up tasks")
         key = key if key is not None else f"{self.key}/{len(self.follow_ups) + 1}"
         try:
-            spec = TaskIn(key=key, type=task_type, payload=payload, max_attempts=max_attempts,
-                          run_at=run_at, priority=priority, concurrency_key=concurrency_key,
-                          concurrency_limit=concurrency_limit)
+            task = NewTask(key=key, type=task_type, payload=payload, max_attempts=max_attempts,
+                           run_at=run_at, priority=priority, concurrency_key=concurrency_key,
+                           concurrency_limit=concurrency_limit)
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'task'}: {e['msg']}" for e in exc.errors())
             raise ValueError(f"follow-up task refused: {problems}") from None
-        self.follow_ups.append(FollowUp(key=key, type=spec.type, payload=spec.payload,
-                                        max_attempts=spec.max_attempts, run_at=spec.run_at,
-                                        priority=spec.priority, inherit_batch=inherit_batch,
-                                        concurrency_key=spec.concurrency_key,
-                                        concurrency_limit=spec.concurrency_limit))
+        self.follow_ups.append(task.to_spec(batch_id=self.batch_id if inherit_batch else None, parent=self.key))
         return key
 
     def remaining_seconds(self) -> float:

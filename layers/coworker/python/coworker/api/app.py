@@ -47,8 +47,8 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValida
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from pydantic import BaseModel
 
-from coworker import batches, bulk, concurrency, control, dispatch, handlers, lifecycle, offload, queries, schema
-from coworker.api_models import (
+from coworker.api import bulk
+from coworker.api.models import (
     DEFAULT_PAGE_SIZE,
     MAX_CURSOR_CHARS,
     MAX_PAGE_SIZE,
@@ -77,14 +77,23 @@ from coworker.api_models import (
     TypesOut,
 )
 from coworker.config import Settings
+from coworker.data import index, layout
+from coworker.data.layout import BATCH_KEY_PREFIX
+from coworker.data.models import TaskModel, TaskStatus, iso_utc, status_shards, utcnow
+from coworker.engine import batches, control, dispatch, gates, handlers, lifecycle, offload, redrive, submit
+from coworker.engine.submit import PutOutcome
+from coworker.engine.tasks import TaskSpec
 from coworker.errors import (
+    BatchFailedError,
+    BatchNotFoundError,
     ConfigurationError,
     CoworkerError,
+    PartialPutError,
+    PayloadTooLargeError,
     StorageError,
     TaskNotFoundError,
+    TooManyPausedTypesError,
 )
-from coworker.lifecycle import PutOutcome, TaskSpec
-from coworker.model import TaskModel, TaskStatus, iso_utc, status_shards, utcnow
 from coworker.observability import logger
 
 API_TITLE = "Coworker task API"
@@ -126,12 +135,12 @@ HELD_COUNT_CAP = 1000
 # The one mapping from domain errors to HTTP answers: (status, short error name).
 ERROR_STATUS: dict[type[CoworkerError], tuple[HTTPStatus, str]] = {
     TaskNotFoundError: (HTTPStatus.NOT_FOUND, "task_not_found"),
-    batches.BatchNotFoundError: (HTTPStatus.NOT_FOUND, "batch_not_found"),
-    batches.BatchFailedError: (HTTPStatus.CONFLICT, "batch_failed"),
+    BatchNotFoundError: (HTTPStatus.NOT_FOUND, "batch_not_found"),
+    BatchFailedError: (HTTPStatus.CONFLICT, "batch_failed"),
     TaskStateConflictError: (HTTPStatus.CONFLICT, "conflict"),
     TaskTypeNotFoundError: (HTTPStatus.NOT_FOUND, "type_not_found"),
-    control.TooManyPausedTypesError: (HTTPStatus.CONFLICT, "too_many_paused_types"),
-    offload.PayloadTooLargeError: (HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "payload_too_large"),
+    TooManyPausedTypesError: (HTTPStatus.CONFLICT, "too_many_paused_types"),
+    PayloadTooLargeError: (HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "payload_too_large"),
     BadRequestError: (HTTPStatus.BAD_REQUEST, "bad_request"),
     StorageError: (HTTPStatus.SERVICE_UNAVAILABLE, "storage_unavailable"),
     ConfigurationError: (HTTPStatus.INTERNAL_SERVER_ERROR, "configuration_error"),
@@ -182,9 +191,9 @@ def _location(loc: Sequence[Any]) -> tuple[str, int | None]:
     items = list(loc)
     if len(items) > 1 and items[0] == "body" and items[1] in _TAGS:
         items.pop(1)
-    for index, part in enumerate(items):
+    for position, part in enumerate(items):
         if isinstance(part, int):
-            if index > 0 and items[index - 1] == "tasks" and entry is None:
+            if position > 0 and items[position - 1] == "tasks" and entry is None:
                 entry = part
             parts.append(f"[{part}]")
         else:
@@ -301,7 +310,7 @@ def read_index(status: str, *, want: int, start: list[Any] | None = None, forwar
     if batch_id is not None:
         by_batch = TaskModel.batch_id == batch_id
         condition = by_batch if condition is None else condition & by_batch
-    read = queries.MergedRead(status, want=want, filter_condition=condition, forward=forward,
+    read = index.MergedRead(status, want=want, filter_condition=condition, forward=forward,
                               starts=_unpack_positions(status, start), budget=budget)
     found: list[TaskModel] = []
     for task in read:
@@ -316,7 +325,7 @@ def _pack_positions(positions: list[Any]) -> list[Any]:
     """Shard positions as a cursor keeps them: ``[key, due_at]``, ``None`` (from the start) or
     ``0`` (nothing left); the shard's partition key value is implied by its place."""
     return [0 if p is False else None if p is None
-            else [p[schema.PARTITION_KEY]["S"], p[schema.STATUS_INDEX_SORT_KEY]["S"]] for p in positions]
+            else [p[layout.PARTITION_KEY]["S"], p[layout.STATUS_INDEX_SORT_KEY]["S"]] for p in positions]
 
 
 def _unpack_positions(status: str, packed: list[Any] | None) -> list[Any] | None:
@@ -326,9 +335,9 @@ def _unpack_positions(status: str, packed: list[Any] | None) -> list[Any] | None
         raise BadRequestError("the cursor was made with another number of index shards: start again "
                               "without a cursor")
     return [False if p == 0 else None if p is None else {
-        schema.PARTITION_KEY: {"S": p[0]},
-        schema.STATUS_INDEX_PARTITION_KEY: {"S": schema.shard_value(status, shard)},
-        schema.STATUS_INDEX_SORT_KEY: {"S": p[1]},
+        layout.PARTITION_KEY: {"S": p[0]},
+        layout.STATUS_INDEX_PARTITION_KEY: {"S": layout.shard_value(status, shard)},
+        layout.STATUS_INDEX_SORT_KEY: {"S": p[1]},
     } for shard, p in enumerate(packed)]
 
 
@@ -355,15 +364,8 @@ def _task_key(raw: str) -> str:
     key = unquote(raw)
     if batches.is_batch_key(key):
         raise TaskNotFoundError(f"no task with key {key!r} (keys starting with "
-                                f"{batches.BATCH_KEY_PREFIX!r} are reserved for batches)")
+                                f"{BATCH_KEY_PREFIX!r} are reserved for batches)")
     return key
-
-
-def _spec(task: TaskIn, batch_id: str | None) -> TaskSpec:
-    return TaskSpec(key=task.key or str(uuid.uuid4()), type=task.type, payload=task.payload,
-                    max_attempts=task.max_attempts, run_at=task.run_at, batch_id=batch_id,
-                    priority=task.priority, concurrency_key=task.concurrency_key,
-                    concurrency_limit=task.concurrency_limit)
 
 
 def check_task_types(tasks: Sequence[TaskIn], batch: bool) -> None:
@@ -457,10 +459,8 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
     cursors = CursorCodec(cursor_secret(settings))
 
     def start_due(specs: Sequence[TaskSpec], now: datetime) -> None:
-        paused = control.cached(settings.control_cache_seconds).paused
-        due = [spec.key for spec in specs
-               if lifecycle.first_due_at(spec, now) <= now and spec.type not in paused]
-        dispatch.dispatch_submitted(settings, invoker, due)
+        submit.start_due(specs, settings, invoker, now)
+
     app.enable_swagger(path="/docs", title=API_TITLE, version=API_VERSION,
                        description="Submit, inspect, list, retry and cancel Coworker tasks.")
 
@@ -468,8 +468,8 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
     def _invalid(exc: RequestValidationError) -> Response:
         return validation_error_response(exc)
 
-    @app.exception_handler(batches.PartialPutError)
-    def _partly_stored(exc: batches.PartialPutError) -> Response:
+    @app.exception_handler(PartialPutError)
+    def _partly_stored(exc: PartialPutError) -> Response:
         logger.exception("batch partly stored", extra={"stored": len(exc.stored)})
         body = ErrorOut(statusCode=503, error="storage_unavailable",
                         message=f"{exc}: re-send the same request to store the rest (tasks already stored are "
@@ -516,14 +516,14 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
                   200: {"description": "Every task existed already (left untouched)",
                         "content": {"application/json": {"model": SubmitTaskOut}}},
                   **_ERROR_RESPONSES})
-    def submit(body: Annotated[Submission, Body(description="A task, or {\"tasks\": [...]} for a batch")]
+    def submit_tasks(body: Annotated[Submission, Body(description="A task, or {\"tasks\": [...]} for a batch")]
                ) -> Response[SubmitTaskOut | SubmitBatchOut]:
         now = utcnow()
         if settings.validate_task_types:
             check_task_types([body] if isinstance(body, TaskIn) else body.tasks, batch=isinstance(body, BatchIn))
         if isinstance(body, TaskIn):
-            spec = _spec(body, None)
-            outcome = lifecycle.put_task(spec, settings, now=now)
+            spec = body.to_spec()
+            outcome = submit.put_task(spec, settings, now=now)
             answer = SubmitTaskOut(key=spec.key, outcome=outcome.value)
             if outcome is PutOutcome.CREATED:
                 start_due([spec], now)
@@ -531,12 +531,11 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
             return _json(status, answer)
         assert isinstance(body, BatchIn)
         batch_id = body.batch_id or uuid.uuid4().hex
-        specs = lifecycle.stage_payloads([_spec(task, batch_id) for task in body.tasks], settings)
-        items = [lifecycle.new_task(spec, settings, now) for spec in specs]
+        specs = [task.to_spec(batch_id=batch_id) for task in body.tasks]
         tolerance = (batches.Tolerance(body.tolerated_failure_percent, body.tolerated_failure_count)
                      if body.tolerated_failure_percent is not None or body.tolerated_failure_count is not None
                      else None)
-        created = batches.put_tasks(items, batch_id, now, tolerance)
+        created = submit.put_batch(specs, batch_id, settings, tolerance, now)
         results = [PutResult(key=spec.key, outcome="created" if made else "exists")
                    for spec, made in zip(specs, created, strict=True)]
         made_count = sum(created)
@@ -606,13 +605,11 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
               responses=_responses("The redriven task"))
     def retry_task(key: str) -> TaskOut:
         key = _task_key(key)
-        task = lifecycle.retry(key)
+        task = redrive.retry(key)
         if task is None:
             current = lifecycle.get_task(key)  # TaskNotFoundError -> 404
             raise TaskStateConflictError(f"task {key!r} is {current.status}; "
                                          "only failed or ignored tasks can be retried")
-        if task.batch_id:
-            batches.settle(task.batch_id)  # its batch cannot read done before this is counted
         return TaskOut.model_validate(task.to_dict())
 
     @app.post("/tasks/<key>/cancel", summary="Cancel a task that is not finished", tags=["tasks"],
@@ -651,7 +648,7 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
         limit = view.limits.get(task_type)
         running = blocked = None
         if limit is not None:
-            running, blocked = concurrency.occupancy(concurrency.TYPE_GROUP + task_type, HELD_COUNT_CAP)
+            running, blocked = gates.occupancy(gates.TYPE_GROUP + task_type, HELD_COUNT_CAP)
         return TypeOut(type=task_type, registered=task_type in handlers.registered_types(),
                        paused=view.is_paused(task_type), held=held, limit=limit, running=running, blocked=blocked,
                        changed=changed)
@@ -722,9 +719,7 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
         listing = ("redrive", status.value, batch_id, status_shards())
         start = cursors.decode(cursor, listing)
         tasks, last_key, scanned = read_index(status.value, want=limit, start=start, batch_id=batch_id)
-        redriven = sum(1 for task in tasks if lifecycle.retry(task.key) is not None)
-        if redriven:
-            batches.settle(batch_id)  # the batch cannot read done before the redrives are counted
+        redriven = len(redrive.retry_all([task.key for task in tasks]))
         logger.info("batch redrive", extra={"batch_id": batch_id, "status": status.value,
                                             "redriven": redriven})
         return RedriveOut(batch_id=batch_id, status=status, redriven=redriven, skipped=len(tasks) - redriven,
@@ -738,7 +733,7 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
     ) -> StatsOut:
         counts: dict[str, StatusCount] = {}
         for status in INDEXED_STATUSES:
-            count, capped = queries.count_capped(status.value, cap)
+            count, capped = index.count_capped(status.value, cap)
             counts[status.value] = StatusCount(count=count, capped=capped)
         counts[TaskStatus.FINISHED.value] = StatusCount(count=None, capped=False)
         return StatsOut(counts=counts, cap=cap, note=(

@@ -4,7 +4,7 @@ A filter names one status (an index partition set, read oldest first) and option
 type, a batch and a window on ``created_at``. Each page reads some index entries (type and batch
 are filtered by DynamoDB, ``created_at``, which the index does not carry, by one BatchGetItem of
 the candidates), then applies the action to each match with the same conditional writes as the
-single-task routes (:func:`coworker.lifecycle.retry`, :func:`coworker.lifecycle.cancel`).
+single-task routes (:func:`coworker.engine.redrive.retry_all`, :func:`coworker.engine.lifecycle.cancel`).
 
 Re-running is safe: an action moves a task out of the status it was found in (retry: to
 ``todo``; cancel: to ``ignored``), so a second run, or a run resumed from an older cursor, finds
@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
-from coworker import batches, lifecycle
 from coworker.config import Settings
-from coworker.model import TaskModel, TaskStatus
+from coworker.data.models import TaskModel, TaskStatus
+from coworker.engine import lifecycle, redrive
 
 # Writes sent at once by one page of a bulk action.
 WRITE_THREADS = 8
@@ -98,16 +98,13 @@ def apply(action: BulkAction, tasks: Sequence[TaskModel], task_filter: TaskFilte
     if dry_run or not matched:
         return PageOutcome(matched=len(matched), changed=0, skipped=0)
 
-    def act(task: TaskModel) -> TaskModel | None:
-        if action is BulkAction.RETRY:
-            return lifecycle.retry(task.key)
-        return lifecycle.cancel(task.key, settings, reason=reason)
+    if action is BulkAction.RETRY:
+        changed = len(redrive.retry_all([task.key for task in matched]))
+    else:
+        def cancel(task: TaskModel) -> bool:
+            return lifecycle.cancel(task.key, settings, reason=reason) is not None
 
-    with ThreadPoolExecutor(max_workers=min(WRITE_THREADS, len(matched)),
-                            thread_name_prefix="coworker-bulk") as pool:
-        written = [task for task in pool.map(act, matched) if task is not None]
-    changed = len(written)
-    if action is BulkAction.RETRY:  # their batches cannot read done before the redrives are counted
-        for batch_id in sorted({task.batch_id for task in written if task.batch_id}):
-            batches.settle(batch_id)
+        with ThreadPoolExecutor(max_workers=min(WRITE_THREADS, len(matched)),
+                                thread_name_prefix="coworker-bulk") as pool:
+            changed = sum(pool.map(cancel, matched))
     return PageOutcome(matched=len(matched), changed=changed, skipped=len(matched) - changed)

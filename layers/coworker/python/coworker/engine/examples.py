@@ -10,8 +10,8 @@ import random
 import time
 from typing import Any
 
+from coworker.engine.handlers import TaskContext, task_handler
 from coworker.errors import TaskFailed
-from coworker.handlers import TaskContext, task_handler
 
 
 @task_handler("quick")

@@ -7,8 +7,7 @@ the limits below are what the document states and what the API enforces.
 from __future__ import annotations
 
 import enum
-import unicodedata
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -22,50 +21,24 @@ from pydantic import (
     model_validator,
 )
 
-from coworker.batches import BATCH_KEY_PREFIX
-from coworker.bulk import BulkAction, check_action
-from coworker.control import CONTROL_KEY_PREFIX
-from coworker.leases import LEASE_KEY_PREFIX, SLOT_KEY_PREFIX
-from coworker.progress import CHECKPOINT_PREFIX
-from coworker.schema import GATE_PREFIX
+from coworker.api.bulk import BulkAction, check_action
+from coworker.engine.tasks import (
+    BATCH_ID_PATTERN,
+    MAX_CONCURRENCY_LIMIT,
+    MAX_TYPE_CHARS,
+    NewTask,
+    as_utc,
+    no_control_characters,
+    time_as_text,
+)
 
 MAX_BATCH_TASKS = 1000
-MAX_KEY_CHARS = 512  # DynamoDB allows 2048 bytes; 512 characters of UTF-8 always fit
-MAX_TYPE_CHARS = 128
-MAX_ATTEMPTS_CEILING = 100
-MAX_PRIORITY = 2**31 - 1
-MAX_CONCURRENCY_KEY_CHARS = 256
-MAX_CONCURRENCY_LIMIT = 1000  # a gate item holds ~30 bytes per place: 1,000 places stay under 32 KB
-BATCH_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 MAX_REDRIVE_PER_REQUEST = 200
 # A cursor holds a key per index shard (deflated): 4 shards of keys up to 512 characters fit.
 # API Gateway takes about 10 KB of request line and headers in all.
 MAX_CURSOR_CHARS = 4096
-
-
-def _no_control_characters(value: str, what: str) -> str:
-    if any(unicodedata.category(ch) == "Cc" for ch in value):
-        raise ValueError(f"{what} must not contain control characters (tabs, newlines, NUL...)")
-    return value
-
-
-def _time_as_text(value: Any, name: str) -> Any:
-    """Refuse a time given as anything but a string (a number would be read as epoch seconds)."""
-    if value is not None and not isinstance(value, str | datetime):
-        raise ValueError(f"{name} must be an ISO-8601 time as a string, e.g. \"2026-12-01T09:00:00Z\"")
-    return value
-
-
-def _as_utc(value: datetime | None) -> datetime | None:
-    """An aware UTC time (a naive one is taken as UTC)."""
-    if value is None:
-        return None
-    try:
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-    except OverflowError:
-        raise ValueError("the time is out of range once converted to UTC (years 1 to 9999)") from None
 
 
 class IndexedStatus(enum.StrEnum):
@@ -84,7 +57,7 @@ class RedriveStatus(enum.StrEnum):
 
 
 class BulkStatus(enum.StrEnum):
-    """Statuses a bulk action can start from (see :data:`coworker.bulk.ACTION_STATUSES`)."""
+    """Statuses a bulk action can start from (see :data:`coworker.api.bulk.ACTION_STATUSES`)."""
 
     TODO = "todo"
     PROCESSING = "processing"
@@ -101,75 +74,8 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class TaskIn(_Strict):
-    """One task to create."""
-
-    key: str | None = Field(
-        None, min_length=1, max_length=MAX_KEY_CHARS,
-        description="Unique task key; makes the put idempotent. A UUID is generated when absent. "
-                    f"1-{MAX_KEY_CHARS} characters, no control characters, not starting with "
-                    f"'{BATCH_KEY_PREFIX}'. Percent-encode it in URLs (including '/').",
-    )
-    type: str = Field(min_length=1, max_length=MAX_TYPE_CHARS,
-                      description="Task type: selects the registered handler.")
-    payload: Any = Field(None, description="Any JSON value. Up to COWORKER_INLINE_PAYLOAD_BYTES (16 KB as "
-                                           "stored) it stays on the record; larger ones are kept in the object "
-                                           "store, up to COWORKER_MAX_PAYLOAD_BYTES (5 MB of JSON); above: 413.")
-    max_attempts: StrictInt | None = Field(None, ge=1, le=MAX_ATTEMPTS_CEILING,
-                                     description="Attempt ceiling; default COWORKER_MAX_ATTEMPTS.")
-    run_at: datetime | None = Field(None, description="ISO-8601 time before which the task is not run "
-                                                      "(no zone means UTC).")
-    priority: StrictInt | None = Field(None, ge=-MAX_PRIORITY, le=MAX_PRIORITY,
-                                 description="Seconds of head start in the oldest-first queue "
-                                             "(negative: held back that long); ignored when run_at is set.")
-    concurrency_key: str | None = Field(
-        None, min_length=1, max_length=MAX_CONCURRENCY_KEY_CHARS,
-        description="Tasks with the same concurrency key run at most concurrency_limit at once, fleet-wide "
-                    "(a crawled domain, a tenant id). Tasks without one are not limited.")
-    concurrency_limit: StrictInt | None = Field(
-        None, ge=1, le=MAX_CONCURRENCY_LIMIT,
-        description=f"How many tasks of this concurrency key may run at once (1-{MAX_CONCURRENCY_LIMIT}; "
-                    "default 1). Only with concurrency_key.")
-
-    @model_validator(mode="after")
-    def _limit_needs_a_key(self) -> TaskIn:
-        if self.concurrency_limit is not None and self.concurrency_key is None:
-            raise ValueError("concurrency_limit needs a concurrency_key: the limit applies to the tasks "
-                             "that share the key")
-        return self
-
-    @field_validator("concurrency_key")
-    @classmethod
-    def _concurrency_key_is_usable(cls, value: str | None) -> str | None:
-        return value if value is None else _no_control_characters(value, "concurrency_key")
-
-    @field_validator("key")
-    @classmethod
-    def _key_is_usable(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        _no_control_characters(value, "key")
-        if value.startswith(BATCH_KEY_PREFIX):
-            raise ValueError(f"keys starting with '{BATCH_KEY_PREFIX}' are reserved for batches")
-        for prefix in (SLOT_KEY_PREFIX, LEASE_KEY_PREFIX, CONTROL_KEY_PREFIX, GATE_PREFIX, CHECKPOINT_PREFIX):
-            if value.startswith(prefix):
-                raise ValueError(f"keys starting with '{prefix}' are reserved for Coworker's own items")
-        return value
-
-    @field_validator("type")
-    @classmethod
-    def _type_is_usable(cls, value: str) -> str:
-        return _no_control_characters(value, "type")
-
-    @field_validator("run_at", mode="before")
-    @classmethod
-    def _run_at_is_text(cls, value: Any) -> Any:
-        return _time_as_text(value, "run_at")
-
-    @field_validator("run_at")
-    @classmethod
-    def _aware(cls, value: datetime | None) -> datetime | None:
-        return _as_utc(value)
+class TaskIn(NewTask):
+    """One task to create (its fields and their rules are the engine's: ``engine.tasks.NewTask``)."""
 
 
 class BatchIn(_Strict):
@@ -358,17 +264,17 @@ class BulkIn(_Strict):
     @field_validator("type")
     @classmethod
     def _type_is_usable(cls, value: str | None) -> str | None:
-        return None if value is None else _no_control_characters(value, "type")
+        return None if value is None else no_control_characters(value, "type")
 
     @field_validator("created_after", "created_before", mode="before")
     @classmethod
     def _time_is_text(cls, value: Any) -> Any:
-        return _time_as_text(value, "the time")
+        return time_as_text(value, "the time")
 
     @field_validator("created_after", "created_before")
     @classmethod
     def _utc(cls, value: datetime | None) -> datetime | None:
-        return _as_utc(value)
+        return as_utc(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> BulkIn:

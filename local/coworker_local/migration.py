@@ -13,14 +13,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from pynamodb.exceptions import UpdateError
-
-from coworker import control, schema
-from coworker.errors import StorageError
-from coworker.leases import SLOT_STATUS
-from coworker.model import TaskModel
-
-_CONDITION_FAILED = "ConditionalCheckFailedException"
+from coworker.data import layout, writes
+from coworker.data.layout import SLOT_STATUS
+from coworker.data.models import TaskModel
+from coworker.engine import control
 
 
 @dataclasses.dataclass
@@ -37,7 +33,7 @@ def expected_shard(key: str, status: str, current: str | None = None, task_type:
         return SLOT_STATUS
     if control.is_held(current) and task_type is not None:
         return control.held_value(task_type, key)
-    if current and current.startswith(schema.BLOCKED_PREFIX):
+    if current and current.startswith(layout.BLOCKED_PREFIX):
         return current  # waiting for a place in its concurrency group: one partition per group, not sharded
     return TaskModel.shard_value_of(key, status)
 
@@ -54,7 +50,7 @@ def reshard(dry_run: bool = False, progress: Callable[[ReshardReport], None] | N
     report = ReshardReport()
     items = TaskModel.scan(
         filter_condition=TaskModel.due_at.exists(),
-        attributes_to_get=[schema.PARTITION_KEY, schema.STATUS_ATTRIBUTE, schema.STATUS_INDEX_PARTITION_KEY,
+        attributes_to_get=[layout.PARTITION_KEY, layout.STATUS_ATTRIBUTE, layout.STATUS_INDEX_PARTITION_KEY,
                            "type"],
         segment=segment, total_segments=total_segments,
     )
@@ -79,11 +75,5 @@ def reshard(dry_run: bool = False, progress: Callable[[ReshardReport], None] | N
 def _move(item: TaskModel, wanted: str) -> bool:
     seen = (TaskModel.status_shard == item.status_shard if item.status_shard is not None
             else TaskModel.status_shard.does_not_exist())
-    try:
-        TaskModel(item.key).update(actions=[TaskModel.status_shard.set(wanted)],
-                                   condition=(TaskModel.status == item.status) & seen)
-    except UpdateError as exc:
-        if exc.cause_response_code == _CONDITION_FAILED:
-            return False
-        raise StorageError(f"could not move {item.key!r} to {wanted!r}: {exc.cause_response_message}") from exc
-    return True
+    return writes.update(TaskModel(item.key), [TaskModel.status_shard.set(wanted)],
+                         (TaskModel.status == item.status) & seen, f"move {item.key!r} to {wanted!r}", refresh=False)

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from coworker.config import Settings
-from coworker.errors import CoworkerError, StorageError
+from coworker.errors import PayloadTooLargeError, StorageError
 
 RESULT_PREFIX = "results/"
 PAYLOAD_PREFIX = "payloads/"
@@ -44,10 +44,6 @@ PAYLOAD_PREFIX = "payloads/"
 MAX_RECORD_PAYLOAD_BYTES = 256 * 1024
 PREVIEW_CHARS = 200
 PRESIGNED_URL_SECONDS = 3600
-
-
-class PayloadTooLargeError(CoworkerError):
-    """A payload is larger than Coworker accepts (see :func:`check_payload`)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,19 +47,12 @@ from typing import Any
 
 from pynamodb.exceptions import PynamoDBException
 
-from coworker import batches, schema
 from coworker.config import Settings
+from coworker.data import layout, writes
+from coworker.data.layout import COUNTED_THROUGH_KEY, STREAM_KEY_PREFIX
+from coworker.data.models import BatchModel, ErrorKind, StreamCheckpointModel, TaskModel, utcnow
+from coworker.engine import batches
 from coworker.errors import StorageError
-from coworker.model import (
-    COUNTED_THROUGH_KEY,
-    STREAM_KEY_PREFIX,
-    BatchModel,
-    ErrorKind,
-    StreamCheckpointModel,
-    TaskModel,
-    conditional_update,
-    utcnow,
-)
 from coworker.observability import logger
 
 CHECKPOINT_PREFIX = STREAM_KEY_PREFIX
@@ -102,9 +95,9 @@ class FollowReport:
 
 
 def _count(image: dict[str, Any] | None) -> tuple[int, int, int]:
-    if not image or schema.STATUS_ATTRIBUTE not in image:
+    if not image or layout.STATUS_ATTRIBUTE not in image:
         return 0, 0, 0
-    status = image[schema.STATUS_ATTRIBUTE].get("S")
+    status = image[layout.STATUS_ATTRIBUTE].get("S")
     return 1, int(status == "finished"), int(status == "ignored")
 
 
@@ -218,7 +211,7 @@ def _count_into(batch_id: str, shard_id: str, changes: list[Change], counter: Ba
             amount = sum(getattr(change, name) for change in fresh)
             if amount:
                 actions.append(getattr(BatchModel, name).add(amount))
-        if conditional_update(BatchModel(key), actions, condition, f"the counter {key!r}"):
+        if writes.update(BatchModel(key), actions, condition, f"count into {key!r}"):
             return fresh
         counter = _read_counter(key)
     raise StorageError(f"could not count into {key!r}: it kept changing")

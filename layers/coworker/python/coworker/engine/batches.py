@@ -17,7 +17,7 @@ A batch lives in the task table as a head item and its counter items::
     done = open == 0, once the follower has counted every write made before the batch's last
            put request ended and before the last change it counted (``counted_through``)
 
-The counts come from the table's stream (see :mod:`coworker.progress`): a task of a batch is put
+The counts come from the table's stream (see :mod:`coworker.engine.progress`): a task of a batch is put
 and moved with the same plain writes as any task, and the coordinator counts each transition
 exactly once. They lag the tasks by up to one coordinator tick; the rule for ``done`` keeps a
 batch whose puts are not all counted yet from reading done early. Progress is one consistent
@@ -29,34 +29,22 @@ Batches made by releases before the stream kept ``total`` on the head and outcom
 from __future__ import annotations
 
 import dataclasses
-import random
 import time
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
-from pynamodb.connection import Connection
-from pynamodb.exceptions import DoesNotExist, PynamoDBException, TransactWriteError
-from pynamodb.expressions.condition import Condition
+from pynamodb.exceptions import DoesNotExist, PynamoDBException
 from pynamodb.transactions import TransactWrite
 
-from coworker import model
-from coworker.errors import CoworkerError, RecordTooLargeError, StorageError
-from coworker.model import (
-    COUNTED_THROUGH_KEY,
-    BatchModel,
-    StreamCheckpointModel,
-    TaskModel,
-    conditional_update,
-    iso_utc,
-    put_if_new,
-    utcnow,
-)
+from coworker.data import writes
+from coworker.data.layout import BATCH_KEY_PREFIX, COUNTED_THROUGH_KEY
+from coworker.data.models import BatchModel, StreamCheckpointModel, TaskModel, iso_utc, utcnow
+from coworker.engine import control
+from coworker.errors import BatchFailedError, BatchNotFoundError, PartialPutError, StorageError
 from coworker.observability import logger
 
-BATCH_KEY_PREFIX = "batch#"
 # Outcome counter items of batches made before counting moved to the stream (read, never written).
 LEGACY_COUNTER_SHARDS = 8
 # Tasks of a batch put at once (each a conditional PutItem).
@@ -64,22 +52,6 @@ PUT_THREADS = 16
 # A put request promises to end its puts within this long of opening the batch (API Gateway
 # gives a request 29 s): until it closes, or this has passed, the batch cannot read done.
 PUT_WINDOW_SECONDS = 30
-# DynamoDB limits of one TransactWriteItems call: 100 actions and 4 MB in all.
-MAX_TRANSACTION_ITEMS = 100
-MAX_TRANSACTION_BYTES = 4 * 1024 * 1024
-# Leave room for the guard and request overhead.
-PUT_CHUNK_BYTES = MAX_TRANSACTION_BYTES - 256 * 1024
-CONFLICT_ATTEMPTS = 10
-_RETRIED_REASONS = frozenset({"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"})
-_CONDITION_FAILED = "ConditionalCheckFailed"
-
-
-class BatchNotFoundError(CoworkerError):
-    """No batch has the given id."""
-
-
-class BatchFailedError(CoworkerError):
-    """The batch stopped at its failure threshold: it takes no new tasks until it is redriven."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,86 +140,6 @@ def is_batch_key(key: str) -> bool:
     return key.startswith(BATCH_KEY_PREFIX)
 
 
-_connections: dict[tuple[str, str | None], Connection] = {}
-
-
-def _connection() -> Connection:
-    """A pynamodb connection for transactions, on the endpoint the models are bound to."""
-    meta = TaskModel.Meta
-    cache_key = (meta.region, meta.host)
-    if cache_key not in _connections:
-        _connections[cache_key] = Connection(region=meta.region, host=meta.host,
-                                             max_retry_attempts=getattr(meta, "max_retry_attempts", None),
-                                             max_pool_connections=getattr(meta, "max_pool_connections", None))
-    return _connections[cache_key]
-
-
-def build_client() -> None:
-    """Give the transactions' connection the models' shared botocore client now (see
-    ``model.build_clients``)."""
-    model.share_client(_connection())
-
-
-def _reasons(exc: TransactWriteError) -> list[str | None]:
-    return [reason.code if reason else None for reason in (exc.cancellation_reasons or [])]
-
-
-def transact(build: Callable[[TransactWrite], None], what: str) -> list[str | None] | None:
-    """Run one transaction, retrying conflicts with jittered backoff.
-
-    Returns ``None`` on success, or the per-item cancellation reasons when a condition failed.
-    """
-    for attempt in range(CONFLICT_ATTEMPTS):
-        # One token per attempt: botocore's own retries of this attempt (network errors) reuse
-        # it, so an attempt that did commit is not applied twice.
-        try:
-            token = str(uuid.uuid4())
-            with TransactWrite(connection=_connection(), client_request_token=token) as transaction:
-                build(transaction)
-        except TransactWriteError as exc:
-            reasons = _reasons(exc)
-            if _CONDITION_FAILED in reasons:
-                return reasons
-            texts = [exc.cause_response_message or "", *(r.message or "" for r in exc.cancellation_reasons or [] if r)]
-            if any("maximum allowed size" in text for text in texts):
-                raise RecordTooLargeError(f"could not {what}: an item would pass DynamoDB's 400 KB limit") from exc
-            if any(code in _RETRIED_REASONS for code in reasons) and attempt < CONFLICT_ATTEMPTS - 1:
-                time.sleep(random.uniform(0, min(1.0, 0.02 * 2 ** attempt)))
-                continue
-            raise StorageError(f"could not {what}: {exc.cause_response_message}") from exc
-        return None
-    raise StorageError(f"could not {what}: too many transaction conflicts")  # pragma: no cover
-
-
-def update_task_and_put(task: TaskModel, actions: list, condition: Condition,
-                        new_tasks: Sequence[TaskModel]) -> bool:
-    """Apply a conditional task update and create ``new_tasks`` (each only if its key is new), in
-    one transaction; ``False`` (nothing written) when ``condition`` does not hold.
-
-    New tasks may carry the updated task's batch id or none; at most :data:`FOLD_ROOM` fit.
-    """
-    if any(new.batch_id not in (None, task.batch_id) for new in new_tasks):
-        raise ValueError("new tasks may only join the updated task's batch")
-    pending = list(range(len(new_tasks)))
-    while True:
-        def build(transaction: TransactWrite, pending: list[int] = pending) -> None:
-            for index in pending:
-                transaction.save(new_tasks[index], condition=TaskModel.key.does_not_exist())
-            transaction.update(task, actions=actions, condition=condition)
-
-        reasons = transact(build, f"update task {task.key!r} with {len(pending)} new tasks")
-        if reasons is None:
-            return True
-        # Puts come first (in order), then the task's update.
-        if reasons[len(pending)] == _CONDITION_FAILED:
-            return False
-        pending = [index for index, code in zip(pending, reasons, strict=False) if code != _CONDITION_FAILED]
-
-
-# New tasks that fit in one transaction next to a task's update.
-FOLD_ROOM = MAX_TRANSACTION_ITEMS - 1
-
-
 def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = None,
               tolerance: Tolerance | None = None) -> list[bool]:
     """Create ``tasks`` (all with ``batch_id``), each only if its key is new; returns, per task,
@@ -295,7 +187,7 @@ def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = 
 
 
 def _put_if_new(task: TaskModel) -> bool:
-    return put_if_new(task, f"task {task.key!r}")
+    return writes.put_if_new(task, f"task {task.key!r}")
 
 
 def _open(batch_id: str, now: datetime, tolerance: Tolerance | None) -> None:
@@ -310,8 +202,8 @@ def _open(batch_id: str, now: datetime, tolerance: Tolerance | None) -> None:
     if tolerance is not None and tolerance.count is not None:
         actions.append(BatchModel.tolerated_failure_count.set(
             BatchModel.tolerated_failure_count | tolerance.count))
-    if not conditional_update(BatchModel(batch_key(batch_id)), actions, BatchModel.failed_at.does_not_exist(),
-                              f"batch {batch_id!r}"):
+    if not writes.update(BatchModel(batch_key(batch_id)), actions, BatchModel.failed_at.does_not_exist(),
+                         f"open batch {batch_id!r}"):
         raise BatchFailedError(f"batch {batch_id!r} stopped at its failure threshold ({_reason(batch_id)}); "
                                "it takes no new tasks until it is redriven (POST /batches/{id}/retry)")
 
@@ -336,71 +228,6 @@ def settle(batch_id: str) -> None:
         logger.exception("could not record a redrive on the batch", extra={"batch_id": batch_id})
 
 
-class PartialPutError(StorageError):
-    """Storage failed part-way through putting a batch: ``stored`` are the keys that went in,
-    the others did not."""
-
-    def __init__(self, message: str, stored: list[str]) -> None:
-        super().__init__(message)
-        self.stored = stored
-
-
-class GuardFailedError(CoworkerError):
-    """The guard of a guarded put no longer held: nothing of that chunk was written."""
-
-
-def put_guarded(tasks: Sequence[TaskModel], guard_key: str, guard: Condition) -> list[bool]:
-    """Create ``tasks`` only while ``guard`` holds on the item ``guard_key`` (a worker's claim).
-
-    Each chunk is one transaction: the puts (each only if its key is new) and a check of
-    ``guard``. Raises :class:`GuardFailedError` when the guard fails; chunks written before stay
-    (their keys make a repeat idempotent). Returns, per task, whether it was created.
-    """
-    created = [False] * len(tasks)
-    room = MAX_TRANSACTION_ITEMS - 1
-    chunk: list[int] = []
-    size = 0
-    for index, task in enumerate(tasks):
-        size_of_task = item_size(task)
-        if chunk and (len(chunk) >= room or size + size_of_task > PUT_CHUNK_BYTES):
-            _put_chunk(tasks, chunk, created, guard_key, guard)
-            chunk, size = [], 0
-        chunk.append(index)
-        size += size_of_task
-    if chunk:
-        _put_chunk(tasks, chunk, created, guard_key, guard)
-    return created
-
-
-def item_size(task: TaskModel) -> int:
-    """Attribute names plus values: a close upper bound of DynamoDB's own item size."""
-    serialized = task.serialize()
-    return sum(len(name.encode()) + len(repr(value).encode()) for name, value in serialized.items())
-
-
-def _put_chunk(tasks: Sequence[TaskModel], indexes: list[int], created: list[bool], guard_key: str,
-               guard: Condition) -> None:
-    """One chunk of a guarded put; :class:`GuardFailedError` (nothing of it written) when the
-    guard failed."""
-    pending = list(indexes)
-    while pending:
-        def build(transaction: TransactWrite, pending: list[int] = pending) -> None:
-            for index in pending:
-                transaction.save(tasks[index], condition=TaskModel.key.does_not_exist())
-            transaction.condition_check(TaskModel, guard_key, condition=guard)
-
-        reasons = transact(build, f"put {len(pending)} tasks")
-        if reasons is None:
-            for index in pending:
-                created[index] = True
-            return
-        # pynamodb sends condition checks first, then puts (in order).
-        if reasons[0] == _CONDITION_FAILED:
-            raise GuardFailedError(f"the condition on {guard_key!r} no longer holds")
-        # Drop the keys that exist and try again.
-        pending = [index for index, code in zip(pending, reasons[1:], strict=False) if code != _CONDITION_FAILED]
-
-
 def _reason(batch_id: str) -> str:
     try:
         head = BatchModel.get(batch_key(batch_id), consistent_read=True, attributes_to_get=["failure_reason"])
@@ -413,7 +240,7 @@ def stop_if_failing(batch_id: str, now: datetime | None = None) -> bool:
     """Stop the batch if more of its tasks are ignored than it tolerates; ``True`` for the one
     call that stopped it.
 
-    Called by the stream follower (:mod:`coworker.progress`) when the changes it counted
+    Called by the stream follower (:mod:`coworker.engine.progress`) when the changes it counted
     include a task of the batch ignored for failing (not a cancel). Costs one
     consistent read of the batch's head item when the batch has no threshold, plus the batch's
     progress (:func:`get_batch`) when it has one. Stopping is one transaction: the head item gets
@@ -421,8 +248,6 @@ def stop_if_failing(batch_id: str, now: datetime | None = None) -> bool:
     joins the control record's stopped batches, whose open tasks are then cancelled as the
     coordinator meets them, and not claimed meanwhile.
     """
-    from coworker import control  # control builds on the task model; batches is lower
-
     now = now or utcnow()
     try:
         head = BatchModel.get(batch_key(batch_id), consistent_read=True, attributes_to_get=[
@@ -443,7 +268,7 @@ def stop_if_failing(batch_id: str, now: datetime | None = None) -> bool:
             condition=BatchModel.failed_at.does_not_exist())
         control.stop_batch_actions(transaction, batch_id, now)
 
-    if transact(build, f"stop batch {batch_id!r}") is not None:
+    if writes.transact(build, f"stop batch {batch_id!r}") is not None:
         return False  # another worker stopped it first
     logger.warning("batch stopped at its failure threshold", extra={"batch_id": batch_id, "reason": reason})
     return True
@@ -452,8 +277,6 @@ def stop_if_failing(batch_id: str, now: datetime | None = None) -> bool:
 def reopen(batch_id: str, now: datetime | None = None) -> bool:
     """Clear a stopped batch's failure (before its redrive): it takes tasks and runs them again.
     ``False`` if it had not stopped."""
-    from coworker import control
-
     now = now or utcnow()
 
     def build(transaction: TransactWrite) -> None:
@@ -462,7 +285,7 @@ def reopen(batch_id: str, now: datetime | None = None) -> bool:
             condition=BatchModel.failed_at.exists())
         control.reopen_batch_actions(transaction, batch_id, now)
 
-    return transact(build, f"reopen batch {batch_id!r}") is None
+    return writes.transact(build, f"reopen batch {batch_id!r}") is None
 
 
 def _tolerance_of(head: BatchModel) -> Tolerance:

@@ -5,7 +5,7 @@ The record ``control#types`` holds the set of paused types and the set of types 
 be *held* (parked out of the way, see below). Pausing a type:
 
 * stops its claims: every claim carries the claimer's view of the paused types in its condition
-  (:func:`coworker.lifecycle.claim`), and that view is at most ``control_cache_seconds`` old;
+  (:func:`coworker.engine.lifecycle.claim`), and that view is at most ``control_cache_seconds`` old;
 * stops its dispatch: the coordinator reads the record once per tick, the API and self-feeding
   workers use the same cached view, so a paused type costs no read per task;
 * moves its waiting tasks out of the way: the coordinator *parks* the due ``todo`` and ``failed``
@@ -17,15 +17,19 @@ be *held* (parked out of the way, see below). Pausing a type:
 Running tasks of a paused type finish normally. Resuming removes the type from the paused set;
 the coordinator then moves its held tasks back, oldest first, a bounded number per tick.
 
-A batch stopped at its failure threshold (:func:`coworker.batches.stop_if_failing`) is in the
+A batch stopped at its failure threshold (:func:`coworker.engine.batches.stop_if_failing`) is in the
 record's ``stopped_batches``: its tasks are excluded from claims and skipped by self-feeding
 workers, and the coordinator cancels the open ones it meets (todo, failed, lost). Running tasks
 finish. A redrive of the batch takes it out again.
+
+Both readers of the queue, the coordinator's tick and a self-feeding worker, decide what to do
+with a due task they meet by one rule, :func:`due_action`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -33,46 +37,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pynamodb.attributes import (
-    MapAttribute,
-    NumberAttribute,
-    UnicodeAttribute,
-    UnicodeSetAttribute,
-    UTCDateTimeAttribute,
-)
 from pynamodb.exceptions import DoesNotExist
-from pynamodb.models import Model
+from pynamodb.expressions.condition import Condition
+from pynamodb.transactions import TransactWrite
 
-from coworker import queries, schema
-from coworker.errors import CoworkerError
-from coworker.model import TaskModel, conditional_update, status_shards, utcnow
+from coworker.data import index, layout, writes
+from coworker.data.layout import CONTROL_KEY, HELD_PREFIX
+from coworker.data.models import ControlModel, TaskModel, TaskStatus, status_shards, utcnow
+from coworker.errors import TooManyPausedTypesError
 from coworker.observability import logger
 
-CONTROL_KEY_PREFIX = "control#"
-CONTROL_KEY = CONTROL_KEY_PREFIX + "types"
-HELD_PREFIX = schema.HELD_PREFIX
 # DynamoDB's IN takes at most 100 operands: the claim condition lists the paused types.
 MAX_PAUSED_TYPES = 100
-
-
-class TooManyPausedTypesError(CoworkerError):
-    """The claim condition can exclude at most MAX_PAUSED_TYPES types."""
-
-
-class ControlModel(Model):
-    """The control record (one item, next to the tasks)."""
-
-    class Meta:
-        table_name = schema.DEFAULT_TABLE_NAME
-        region = "us-east-1"
-
-    key = UnicodeAttribute(hash_key=True, attr_name=schema.PARTITION_KEY)
-    paused = UnicodeSetAttribute(null=True)
-    held_types = UnicodeSetAttribute(null=True)  # types whose tasks may be parked
-    stopped_batches = UnicodeSetAttribute(null=True)  # batches stopped at their failure threshold
-    limits = MapAttribute(null=True)  # task type -> at most this many of its tasks run at once
-    version = NumberAttribute(default=0)
-    updated_at = UTCDateTimeAttribute(null=True)
 
 
 @dataclass(frozen=True)
@@ -110,13 +86,13 @@ def read(consistent: bool = False) -> ControlView:
         item = ControlModel.get(CONTROL_KEY, consistent_read=consistent)
     except DoesNotExist:
         return ControlView()
-    limits = item.limits.as_dict() if item.limits is not None else {}
+    limits: dict[str, Any] = item.limits.as_dict() if item.limits is not None else {}
     return ControlView(frozenset(item.paused or ()), frozenset(item.held_types or ()), int(item.version or 0),
                        frozenset(item.stopped_batches or ()), {name: int(n) for name, n in limits.items()})
 
 
-def _update(actions: list, condition=None) -> bool:
-    return conditional_update(ControlModel(CONTROL_KEY), actions, condition, "the control record")
+def _update(actions: list[Any], condition: Condition | None = None) -> bool:
+    return writes.update(ControlModel(CONTROL_KEY), actions, condition, "update the control record")
 
 
 def pause(task_type: str, now: datetime | None = None) -> bool:
@@ -167,14 +143,14 @@ def forget_held(task_type: str) -> bool:
     return _update([ControlModel.held_types.delete({task_type})], ~ControlModel.paused.contains(task_type))
 
 
-def stop_batch_actions(transaction: Any, batch_id: str, now: datetime) -> None:
+def stop_batch_actions(transaction: TransactWrite, batch_id: str, now: datetime) -> None:
     """Add ``batch_id`` to the stopped batches, inside the caller's transaction."""
     transaction.update(ControlModel(CONTROL_KEY), actions=[
         ControlModel.stopped_batches.add({batch_id}), ControlModel.version.add(1), ControlModel.updated_at.set(now)])
     _cache.invalidate()
 
 
-def reopen_batch_actions(transaction: Any, batch_id: str, now: datetime) -> None:
+def reopen_batch_actions(transaction: TransactWrite, batch_id: str, now: datetime) -> None:
     """Take ``batch_id`` out of the stopped batches, inside the caller's transaction."""
     transaction.update(ControlModel(CONTROL_KEY), actions=[
         ControlModel.stopped_batches.delete({batch_id}), ControlModel.version.add(1),
@@ -225,7 +201,7 @@ def cached(seconds: float) -> ControlView:
 
 def held_value(task_type: str, key: str) -> str:
     """The index partition where a held task of ``task_type`` waits."""
-    return f"{HELD_PREFIX}{task_type}#{schema.shard_of(key, status_shards())}"
+    return f"{HELD_PREFIX}{task_type}#{layout.shard_of(key, status_shards())}"
 
 
 def held_values(task_type: str) -> list[str]:
@@ -233,7 +209,7 @@ def held_values(task_type: str) -> list[str]:
 
 
 def is_held(status_shard: str | None) -> bool:
-    return bool(status_shard) and status_shard.startswith(HELD_PREFIX)
+    return status_shard is not None and status_shard.startswith(HELD_PREFIX)
 
 
 def park(task: TaskModel, now: datetime) -> bool:
@@ -252,21 +228,44 @@ def unpark(task: TaskModel) -> bool:
     return _task_update(key, [TaskModel.status_shard.set(TaskModel.shard_value_of(key, task.status))], condition)
 
 
-def _task_update(key: str, actions: list, condition) -> bool:
-    return conditional_update(TaskModel(key), actions, condition, f"(move) task {key!r}")
+def _task_update(key: str, actions: list[Any], condition: Condition) -> bool:
+    return writes.update(TaskModel(key), actions, condition, f"move task {key!r}")
 
 
 def held(task_type: str, limit: int) -> list[TaskModel]:
     """About ``limit`` held tasks of ``task_type``, oldest first within each shard."""
-    return queries.first_entries(held_values(task_type), limit)
+    return index.first_entries(held_values(task_type), limit)
 
 
 def count_held(task_type: str, cap: int) -> tuple[int, bool]:
     """Held tasks of ``task_type``, counted up to about ``cap``."""
-    return queries.count_partitions(held_values(task_type), cap)
+    return index.count_partitions(held_values(task_type), cap)
 
 
 def types_listed(view: ControlView, registered: Iterable[str]) -> list[str]:
     """Every type worth showing: the registered ones, and any paused, held or limited."""
     return sorted(set(registered) | view.paused | view.held_types | set(view.limits))
 
+
+# -- the due-work rule ---------------------------------------------------------------------------
+
+
+class DueAction(str, enum.Enum):
+    """What a reader of the queue does with a due task it meets."""
+
+    RUN = "run"  # hand it to a worker (or claim it)
+    PARK = "park"  # its type is paused: move it out of the queue (the coordinator does)
+    CANCEL = "cancel"  # its batch stopped at its failure threshold (the coordinator does)
+    REAP = "reap"  # lost on its last allowed attempt: no claim can take it (the coordinator retires it)
+
+
+def due_action(view: ControlView, task: TaskModel, status: TaskStatus) -> DueAction:
+    """The one rule both the coordinator's tick and a self-feeding worker apply to a due task
+    found in ``status``'s queue (index entries carry type, batch and attempts)."""
+    if view.is_stopped(task.batch_id):
+        return DueAction.CANCEL
+    if view.is_paused(task.task_type):
+        return DueAction.PARK
+    if status is TaskStatus.PROCESSING and task.attempts >= task.max_attempts:
+        return DueAction.REAP
+    return DueAction.RUN

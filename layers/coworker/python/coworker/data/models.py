@@ -1,7 +1,10 @@
-"""The pynamodb model of a task, built from :mod:`coworker.schema`.
+"""Every pynamodb model of the task table, built from :mod:`coworker.data.layout`.
 
-This is the only module (with :mod:`coworker.lifecycle` and :mod:`coworker.queries`) that
-talks to DynamoDB. Call :func:`bind` once per process to point the model at a table and endpoint.
+Tasks, batches, stream checkpoints, leases (worker slots and the coordinator's), the control
+record and concurrency gates all live in one table; each kind has its model here, and
+:func:`coworker.data.connection.bind` points them all at a table and endpoint once per process.
+Engine modules compose conditions and update actions from these models' attributes and send
+them through :mod:`coworker.data.writes` (writes) or :mod:`coworker.data.index` (index reads).
 """
 
 from __future__ import annotations
@@ -21,13 +24,10 @@ from pynamodb.attributes import (
     UnicodeSetAttribute,
     UTCDateTimeAttribute,
 )
-from pynamodb.exceptions import PutError, UpdateError
-from pynamodb.indexes import GlobalSecondaryIndex, IncludeProjection
+from pynamodb.indexes import GlobalSecondaryIndex, IncludeProjection, KeysOnlyProjection
 from pynamodb.models import Model
 
-from coworker import schema
-from coworker.config import Settings
-from coworker.errors import StorageError
+from coworker.data import layout
 
 
 class TaskStatus(str, enum.Enum):
@@ -66,9 +66,6 @@ def iso_utc(value: datetime | None) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value else None
 
 
-CONDITION_FAILED = "ConditionalCheckFailedException"
-
-
 class ErrorRecord(MapAttribute):
     """One failed attempt, as kept in a task's error history."""
 
@@ -81,20 +78,20 @@ class ErrorRecord(MapAttribute):
 
 class StatusIndex(GlobalSecondaryIndex["TaskModel"]):
     """Sparse index of live and ignored tasks by status shard, oldest ``due_at`` first
-    (read it through :mod:`coworker.queries`, which merges the shards)."""
+    (read it through :mod:`coworker.data.index`, which merges the shards)."""
 
     class Meta:
-        index_name = schema.STATUS_INDEX_NAME
-        projection = IncludeProjection(list(schema.STATUS_INDEX_PROJECTED))
+        index_name = layout.STATUS_INDEX_NAME
+        projection = IncludeProjection(list(layout.STATUS_INDEX_PROJECTED))
 
     status_shard = UnicodeAttribute(hash_key=True)
     due_at = UTCDateTimeAttribute(range_key=True)
 
 
 class _Layout:
-    """How this process spreads statuses over index shards (set by :func:`bind`)."""
+    """How this process spreads statuses over index shards (set by ``connection.bind``)."""
 
-    shards: int = schema.DEFAULT_STATUS_SHARDS
+    shards: int = layout.DEFAULT_STATUS_SHARDS
 
 
 def status_shards() -> int:
@@ -102,23 +99,28 @@ def status_shards() -> int:
     return _Layout.shards
 
 
+def set_status_shards(shards: int) -> None:
+    """Spread statuses over ``shards`` index partitions in this process (``connection.bind``)."""
+    _Layout.shards = shards
+
+
 class TaskModel(Model):
     """One task. Attribute names are the ones a person sees in the DynamoDB console."""
 
     class Meta:
-        table_name = schema.DEFAULT_TABLE_NAME
+        table_name = layout.DEFAULT_TABLE_NAME
         region = "us-east-1"
 
-    key = UnicodeAttribute(hash_key=True, attr_name=schema.PARTITION_KEY)
+    key = UnicodeAttribute(hash_key=True, attr_name=layout.PARTITION_KEY)
     task_type = UnicodeAttribute(attr_name="type")
     payload = JSONAttribute(null=True)
     # A payload too large for the record: {"uri", "bytes", "sha256"} in the object store.
     payload_ref = JSONAttribute(null=True)
-    status = UnicodeAttribute(attr_name=schema.STATUS_ATTRIBUTE)
+    status = UnicodeAttribute(attr_name=layout.STATUS_ATTRIBUTE)
     # "<status>#<shard>", the index partition key: always written with ``status``
     # (see :meth:`status_actions`).
-    status_shard = UnicodeAttribute(null=True, attr_name=schema.STATUS_INDEX_PARTITION_KEY)
-    due_at = UTCDateTimeAttribute(null=True, attr_name=schema.STATUS_INDEX_SORT_KEY)
+    status_shard = UnicodeAttribute(null=True, attr_name=layout.STATUS_INDEX_PARTITION_KEY)
+    due_at = UTCDateTimeAttribute(null=True, attr_name=layout.STATUS_INDEX_SORT_KEY)
     created_at = UTCDateTimeAttribute()
     updated_at = UTCDateTimeAttribute()
     finished_at = UTCDateTimeAttribute(null=True)
@@ -141,14 +143,14 @@ class TaskModel(Model):
     # At most concurrency_limit tasks with the same concurrency_key run at once (fleet-wide).
     concurrency_key = UnicodeAttribute(null=True)
     concurrency_limit = NumberAttribute(null=True)
-    delete_after_epoch = TTLAttribute(null=True, attr_name=schema.TTL_ATTRIBUTE)
+    delete_after_epoch = TTLAttribute(null=True, attr_name=layout.TTL_ATTRIBUTE)
 
     status_index = StatusIndex()
 
     @classmethod
     def shard_value_of(cls, key: str, status: str) -> str:
         """The index partition key value of task ``key`` in ``status``."""
-        return schema.shard_value(status, schema.shard_of(key, _Layout.shards))
+        return layout.shard_value(status, layout.shard_of(key, _Layout.shards))
 
     def serialize(self, null_check: bool = True) -> dict[str, dict[str, Any]]:
         """The item as DynamoDB stores it, ``status_shard`` always following ``status`` (every
@@ -158,7 +160,7 @@ class TaskModel(Model):
         return super().serialize(null_check=null_check)
 
     @classmethod
-    def status_actions(cls, key: str, status: str) -> list:
+    def status_actions(cls, key: str, status: str) -> list[Any]:
         """Update actions that move task ``key`` to ``status``: the status and its index shard."""
         return [cls.status.set(status), cls.status_shard.set(cls.shard_value_of(key, status))]
 
@@ -184,7 +186,7 @@ class TaskModel(Model):
             "priority": int(self.priority) if self.priority is not None else None,
             "concurrency_key": self.concurrency_key,
             "concurrency_limit": int(self.concurrency_limit) if self.concurrency_limit is not None else None,
-            "blocked": bool(self.status_shard and self.status_shard.startswith(schema.BLOCKED_PREFIX)),
+            "blocked": bool(self.status_shard and self.status_shard.startswith(layout.BLOCKED_PREFIX)),
             "result": self.result,
             "result_ref": self.result_ref,
             "errors": [
@@ -202,17 +204,18 @@ class TaskModel(Model):
 
 class BatchModel(Model):
     """One batch, kept in the task table: its head ``batch#<id>`` and its counter items
-    ``batch#<id>#<stream shard id>`` (see :mod:`coworker.batches` and :mod:`coworker.progress`).
+    ``batch#<id>#<stream shard id>`` (see :mod:`coworker.engine.batches` and
+    :mod:`coworker.engine.progress`).
 
     It has no ``status`` or ``due_at``, so it never enters the status index; the counters are
     moved by the coordinator as it reads the table's stream.
     """
 
     class Meta:
-        table_name = schema.DEFAULT_TABLE_NAME
+        table_name = layout.DEFAULT_TABLE_NAME
         region = "us-east-1"
 
-    key = UnicodeAttribute(hash_key=True, attr_name=schema.PARTITION_KEY)
+    key = UnicodeAttribute(hash_key=True, attr_name=layout.PARTITION_KEY)
     total = NumberAttribute(default=0)
     finished = NumberAttribute(default=0)
     ignored = NumberAttribute(default=0)
@@ -237,107 +240,105 @@ class BatchModel(Model):
     last_change_at = UTCDateTimeAttribute(null=True)
 
 
-STREAM_KEY_PREFIX = "stream#"
-# The follower's watermark: every write made before its ``counted_through`` has been counted.
-COUNTED_THROUGH_KEY = STREAM_KEY_PREFIX + "counted-through"
-
-
 class StreamCheckpointModel(Model):
     """How far the stream follower has read one stream shard (``stream#<shard id>``), and how far
-    it has counted every shard (``stream#counted-through``); see :mod:`coworker.progress`."""
+    it has counted every shard (``stream#counted-through``); see :mod:`coworker.engine.progress`."""
 
     class Meta:
-        table_name = schema.DEFAULT_TABLE_NAME
+        table_name = layout.DEFAULT_TABLE_NAME
         region = "us-east-1"
 
-    key = UnicodeAttribute(hash_key=True, attr_name=schema.PARTITION_KEY)
+    key = UnicodeAttribute(hash_key=True, attr_name=layout.PARTITION_KEY)
     read_through = UnicodeAttribute(null=True)
     ended = BooleanAttribute(default=False)
     counted_through = UTCDateTimeAttribute(null=True)
-    delete_after_epoch = TTLAttribute(null=True, attr_name=schema.TTL_ATTRIBUTE)
+    delete_after_epoch = TTLAttribute(null=True, attr_name=layout.TTL_ATTRIBUTE)
 
 
-def put_if_new(item: Model, what: str) -> bool:
-    """One conditional PutItem of ``item``; ``False`` when an item with its key exists (left
-    untouched). Any other refusal is a :class:`StorageError`."""
-    try:
-        item.save(condition=type(item)._hash_key_attribute().does_not_exist())
-    except PutError as exc:
-        if exc.cause_response_code == CONDITION_FAILED:
-            return False
-        raise StorageError(f"could not put {what}: {exc.cause_response_message}") from exc
-    return True
+class LeaseState:
+    """What a lease item is held for (``slot#NNNN`` and ``lease#coordinator``)."""
+
+    FREE = "free"
+    RESERVED = "reserved"
+    RUNNING = "running"
+    HELD = "held"
 
 
-def conditional_update(item: Model, actions: list, condition: Any, what: str) -> bool:
-    """One UpdateItem on ``item`` (its attributes refreshed from the written item); ``False``
-    when ``condition`` does not hold. Any other refusal is a :class:`StorageError`."""
-    try:
-        item.update(actions=actions, condition=condition)
-    except UpdateError as exc:
-        if exc.cause_response_code == CONDITION_FAILED:
-            return False
-        raise StorageError(f"could not update {what}: {exc.cause_response_message}") from exc
-    return True
+class SlotIndex(GlobalSecondaryIndex["LeaseModel"]):
+    """The tasks' status index, read for the ``worker-slot`` partition only."""
+
+    class Meta:
+        index_name = layout.STATUS_INDEX_NAME
+        projection = KeysOnlyProjection()
+
+    status_shard = UnicodeAttribute(hash_key=True)
+    due_at = UTCDateTimeAttribute(range_key=True)
 
 
-# (table, region, endpoint) the models are bound to: see bind.
-_bound_to: tuple[str, str, str | None] | None = None
+class LeaseModel(Model):
+    """A lease item (see :mod:`coworker.engine.slots`): ``holder`` has it until ``due_at``
+    (absent holder: free)."""
+
+    class Meta:
+        table_name = layout.DEFAULT_TABLE_NAME
+        region = "us-east-1"
+
+    key = UnicodeAttribute(hash_key=True, attr_name=layout.PARTITION_KEY)
+    status = UnicodeAttribute(null=True, attr_name=layout.STATUS_ATTRIBUTE)
+    status_shard = UnicodeAttribute(null=True, attr_name=layout.STATUS_INDEX_PARTITION_KEY)
+    due_at = UTCDateTimeAttribute(attr_name=layout.STATUS_INDEX_SORT_KEY)
+    holder = UnicodeAttribute(null=True)
+    state = UnicodeAttribute(default=LeaseState.FREE)
+    updated_at = UTCDateTimeAttribute()
+
+    slot_index = SlotIndex()
 
 
-def bind(settings: Settings) -> None:
-    """Point the models at the configured table, region and endpoint (once per process).
+class ControlModel(Model):
+    """The control record ``control#types`` (see :mod:`coworker.engine.control`)."""
 
-    Binding again to the same table, region and endpoint keeps the connections already built.
-    """
-    global _bound_to
-    _Layout.shards = settings.status_shards
-    target = (settings.table_name, settings.region, settings.dynamodb_endpoint)
-    if target == _bound_to:
-        return
-    for model_class in _models():
-        meta = model_class.Meta
-        meta.table_name, meta.region, meta.host = target
-        # Tasks carry their own conflict handling (conditions); plain retries are for throttling.
-        meta.max_retry_attempts = 5
-        meta.max_pool_connections = 64  # workers run a batch's tasks in parallel threads
-        model_class._connection = None  # drop a connection made for another table or endpoint
-    _bound_to = target
+    class Meta:
+        table_name = layout.DEFAULT_TABLE_NAME
+        region = "us-east-1"
+
+    key = UnicodeAttribute(hash_key=True, attr_name=layout.PARTITION_KEY)
+    paused = UnicodeSetAttribute(null=True)
+    held_types = UnicodeSetAttribute(null=True)  # types whose tasks may be parked
+    stopped_batches = UnicodeSetAttribute(null=True)  # batches stopped at their failure threshold
+    limits: MapAttribute[str, Any] = MapAttribute(null=True)  # task type -> most of its tasks running at once
+    version = NumberAttribute(default=0)
+    updated_at = UTCDateTimeAttribute(null=True)
 
 
-def build_clients() -> None:
-    """Create one botocore client now, in the calling thread, and share it between the models.
+class GateIndex(GlobalSecondaryIndex["GateModel"]):
+    """The tasks' status index, read for the ``gates#waiting`` partition only."""
 
-    pynamodb gives every model a connection of its own and creates its client lazily and without
-    a lock, so the threads of a worker batch that all start on a cold process would each build
-    one (about 0.15 s of CPU apiece), and each model would hold its own copy of botocore's
-    service model (about 30,000 objects that every full garbage collection walks). Built once
-    here, before any thread starts, one client serves every model (they share table, region,
-    endpoint and settings; botocore clients are thread-safe). No request is sent.
-    """
-    models = _models()
-    client = models[0]._get_connection().connection.client
-    for model_class in models[1:]:
-        share_client(model_class._get_connection().connection, client)
+    class Meta:
+        index_name = layout.STATUS_INDEX_NAME
+        projection = KeysOnlyProjection()
+
+    status_shard = UnicodeAttribute(hash_key=True)
+    due_at = UTCDateTimeAttribute(range_key=True)
 
 
-def shared_client() -> Any:
-    """The botocore client the models share (built by :func:`build_clients` if need be)."""
-    return TaskModel._get_connection().connection.client
+class GateModel(Model):
+    """The gate of one concurrency group (see :mod:`coworker.engine.gates`)."""
+
+    class Meta:
+        table_name = layout.DEFAULT_TABLE_NAME
+        region = "us-east-1"
+
+    key = UnicodeAttribute(hash_key=True, attr_name=layout.PARTITION_KEY)
+    holders: MapAttribute[str, Any] = MapAttribute(null=True)  # holder token -> lease end (epoch ms)
+    limit = NumberAttribute(null=True)  # the limit its last holder entered under
+    # "gates#waiting" while tasks may be blocked on it; due_at: when it was last swept.
+    status_shard = UnicodeAttribute(null=True, attr_name=layout.STATUS_INDEX_PARTITION_KEY)
+    due_at = UTCDateTimeAttribute(null=True, attr_name=layout.STATUS_INDEX_SORT_KEY)
+    blocked_at = UTCDateTimeAttribute(null=True)  # the last time it blocked a task
+
+    waiting_index = GateIndex()
 
 
-def share_client(connection: Any, client: Any | None = None) -> None:
-    """Make pynamodb ``connection`` send its requests through the models' shared client.
-
-    pynamodb has no public way to hand a connection a client: it keeps the one it builds in
-    ``_client`` and builds one only while that is empty.
-    """
-    connection._client = client or shared_client()
-
-
-def _models() -> tuple[type[Model], ...]:
-    from coworker.concurrency import GateModel  # these modules build on this one
-    from coworker.control import ControlModel
-    from coworker.leases import LeaseModel
-
-    return (TaskModel, BatchModel, LeaseModel, ControlModel, GateModel, StreamCheckpointModel)
+# Every model of the table: bound together (``connection.bind``), sharing one client.
+ALL_MODELS: tuple[type[Model], ...] = (TaskModel, BatchModel, LeaseModel, ControlModel, GateModel,
+                                       StreamCheckpointModel)

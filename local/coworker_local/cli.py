@@ -632,12 +632,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_migrate_index(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """Reshard the table's indexed items (see :mod:`coworker.migration`)."""
+    """Reshard the table's indexed items (see :mod:`coworker_local.migration`)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from coworker import migration, model
     from coworker.config import Settings
+    from coworker.data import connection
     from coworker.errors import ConfigurationError
+
+    from coworker_local import migration
 
     if not args.table:
         raise UsageError("--table (or COWORKER_TABLE_NAME) is required")
@@ -652,7 +654,7 @@ def cmd_migrate_index(client: ApiClient, args: argparse.Namespace, out: TextIO, 
         settings = Settings.from_env(**overrides)
     except ConfigurationError as exc:
         raise UsageError(str(exc)) from None
-    model.bind(settings)
+    connection.bind(settings)
 
     def run(segment: int) -> migration.ReshardReport:
         return migration.reshard(dry_run=args.dry_run, segment=segment if args.segments > 1 else None,

@@ -1,0 +1,213 @@
+"""Every write to the task table goes through here: conditional puts, updates and deletes of one
+item, and transactions.
+
+Each helper turns DynamoDB's answers into what the engine acts on, in one place:
+
+* a condition that does not hold -> ``False`` (or the transaction's cancellation reasons);
+* an item that would pass DynamoDB's 400 KB limit -> :class:`RecordTooLargeError`;
+* anything else (throttling past the retries, an outage, a denied permission) ->
+  :class:`StorageError`, raised from the pynamodb error so its cause is kept.
+
+Callers build conditions and actions from the models' attributes (:mod:`coworker.data.models`).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pynamodb.constants import NONE
+from pynamodb.exceptions import DeleteError, PutError, TransactWriteError, UpdateError
+from pynamodb.expressions.condition import Condition
+from pynamodb.models import Model
+from pynamodb.transactions import TransactWrite
+
+from coworker.data.connection import transaction_connection
+from coworker.data.models import TaskModel
+from coworker.errors import GuardFailedError, RecordTooLargeError, StorageError
+
+# DynamoDB's error code for a condition that did not hold (single-item writes) ...
+CONDITION_FAILED = "ConditionalCheckFailedException"
+# ... and the cancellation reason of a transaction item whose condition did not hold.
+TRANSACTION_CONDITION_FAILED = "ConditionalCheckFailed"
+_TOO_LARGE_CODE = "ValidationException"
+_TOO_LARGE_TEXT = "maximum allowed size"
+# DynamoDB limits of one TransactWriteItems call: 100 actions and 4 MB in all.
+MAX_TRANSACTION_ITEMS = 100
+MAX_TRANSACTION_BYTES = 4 * 1024 * 1024
+# Leave room for the guard and request overhead.
+PUT_CHUNK_BYTES = MAX_TRANSACTION_BYTES - 256 * 1024
+# New tasks that fit in one transaction next to a task's update.
+FOLD_ROOM = MAX_TRANSACTION_ITEMS - 1
+CONFLICT_ATTEMPTS = 10
+_RETRIED_REASONS = frozenset({"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"})
+
+
+def _too_large(code: str | None, message: str | None) -> bool:
+    """DynamoDB refused a write because an item would pass its 400 KB limit."""
+    return code in (_TOO_LARGE_CODE, None) and _TOO_LARGE_TEXT in (message or "")
+
+
+def _refused(exc: PutError | UpdateError | DeleteError, what: str) -> StorageError:
+    """The error to raise for a refusal that is not a failed condition."""
+    if _too_large(exc.cause_response_code, exc.cause_response_message):
+        return RecordTooLargeError(f"could not {what}: the item would pass DynamoDB's 400 KB limit")
+    return StorageError(f"could not {what}: {exc.cause_response_message}")
+
+
+def put_if_new(item: Model, what: str) -> bool:
+    """One conditional PutItem of ``item``; ``False`` when an item with its key exists (left
+    untouched). ``what`` completes "could not ..." in an error's message."""
+    try:
+        item.save(condition=type(item)._hash_key_attribute().does_not_exist())
+    except PutError as exc:
+        if exc.cause_response_code == CONDITION_FAILED:
+            return False
+        raise _refused(exc, f"put {what}") from exc
+    return True
+
+
+def update(item: Model, actions: Sequence[Any], condition: Condition | None, what: str, *,
+           refresh: bool = True) -> bool:
+    """One UpdateItem on ``item``; ``False`` (nothing written) when ``condition`` does not hold.
+
+    With ``refresh`` the item's attributes are refreshed from the written item; without, nothing
+    is returned (the cheaper request a worker makes several times per task). ``what`` completes
+    "could not ..." in an error's message, e.g. ``"claim task 'k'"``.
+    """
+    try:
+        if refresh:
+            item.update(actions=list(actions), condition=condition)
+        else:
+            # Every model of the table is keyed by ``key``.
+            type(item)._get_connection().update_item(getattr(item, "key"), actions=list(actions),  # noqa: B009
+                                                     condition=condition, return_values=NONE)
+    except UpdateError as exc:
+        if exc.cause_response_code == CONDITION_FAILED:
+            return False
+        raise _refused(exc, what) from exc
+    return True
+
+
+def delete_if(item: Model, condition: Condition, what: str) -> bool:
+    """One conditional DeleteItem; ``False`` when ``condition`` does not hold."""
+    try:
+        item.delete(condition=condition)
+    except DeleteError as exc:
+        if exc.cause_response_code == CONDITION_FAILED:
+            return False
+        raise _refused(exc, f"delete {what}") from exc
+    return True
+
+
+def _reasons(exc: TransactWriteError) -> list[str | None]:
+    return [reason.code if reason else None for reason in (exc.cancellation_reasons or [])]
+
+
+def transact(build: Callable[[TransactWrite], None], what: str) -> list[str | None] | None:
+    """Run one transaction, retrying conflicts with jittered backoff.
+
+    Returns ``None`` on success, or the per-item cancellation reasons when a condition failed
+    (compare them with :data:`TRANSACTION_CONDITION_FAILED`).
+    """
+    for attempt in range(CONFLICT_ATTEMPTS):
+        # One token per attempt: botocore's own retries of this attempt (network errors) reuse
+        # it, so an attempt that did commit is not applied twice.
+        try:
+            token = str(uuid.uuid4())
+            with TransactWrite(connection=transaction_connection(), client_request_token=token) as transaction:
+                build(transaction)
+        except TransactWriteError as exc:
+            reasons = _reasons(exc)
+            if TRANSACTION_CONDITION_FAILED in reasons:
+                return reasons
+            texts = [exc.cause_response_message or "", *(r.message or "" for r in exc.cancellation_reasons or [] if r)]
+            if any(_too_large(None, text) for text in texts):
+                raise RecordTooLargeError(f"could not {what}: an item would pass DynamoDB's 400 KB limit") from exc
+            if any(code in _RETRIED_REASONS for code in reasons) and attempt < CONFLICT_ATTEMPTS - 1:
+                time.sleep(random.uniform(0, min(1.0, 0.02 * 2 ** attempt)))
+                continue
+            raise StorageError(f"could not {what}: {exc.cause_response_message}") from exc
+        return None
+    raise StorageError(f"could not {what}: too many transaction conflicts")  # pragma: no cover
+
+
+def update_task_and_put(task: TaskModel, actions: Sequence[Any], condition: Condition,
+                        new_tasks: Sequence[TaskModel]) -> bool:
+    """Apply a conditional task update and create ``new_tasks`` (each only if its key is new), in
+    one transaction; ``False`` (nothing written) when ``condition`` does not hold.
+
+    New tasks may carry the updated task's batch id or none; at most :data:`FOLD_ROOM` fit.
+    """
+    if any(new.batch_id not in (None, task.batch_id) for new in new_tasks):
+        raise ValueError("new tasks may only join the updated task's batch")
+    pending = list(range(len(new_tasks)))
+    while True:
+        def build(transaction: TransactWrite, pending: list[int] = pending) -> None:
+            for index in pending:
+                transaction.save(new_tasks[index], condition=TaskModel.key.does_not_exist())
+            transaction.update(task, actions=list(actions), condition=condition)
+
+        reasons = transact(build, f"update task {task.key!r} with {len(pending)} new tasks")
+        if reasons is None:
+            return True
+        # Puts come first (in order), then the task's update.
+        if reasons[len(pending)] == TRANSACTION_CONDITION_FAILED:
+            return False
+        pending = [index for index, code in zip(pending, reasons, strict=False)
+                   if code != TRANSACTION_CONDITION_FAILED]
+
+
+def put_guarded(tasks: Sequence[TaskModel], guard_key: str, guard: Condition) -> list[bool]:
+    """Create ``tasks`` only while ``guard`` holds on the item ``guard_key`` (a worker's claim).
+
+    Each chunk is one transaction: the puts (each only if its key is new) and a check of
+    ``guard``. Raises :class:`GuardFailedError` when the guard fails; chunks written before stay
+    (their keys make a repeat idempotent). Returns, per task, whether it was created.
+    """
+    created = [False] * len(tasks)
+    chunk: list[int] = []
+    size = 0
+    for index, task in enumerate(tasks):
+        size_of_task = item_size(task)
+        if chunk and (len(chunk) >= FOLD_ROOM or size + size_of_task > PUT_CHUNK_BYTES):
+            _put_chunk(tasks, chunk, created, guard_key, guard)
+            chunk, size = [], 0
+        chunk.append(index)
+        size += size_of_task
+    if chunk:
+        _put_chunk(tasks, chunk, created, guard_key, guard)
+    return created
+
+
+def item_size(task: TaskModel) -> int:
+    """Attribute names plus values: a close upper bound of DynamoDB's own item size."""
+    serialized = task.serialize()
+    return sum(len(name.encode()) + len(repr(value).encode()) for name, value in serialized.items())
+
+
+def _put_chunk(tasks: Sequence[TaskModel], indexes: list[int], created: list[bool], guard_key: str,
+               guard: Condition) -> None:
+    """One chunk of a guarded put; :class:`GuardFailedError` (nothing of it written) when the
+    guard failed."""
+    pending = list(indexes)
+    while pending:
+        def build(transaction: TransactWrite, pending: list[int] = pending) -> None:
+            for index in pending:
+                transaction.save(tasks[index], condition=TaskModel.key.does_not_exist())
+            transaction.condition_check(TaskModel, guard_key, condition=guard)
+
+        reasons = transact(build, f"put {len(pending)} tasks")
+        if reasons is None:
+            for index in pending:
+                created[index] = True
+            return
+        # pynamodb sends condition checks first, then puts (in order).
+        if reasons[0] == TRANSACTION_CONDITION_FAILED:
+            raise GuardFailedError(f"the condition on {guard_key!r} no longer holds")
+        # Drop the keys that exist and try again.
+        pending = [index for index, code in zip(pending, reasons[1:], strict=False)
+                   if code != TRANSACTION_CONDITION_FAILED]

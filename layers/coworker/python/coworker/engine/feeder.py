@@ -1,0 +1,176 @@
+"""Self-feeding: the keys a worker invocation's threads run, its hints first, then due work it
+finds on the status index itself."""
+
+from __future__ import annotations
+
+import collections
+import random
+import threading
+import time
+from collections.abc import Sequence
+
+from coworker.config import Settings
+from coworker.data import index
+from coworker.data.layout import shard_of
+from coworker.data.models import TaskStatus, status_shards, utcnow
+from coworker.engine import control
+from coworker.engine.control import DueAction
+from coworker.engine.outcomes import TaskSource
+from coworker.observability import logger
+
+# Work is looked for in this order: lost by dead workers, due retries, then new.
+FEED_ORDER = (TaskStatus.PROCESSING, TaskStatus.FAILED, TaskStatus.TODO)
+# Index entries one self-feeding query reads at most (one page).
+MAX_FEED_PAGE = 200
+
+
+# Statuses whose last feed query found nothing, with when to look again (process-wide: warm
+# invocations share it). The coordinator re-checks them every tick anyway.
+_quiet_until: dict[TaskStatus, float] = {}
+_quiet_lock = threading.Lock()
+
+
+class Feeder:
+    """Hands out the keys an invocation's threads run: its hints first, then due work it finds.
+
+    Self-feeding reads one page of the status index (oldest first) and takes a window of it:
+    the keys of its own *stripe* (the key's :func:`~coworker.data.layout.shard_of` among the
+    worker slots, equal to its slot number), and only when those run short, a few of the other stripes' newest keys.
+    Workers that look at the same moment so take different tasks instead of racing for the head
+    item, and no stripe starves when its slot is idle. It stops when a page has nothing new, when the
+    feed cut-off passes, or when the invocation lost its slot.
+    """
+
+    def __init__(self, settings: Settings, hints: Sequence[str], self_feed: bool, feed_until: float,
+                 slot_number: int | None = None, stop: threading.Event | None = None,
+                 window: int | None = None) -> None:
+        self._settings = settings
+        self._queue: collections.deque[tuple[str, TaskSource]] = collections.deque(
+            (key, TaskSource.HINT) for key in hints)
+        self._seen: set[str] = set(hints)
+        self._exhausted = not self_feed
+        self._feed_until = feed_until
+        self._window = max(4 * (window or settings.batch_size), 4)
+        self._stripes = settings.worker_slots
+        self._stripe = (slot_number if slot_number is not None else random.randrange(self._stripes)) % self._stripes
+        self._stop = stop or threading.Event()
+        self._cond = threading.Condition()
+        self._fetching = False
+        self._low_water = max(1, window or settings.batch_size)
+        # Index shard each status is read from first: its own stripe's, then where work was found.
+        self._first_shard = dict.fromkeys(FEED_ORDER, self._stripe)
+        self.pages = 0
+
+    def next(self) -> tuple[str, TaskSource] | None:
+        """The next key to run, or ``None`` when there is no more work for this invocation.
+
+        When fewer keys than threads are queued, the thread that notices fetches the next window
+        while the others keep working (only a thread finding the queue empty waits for it).
+        """
+        with self._cond:
+            while not self._queue:
+                if self._exhausted:
+                    return None
+                if not self._fetching:
+                    if not self._may_feed():
+                        self._exhausted = True
+                        return None
+                    self._fetching = True
+                    break
+                self._cond.wait()
+            item = self._queue.popleft() if self._queue else None
+            fetch = item is None or (not self._fetching and len(self._queue) < self._low_water
+                                     and not self._exhausted and self._may_feed())
+            if fetch and item is not None:
+                self._fetching = True
+        if fetch:
+            self._refill()
+        return item if item is not None else self.next()
+
+    def hand(self, key: str) -> None:
+        """Run ``key`` next (a blocked task this invocation's release just woke)."""
+        with self._cond:
+            self._queue.appendleft((key, TaskSource.HINT))
+            self._seen.add(key)
+            self._cond.notify_all()
+
+    def forget(self, key: str) -> None:
+        """Let a later page hand out ``key`` again (it was blocked, and will be due once woken)."""
+        with self._cond:
+            self._seen.discard(key)
+
+    def _may_feed(self) -> bool:
+        return time.monotonic() < self._feed_until and not self._stop.is_set()
+
+    def _refill(self) -> None:
+        found: list[str] = []
+        try:
+            found = self._fetch()
+        except Exception:  # noqa: BLE001 - no more feeding; the supervisor hands the work out
+            logger.exception("could not look for more work; this invocation takes no more")
+        finally:
+            with self._cond:
+                self._fetching = False
+                self._queue.extend((key, TaskSource.FEED) for key in found)
+                if not found:
+                    self._exhausted = True
+                self._cond.notify_all()
+
+    def _fetch(self) -> list[str]:
+        """One window of due keys not seen before by this invocation."""
+        settings = self._settings
+        now, clock = utcnow(), time.monotonic()
+        # About two windows of this stripe's keys (a stripe is 1/stripes of the keys), one page a
+        # shard; exactly one window when this worker is the only stripe.
+        limit = min(MAX_FEED_PAGE, self._window * (2 * self._stripes - 1))
+        # Where the stripes line up with the index shards (the slots divide the shards) a shard
+        # holds one stripe's keys: when the first shard read is this worker's own, it is read a
+        # window at a time, and one window is all that is read while it has work.
+        lined_up = status_shards() % self._stripes == 0
+        view = control.cached(settings.control_cache_seconds)
+        page: list[str] = []
+        own = 0  # keys of this stripe in ``page``
+        for status in FEED_ORDER:
+            if len(page) >= limit or own >= self._window:
+                break
+            with _quiet_lock:
+                if _quiet_until.get(status, 0.0) > clock:
+                    continue
+            found = 0
+            own_first = lined_up and self._first_shard[status] % self._stripes == self._stripe
+            for task in index.due_from_shard(status, now, limit - len(page), self._first_shard[status],
+                                             first_page_size=self._window if own_first else None):
+                found += 1
+                # Start the next look where this one found work: a drained shard is not read again.
+                self._first_shard[status] = shard_of(task.key, status_shards())
+                if task.key in self._seen:
+                    continue
+                action = control.due_action(view, task, status)
+                if action is DueAction.REAP:
+                    self._seen.add(task.key)
+                if action is not DueAction.RUN:
+                    continue  # paused, stopped or lost at its ceiling: the coordinator sees to it
+                page.append(task.key)
+                own += shard_of(task.key, self._stripes) == self._stripe
+                if own >= self._window:
+                    break  # before the iterator reads another page
+            if not found and status is not TaskStatus.TODO:
+                with _quiet_lock:
+                    _quiet_until[status] = clock + settings.tick_seconds
+        self.pages += 1
+        mine = [key for key in page if shard_of(key, self._stripes) == self._stripe]
+        others = [key for key in page if shard_of(key, self._stripes) != self._stripe]
+        # Other stripes' keys only when its own do not keep every thread busy, and from the newest
+        # end: their own workers take them oldest first, so helper and owner meet in the middle
+        # instead of racing for the same keys.
+        window = mine[:self._window]
+        if len(mine) < self._low_water:
+            window += others[::-1][:self._low_water]
+        self._seen.update(window)
+        return window
+
+
+def feed_cutoff(settings: Settings, deadline: float) -> float:
+    """When a worker stops taking more work: 10% of its timeout (at least the margin) before the end."""
+    tail = max(2 * settings.timeout_margin_seconds, 0.1 * settings.worker_timeout_seconds)
+    return deadline - tail

@@ -1,0 +1,151 @@
+"""What a task is made of before it is stored: one shape, :class:`TaskSpec`, and its limits.
+
+The API's request body (``coworker.api.models.TaskIn``), a handler's follow-up
+(``TaskContext.spawn``) and a direct put (:func:`coworker.engine.submit.put_task`) all build
+a :class:`NewTask`, so every way in refuses the same things with the same words.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import unicodedata
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+
+from coworker.data.layout import BATCH_KEY_PREFIX, reserved_prefix
+
+MAX_KEY_CHARS = 512  # DynamoDB allows 2048 bytes; 512 characters of UTF-8 always fit
+MAX_TYPE_CHARS = 128
+MAX_ATTEMPTS_CEILING = 100
+MAX_PRIORITY = 2**31 - 1
+MAX_CONCURRENCY_KEY_CHARS = 256
+MAX_CONCURRENCY_LIMIT = 1000  # a gate item holds ~30 bytes per place: 1,000 places stay under 32 KB
+BATCH_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+
+
+def no_control_characters(value: str, what: str) -> str:
+    """``value``, or ValueError if it holds control characters (tabs, newlines, NUL...)."""
+    if any(unicodedata.category(ch) == "Cc" for ch in value):
+        raise ValueError(f"{what} must not contain control characters (tabs, newlines, NUL...)")
+    return value
+
+
+def time_as_text(value: Any, name: str) -> Any:
+    """Refuse a time given as anything but a string (a number would be read as epoch seconds)."""
+    if value is not None and not isinstance(value, str | datetime):
+        raise ValueError(f"{name} must be an ISO-8601 time as a string, e.g. \"2026-12-01T09:00:00Z\"")
+    return value
+
+
+def as_utc(value: datetime | None) -> datetime | None:
+    """An aware UTC time (a naive one is taken as UTC)."""
+    if value is None:
+        return None
+    try:
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("the time is out of range once converted to UTC (years 1 to 9999)") from None
+
+
+class NewTask(BaseModel):
+    """A task as anyone asks for it: the fields a client (or a handler's follow-up) sets."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str | None = Field(
+        None, min_length=1, max_length=MAX_KEY_CHARS,
+        description="Unique task key; makes the put idempotent. A UUID is generated when absent. "
+                    f"1-{MAX_KEY_CHARS} characters, no control characters, not starting with "
+                    f"'{BATCH_KEY_PREFIX}'. Percent-encode it in URLs (including '/').",
+    )
+    type: str = Field(min_length=1, max_length=MAX_TYPE_CHARS,
+                      description="Task type: selects the registered handler.")
+    payload: Any = Field(None, description="Any JSON value. Up to COWORKER_INLINE_PAYLOAD_BYTES (16 KB as "
+                                           "stored) it stays on the record; larger ones are kept in the object "
+                                           "store, up to COWORKER_MAX_PAYLOAD_BYTES (5 MB of JSON); above: 413.")
+    max_attempts: StrictInt | None = Field(None, ge=1, le=MAX_ATTEMPTS_CEILING,
+                                           description="Attempt ceiling; default COWORKER_MAX_ATTEMPTS.")
+    run_at: datetime | None = Field(None, description="ISO-8601 time before which the task is not run "
+                                                      "(no zone means UTC).")
+    priority: StrictInt | None = Field(None, ge=-MAX_PRIORITY, le=MAX_PRIORITY,
+                                       description="Seconds of head start in the oldest-first queue "
+                                                   "(negative: held back that long); ignored when run_at is set.")
+    concurrency_key: str | None = Field(
+        None, min_length=1, max_length=MAX_CONCURRENCY_KEY_CHARS,
+        description="Tasks with the same concurrency key run at most concurrency_limit at once, fleet-wide "
+                    "(a crawled domain, a tenant id). Tasks without one are not limited.")
+    concurrency_limit: StrictInt | None = Field(
+        None, ge=1, le=MAX_CONCURRENCY_LIMIT,
+        description=f"How many tasks of this concurrency key may run at once (1-{MAX_CONCURRENCY_LIMIT}; "
+                    "default 1). Only with concurrency_key.")
+
+    @model_validator(mode="after")
+    def _limit_needs_a_key(self) -> NewTask:
+        if self.concurrency_limit is not None and self.concurrency_key is None:
+            raise ValueError("concurrency_limit needs a concurrency_key: the limit applies to the tasks "
+                             "that share the key")
+        return self
+
+    @field_validator("concurrency_key")
+    @classmethod
+    def _concurrency_key_is_usable(cls, value: str | None) -> str | None:
+        return value if value is None else no_control_characters(value, "concurrency_key")
+
+    @field_validator("key")
+    @classmethod
+    def _key_is_usable(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        no_control_characters(value, "key")
+        if value.startswith(BATCH_KEY_PREFIX):
+            raise ValueError(f"keys starting with '{BATCH_KEY_PREFIX}' are reserved for batches")
+        prefix = reserved_prefix(value)
+        if prefix is not None:
+            raise ValueError(f"keys starting with '{prefix}' are reserved for Coworker's own items")
+        return value
+
+    @field_validator("type")
+    @classmethod
+    def _type_is_usable(cls, value: str) -> str:
+        return no_control_characters(value, "type")
+
+    @field_validator("run_at", mode="before")
+    @classmethod
+    def _run_at_is_text(cls, value: Any) -> Any:
+        return time_as_text(value, "run_at")
+
+    @field_validator("run_at")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        return as_utc(value)
+
+    def to_spec(self, *, batch_id: str | None = None, parent: str | None = None) -> TaskSpec:
+        """This task as the engine puts it (a key generated when it has none), in ``batch_id``."""
+        return TaskSpec(key=self.key or str(uuid.uuid4()), type=self.type, payload=self.payload,
+                        max_attempts=self.max_attempts, run_at=self.run_at, priority=self.priority,
+                        concurrency_key=self.concurrency_key, concurrency_limit=self.concurrency_limit,
+                        batch_id=batch_id, parent=parent)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """What the engine puts: a new task with its key, and where it belongs.
+
+    Built by :meth:`NewTask.to_spec` from checked input (the API, follow-ups); code that builds
+    one directly (tests, tools) is trusted with the same limits.
+    """
+
+    key: str
+    type: str
+    payload: Any = None
+    max_attempts: int | None = None
+    run_at: datetime | None = None
+    batch_id: str | None = None
+    priority: int | None = None
+    parent: str | None = None  # the task that spawned this one (a follow-up)
+    concurrency_key: str | None = None  # at most concurrency_limit tasks of one key run at once
+    concurrency_limit: int | None = None
+    payload_ref: dict[str, Any] | None = None  # set when staged: the payload is in the object store

@@ -1,0 +1,265 @@
+"""The worker: claim tasks, run their handlers, record the outcomes, and keep going.
+
+One invocation runs ``batch_size`` threads. Each thread takes the keys it was handed (the
+*hints* of the dispatcher) and then, if the invocation holds a worker slot, feeds itself: it
+claims more due work, oldest first, until the backlog or the invocation's time runs out, so
+throughput is bounded by concurrency rather than by the coordinator's tick.
+
+While tasks run, one heartbeat thread per invocation extends their locks and the slot's lease
+(:mod:`coworker.engine.heartbeat`); a task whose claim was taken over is told through its
+context. The keys come from :mod:`coworker.engine.feeder`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aws_lambda_powertools.metrics import MetricUnit
+
+from coworker.config import Settings
+from coworker.data.models import ErrorKind, ErrorRecord, utcnow
+from coworker.engine import control, gates, lifecycle, offload, slots
+from coworker.engine.feeder import Feeder, feed_cutoff
+from coworker.engine.handlers import TaskContext, get_handler
+from coworker.engine.heartbeat import Heartbeat, Running
+from coworker.engine.lifecycle import Claim, RecordOutcome
+from coworker.engine.outcomes import OUTCOME_METRIC, TaskOutcome, TaskReport, TaskSource, outcome_of
+from coworker.errors import InvalidEventError, PayloadTooLargeError, StorageError, TaskFailedError, UnknownTaskTypeError
+from coworker.observability import MetricName, logger, metrics, tracer
+
+MAX_HINTS = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerRequest:
+    """What one worker invocation is asked to do (its event).
+
+    ``keys`` are hints: tasks to claim first. ``slot`` and ``token`` are the worker slot reserved
+    for this invocation (see :mod:`coworker.engine.slots`); with a slot the worker also feeds itself,
+    without one it runs its keys only.
+    """
+
+    keys: tuple[str, ...] = ()
+    slot: str | None = None
+    token: str | None = None
+
+    def to_event(self) -> dict[str, Any]:
+        event: dict[str, Any] = {"keys": list(self.keys)}
+        if self.slot:
+            event.update(slot=self.slot, token=self.token)
+        return event
+
+    @classmethod
+    def from_event(cls, event: Mapping[str, Any]) -> WorkerRequest:
+        """Parse an invocation event; :class:`InvalidEventError` if it is malformed."""
+        keys = event.get("keys", [])
+        if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
+            raise InvalidEventError("worker event: 'keys' must be a list of task keys")
+        if len(keys) > MAX_HINTS:
+            raise InvalidEventError(f"worker event: at most {MAX_HINTS} keys")
+        slot, token = event.get("slot"), event.get("token")
+        if (slot is None) != (token is None) or not all(isinstance(v, str | None) for v in (slot, token)):
+            raise InvalidEventError("worker event: 'slot' and 'token' go together, as strings")
+        return cls(tuple(dict.fromkeys(keys)), slot, token)
+
+
+def _run_handler(claim: Claim, context: TaskContext, settings: Settings) -> tuple[Any, ErrorRecord | None, bool]:
+    """Run the task's handler in this thread: ``(result, error, retryable)``.
+
+    A payload kept in the object store is read first; failing to read it is a system error.
+    """
+    task = claim.task
+    try:
+        handler = get_handler(task.task_type)
+        payload = task.payload
+        if task.payload_ref is not None:
+            payload = offload.load(task.payload_ref, offload.store_for(settings))
+        return handler(payload, context), None, True
+    except UnknownTaskTypeError as exc:
+        logger.error("unknown task type", extra={"task_type": task.task_type})
+        return None, lifecycle.error_record(claim.attempt, ErrorKind.UNKNOWN_TYPE, str(exc), utcnow()), True
+    except TaskFailedError as exc:
+        # A business failure is an expected outcome: its message says it all, no traceback.
+        logger.info("task failed (business)", extra={"error": str(exc)})
+        return None, lifecycle.error_record(claim.attempt, ErrorKind.BUSINESS, str(exc), utcnow()), exc.retryable
+    except Exception as exc:  # noqa: BLE001 - any handler error is a recorded system error
+        logger.warning("task raised", extra={"error": f"{type(exc).__name__}: {exc}"})
+        return None, lifecycle.error_from_exception(claim.attempt, ErrorKind.SYSTEM, exc, utcnow()), True
+
+
+def _record(claim: Claim, settings: Settings, context: TaskContext, result: Any, error: ErrorRecord | None,
+            retryable: bool) -> RecordOutcome:
+    if error is None:
+        try:
+            prepared = offload.prepare_result(result, settings, offload.store_for(settings), key=claim.key,
+                                              attempt=claim.attempt, owner=claim.owner)
+            return lifecycle.complete(claim, settings, result=prepared.inline,
+                                      result_ref=prepared.stored.to_dict() if prepared.stored else None,
+                                      follow_ups=context.follow_ups)
+        except StorageError as exc:  # result or follow-ups not stored: the retry runs the handler again
+            logger.warning("could not record the result", extra={"error": str(exc)})
+            error = lifecycle.error_from_exception(claim.attempt, ErrorKind.SYSTEM, exc, utcnow())
+        except PayloadTooLargeError as exc:  # a retry would ask for the same payload
+            error = lifecycle.error_record(claim.attempt, ErrorKind.SYSTEM,
+                                           f"a follow-up task was refused: {exc}", utcnow())
+            retryable = False
+    return lifecycle.fail(claim, settings, error, retryable=retryable)
+
+
+def process_task(key: str, owner: str, settings: Settings, deadline: float,
+                 heartbeat: Heartbeat | None = None, source: TaskSource = TaskSource.HINT) -> TaskReport:
+    """Claim one task and carry it to a recorded outcome; never raises for task errors.
+
+    The handler runs in the calling thread. With a ``heartbeat`` (as every invocation has), its
+    lock is extended while it runs and a handler still running at the deadline is recorded as
+    timed out by the heartbeat; without one, nothing stops a handler that overruns.
+    """
+    handler_deadline = deadline - settings.timeout_margin_seconds
+    if handler_deadline - time.monotonic() <= 0:
+        return TaskReport(key, TaskOutcome.SKIPPED, source=source)
+    view = control.cached(settings.control_cache_seconds)
+    paused, stopped_batches = view.claim_exclusions
+    claim = lifecycle.claim(key, owner, settings, paused=paused, stopped_batches=stopped_batches)
+    if claim is None:
+        metrics.add_metric(name=MetricName.NOT_CLAIMED, unit=MetricUnit.Count, value=1)
+        logger.debug("task not claimed: taken or not due", extra={"task_key": key})
+        return TaskReport(key, TaskOutcome.NOT_CLAIMED, source=source)
+    if handler_deadline - time.monotonic() <= 0:
+        # The claim itself took the time that was left: give the task back untouched rather
+        # than start a handler that would be recorded as timed out at once (an attempt burnt).
+        lifecycle.release_unstarted(claim)
+        logger.info("no time left after the claim; task given back", extra={"task_key": key})
+        return TaskReport(key, TaskOutcome.SKIPPED, source=source)
+    groups = gates.groups_of(claim.task, view.limits)
+    if groups:
+        entry = gates.enter(claim, groups)
+        if entry is not gates.Entry.ENTERED:
+            metrics.add_metric(name=MetricName.BLOCKED, unit=MetricUnit.Count, value=1)
+            logger.debug("concurrency group full", extra={"task_key": key, "entry": entry.value})
+            turned_away = TaskOutcome.BLOCKED if entry is gates.Entry.BLOCKED else TaskOutcome.NOT_CLAIMED
+            return TaskReport(key, turned_away, source=source)
+        claim = dataclasses.replace(claim, groups=groups)
+    logger.thread_safe_append_keys(task_key=key, attempt=claim.attempt)
+    metrics.add_metric(name=MetricName.CLAIMED, unit=MetricUnit.Count, value=1)
+    context = TaskContext(
+        key=key,
+        attempt=claim.attempt,
+        max_attempts=int(claim.task.max_attempts),
+        fencing_token=claim.fencing_token,
+        deadline=handler_deadline,
+        batch_id=claim.task.batch_id,
+    )
+    started = time.monotonic()
+    running = heartbeat.watch(claim, context) if heartbeat is not None else Running(claim, context)
+    try:
+        result, error, retryable = _run_handler(claim, context, settings)
+        with running.lock:
+            running.done = True
+            timed_out = running.timed_out
+        if timed_out:  # the heartbeat recorded the timeout: this late result is discarded
+            outcome = running.outcome or RecordOutcome.LOST
+        else:
+            outcome = _record(claim, settings, context, result, error, retryable)
+    finally:
+        if heartbeat is not None:
+            heartbeat.unwatch(key)
+        # The handler has returned (one that never does keeps its places until its lease ends).
+        woken = tuple(gates.leave(claim))
+        logger.thread_safe_remove_keys(["task_key", "attempt"])
+    seconds = time.monotonic() - started
+    if not timed_out:
+        metrics.add_metric(name=OUTCOME_METRIC[outcome], unit=MetricUnit.Count, value=1)
+    metrics.add_metric(name=MetricName.DURATION, unit=MetricUnit.Milliseconds, value=seconds * 1000)
+    if outcome is RecordOutcome.LOST:
+        logger.warning("lost the claim before recording: a newer attempt or a cancel owns the task")
+    return TaskReport(key, outcome_of(outcome), claim.attempt, seconds, source, woken)
+
+
+class Invocation:
+    """One worker invocation: acquire the slot, run the threads, release the slot.
+
+    It returns shortly after the handlers' deadline even if a handler never returns (that
+    task is recorded as timed out by the heartbeat; its thread is abandoned, as Lambda freezes
+    the sandbox and the local pool retires the process).
+    """
+
+    def __init__(self, request: WorkerRequest, owner: str, settings: Settings, deadline: float) -> None:
+        self.request = request
+        self.owner = owner
+        self.settings = settings
+        self.deadline = deadline
+        self.handler_deadline = deadline - settings.timeout_margin_seconds
+        self.heartbeat = Heartbeat(settings, request.slot, request.token, deadline=self.handler_deadline)
+
+    def held(self) -> list[Claim]:
+        return self.heartbeat.held()
+
+    def run(self) -> list[TaskReport]:
+        request, settings = self.request, self.settings
+        if request.slot and not slots.acquire(request.slot, request.token or "", settings.effective_lock_seconds):
+            metrics.add_metric(name=MetricName.SLOT_TAKEN_OVER, unit=MetricUnit.Count, value=1)
+            logger.warning("worker slot no longer reserved for this invocation; not starting",
+                           extra={"slot": request.slot})
+            return []
+        threads = settings.slot_threads(slots.slot_number(request.slot)) if request.slot else len(request.keys)
+        if threads == 0:
+            return []
+        feeder = Feeder(
+            settings, request.keys, self_feed=request.slot is not None,
+            feed_until=feed_cutoff(settings, self.deadline),
+            slot_number=slots.slot_number(request.slot) if request.slot else None,
+            stop=self.heartbeat.slot_lost, window=threads,
+        )
+        runs: list[list[TaskReport]] = [[] for _ in range(threads)]
+        workers = [threading.Thread(target=self._thread_loop, args=(feeder, runs[i]), daemon=True,
+                                    name=f"worker-{i}") for i in range(threads)]
+        self.heartbeat.start()
+        try:
+            for thread in workers:
+                thread.start()
+            # After the deadline the heartbeat records what still runs; a moment later, return.
+            give_up = self.handler_deadline + min(1.0, settings.timeout_margin_seconds / 2)
+            for thread in workers:
+                thread.join(timeout=max(0.0, give_up - time.monotonic()))
+        finally:
+            self.heartbeat.stop()
+            if request.slot and not self.heartbeat.slot_lost.is_set():
+                slots.release(request.slot, request.token or "")
+        reports = [report for run in runs for report in list(run)]
+        reported = {report.key for report in reports}
+        reports.extend(report for report in self.heartbeat.expired if report.key not in reported)
+        metrics.add_metric(name=MetricName.FEED_PAGES, unit=MetricUnit.Count, value=feeder.pages)
+        return reports
+
+    def _thread_loop(self, feeder: Feeder, reports: list[TaskReport]) -> None:
+        try:
+            while (item := feeder.next()) is not None:
+                key, source = item
+                report = process_task(key, self.owner, self.settings, self.deadline, self.heartbeat, source)
+                reports.append(report)
+                if report.outcome is TaskOutcome.BLOCKED:
+                    feeder.forget(key)  # once woken it is due again: this invocation may take it
+                for woken in report.woken:
+                    feeder.hand(woken)  # the place this task freed: its waiter starts here, now
+                if report.outcome is TaskOutcome.SKIPPED:
+                    break
+        except Exception:  # noqa: BLE001 - e.g. DynamoDB unreachable: a task it held unlocks at expiry
+            logger.exception("worker thread stopped on an error")
+
+
+@tracer.capture_method
+def run_invocation(request: WorkerRequest, owner: str, settings: Settings, deadline: float) -> list[TaskReport]:
+    """Run one worker invocation before ``deadline`` (a ``time.monotonic()`` value).
+
+    ``owner`` identifies this invocation in the locks (e.g. the Lambda request id).
+    """
+    return Invocation(request, owner, settings, deadline).run()
+
+
+def run_batch(keys: Sequence[str], owner: str, settings: Settings, deadline: float) -> list[TaskReport]:
+    """Process exactly ``keys`` (no slot, no self-feeding), each in its own thread."""
+    return run_invocation(WorkerRequest(tuple(dict.fromkeys(keys))), owner, settings, deadline)
