@@ -451,14 +451,14 @@ def test_a_task_without_a_result_yet_is_a_conflict_and_a_missing_one_not_found(r
 
 
 def test_a_result_too_large_for_a_response_redirects_to_its_link(result_settings, monkeypatch) -> None:
-    from coworker.api import app as api_module
+    from coworker.api import routes_tasks
     from coworker.engine import offload
 
     class LinkingStore(offload.FolderObjectStore):
         def link(self, uri: str) -> str:
             return "https://results.example.test/object?signed=1"
 
-    monkeypatch.setattr(api_module, "MAX_RESULT_RESPONSE_BYTES", 1000)
+    monkeypatch.setattr(routes_tasks, "MAX_RESULT_RESPONSE_BYTES", 1000)
     monkeypatch.setattr(offload, "store_for", lambda settings: LinkingStore(settings.result_dir))
     _finish_with(result_settings, "huge", "x" * 5000)
     status, body, response = Api(result_settings).call("GET", "/tasks/huge/result")
@@ -609,7 +609,7 @@ def test_a_storage_failure_mid_batch_names_what_was_stored_and_a_resend_complete
 
 
 def test_stats_cost_is_bounded_per_request(api):
-    from coworker.api.app import MAX_STATS_CAP
+    from coworker.api.routes_stats import MAX_STATS_CAP
 
     assert api.call("GET", f"/stats?cap={MAX_STATS_CAP}")[0] == 200
     code, answer, _ = api.call("GET", f"/stats?cap={MAX_STATS_CAP + 1}")

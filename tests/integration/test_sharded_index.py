@@ -183,7 +183,7 @@ def test_a_reshard_leaves_a_task_a_worker_moved_meanwhile(make_settings):
 
 
 def test_a_cursor_over_four_shards_of_the_longest_keys_stays_under_its_limit(make_settings):
-    from coworker.api.app import MAX_CURSOR_CHARS
+    from coworker.api.models import MAX_CURSOR_CHARS
 
 
     settings = make_settings(status_shards=4)

@@ -1,0 +1,134 @@
+"""Paging through the status index: signed cursors, and the bounded reads they resume.
+
+A listing (``GET /tasks``, ``POST /bulk``, ``POST /batches/{id}/retry``) reads its status's index
+shards merged by ``due_at`` (:func:`read_index`), at most :data:`MAX_SCANNED_PER_REQUEST` entries
+per request, and answers where each shard stopped as an opaque cursor (:class:`CursorCodec`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+from coworker.api.errors import BadRequestError
+from coworker.config import Settings
+from coworker.data import index, layout
+from coworker.data.models import TaskModel, status_shards
+
+# Index entries one listing or redrive request may read, whatever filters drop: bounds the
+# cost and the latency of a request (API Gateway gives up after 29 s).
+MAX_SCANNED_PER_REQUEST = 1000
+
+# Cursors name the index layout they read: a cursor of another layout is refused, not misread.
+CURSOR_VERSION = "sharded-1"
+_BAD_CURSOR = "the cursor is not valid: pass back the cursor of a previous answer unchanged"
+
+
+class CursorCodec:
+    """Opaque, tamper-evident cursors: URL-safe base64 of the (deflated) read state -- where each
+    index shard stopped -- and of the listing it belongs to, plus an HMAC-SHA256 of both under
+    ``secret``. A cursor that was edited, comes from another deployment or release, or belongs to
+    another listing (status, filters, order, shard count) is refused with 400 before it reaches
+    DynamoDB."""
+
+    def __init__(self, secret: str) -> None:
+        self._key = hashlib.sha256(b"coworker-cursor|" + secret.encode()).digest()
+
+    def _sign(self, data: bytes) -> str:
+        return _b64(hmac.new(self._key, data, hashlib.sha256).digest()[:16])
+
+    def encode(self, state: Any, listing: Sequence[Any]) -> str | None:
+        if state is None:
+            return None
+        data = zlib.compress(json.dumps({"k": state, "q": [CURSOR_VERSION, *listing]}, separators=(",", ":"),
+                                        sort_keys=True, ensure_ascii=False).encode(), 9)
+        return f"{_b64(data)}.{self._sign(data)}"
+
+    def decode(self, cursor: str | None, listing: Sequence[Any]) -> Any:
+        """The read state a cursor stands for; :class:`BadRequestError` if it is not one of
+        ours, or not for this listing."""
+        if not cursor:
+            return None
+        encoded, _, signature = cursor.partition(".")
+        try:
+            data = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+        except (binascii.Error, ValueError):
+            raise BadRequestError(_BAD_CURSOR) from None
+        if not signature or not hmac.compare_digest(signature, self._sign(data)):
+            raise BadRequestError(_BAD_CURSOR)
+        try:
+            value = json.loads(zlib.decompress(data))
+        except (zlib.error, ValueError):  # signed by a release whose cursors were not deflated
+            raise BadRequestError("the cursor comes from an earlier release: start again without "
+                                  "a cursor") from None
+        listing = [CURSOR_VERSION, *listing]
+        if value.get("q") != list(listing):
+            raise BadRequestError("the cursor belongs to another listing (status, filters or order): "
+                                  "start again without a cursor")
+        return value["k"]
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def cursor_secret(settings: Settings) -> str:
+    """The cursor signing secret: the setting (the stack sets one per deployment), else one
+    derived from the table name (tamper-evident, not secret)."""
+    return settings.cursor_secret or f"table:{settings.table_name}"
+
+
+# -- index reads (bounded) ---------------------------------------------------------------------
+
+def read_index(status: str, *, want: int, start: list[Any] | None = None, forward: bool = True,
+               batch_id: str | None = None, task_type: str | None = None,
+               budget: int = MAX_SCANNED_PER_REQUEST) -> tuple[list[TaskModel], list[Any] | None, int]:
+    """Up to ``want`` index entries of ``status`` matching the filters, its shards merged by
+    ``due_at``, reading at most about ``budget`` entries.
+
+    Returns ``(tasks, state, scanned)``; ``state`` (where each shard stopped, packed for a cursor)
+    is ``None`` when every shard is exhausted. Filters on projected attributes (``type``,
+    ``batch_id``) are applied by DynamoDB after reading, so they cut the answer, not the read:
+    hence the budget.
+    """
+    condition = None
+    if task_type is not None:
+        condition = TaskModel.task_type == task_type
+    if batch_id is not None:
+        by_batch = TaskModel.batch_id == batch_id
+        condition = by_batch if condition is None else condition & by_batch
+    read = index.MergedRead(status, want=want, filter_condition=condition, forward=forward,
+                              starts=_unpack_positions(status, start), budget=budget)
+    found: list[TaskModel] = []
+    for task in read:
+        found.append(task)
+        if len(found) >= want:
+            break
+    state = None if read.complete else _pack_positions(read.positions())
+    return found, state, read.scanned
+
+
+def _pack_positions(positions: list[Any]) -> list[Any]:
+    """Shard positions as a cursor keeps them: ``[key, due_at]``, ``None`` (from the start) or
+    ``0`` (nothing left); the shard's partition key value is implied by its place."""
+    return [0 if p is False else None if p is None
+            else [p[layout.PARTITION_KEY]["S"], p[layout.STATUS_INDEX_SORT_KEY]["S"]] for p in positions]
+
+
+def _unpack_positions(status: str, packed: list[Any] | None) -> list[Any] | None:
+    if packed is None:
+        return None
+    if len(packed) != status_shards():
+        raise BadRequestError("the cursor was made with another number of index shards: start again "
+                              "without a cursor")
+    return [False if p == 0 else None if p is None else {
+        layout.PARTITION_KEY: {"S": p[0]},
+        layout.STATUS_INDEX_PARTITION_KEY: {"S": layout.shard_value(status, shard)},
+        layout.STATUS_INDEX_SORT_KEY: {"S": p[1]},
+    } for shard, p in enumerate(packed)]

@@ -1,0 +1,173 @@
+"""How the task API answers errors: one format, and one mapping from domain errors to HTTP codes.
+
+Every error answer has the shape ``{"statusCode", "error", "message", "errors"?}``
+(:func:`error_response`). Domain errors (:mod:`coworker.errors`, and the API's own below) are
+mapped to HTTP codes in :data:`ERROR_STATUS`, here and only here; validation errors are listed
+with a readable location and message each (:func:`validation_error_response`).
+:func:`install_error_handlers` puts these answers on an app.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from http import HTTPStatus
+from typing import Any
+
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+
+from coworker.api.models import ErrorOut
+from coworker.errors import (
+    BatchFailedError,
+    BatchNotFoundError,
+    ConfigurationError,
+    CoworkerError,
+    PartialPutError,
+    PayloadTooLargeError,
+    StorageError,
+    TaskNotFoundError,
+    TooManyPausedTypesError,
+)
+from coworker.observability import logger
+
+
+class BadRequestError(CoworkerError):
+    """The request is well-formed but cannot be answered as asked (a bad cursor, status=finished)."""
+
+
+class TaskStateConflictError(CoworkerError):
+    """The task exists but its state does not allow the operation."""
+
+
+class TaskTypeNotFoundError(CoworkerError):
+    """No handler is registered for the type, and it is neither paused nor held."""
+
+
+# The one mapping from domain errors to HTTP answers: (status, short error name).
+ERROR_STATUS: dict[type[CoworkerError], tuple[HTTPStatus, str]] = {
+    TaskNotFoundError: (HTTPStatus.NOT_FOUND, "task_not_found"),
+    BatchNotFoundError: (HTTPStatus.NOT_FOUND, "batch_not_found"),
+    BatchFailedError: (HTTPStatus.CONFLICT, "batch_failed"),
+    TaskStateConflictError: (HTTPStatus.CONFLICT, "conflict"),
+    TaskTypeNotFoundError: (HTTPStatus.NOT_FOUND, "type_not_found"),
+    TooManyPausedTypesError: (HTTPStatus.CONFLICT, "too_many_paused_types"),
+    PayloadTooLargeError: (HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "payload_too_large"),
+    BadRequestError: (HTTPStatus.BAD_REQUEST, "bad_request"),
+    StorageError: (HTTPStatus.SERVICE_UNAVAILABLE, "storage_unavailable"),
+    ConfigurationError: (HTTPStatus.INTERNAL_SERVER_ERROR, "configuration_error"),
+}
+
+# The error answers every route documents in the OpenAPI document.
+ERROR_RESPONSES: dict[int, Any] = {
+    code: {"description": text, "content": {"application/json": {"model": ErrorOut}}}
+    for code, text in (
+        (400, "Bad request"),
+        (404, "Not found"),
+        (409, "The task's state does not allow this"),
+        (413, "A payload is too large, even for the object store"),
+        (415, "The body is not JSON (Content-Type must be application/json)"),
+        (422, "Invalid input: every problem is listed with its location"),
+        (503, "DynamoDB or the object store refused or failed (throttling, outage): retry later; a batch "
+              "stored part-way lists the keys stored"),
+    )
+}
+
+
+def responses(ok: str, status: int = 200, **extra: Any) -> dict[int, Any]:
+    """A route's documented answers: its success (schema from the return type) and every error."""
+    return {status: {"description": ok}, **ERROR_RESPONSES, **{int(k): v for k, v in extra.items()}}
+
+
+def error_response(status: int, error: str, message: str, errors: list[dict] | None = None,
+                   headers: dict[str, str] | None = None) -> Response:
+    """An error answer in the API's one error format."""
+    body: dict[str, Any] = {"statusCode": int(status), "error": error, "message": message}
+    if errors is not None:
+        body["errors"] = errors
+    return Response(status_code=int(status), content_type=content_types.APPLICATION_JSON,
+                    body=json.dumps(body), headers=headers)
+
+
+# -- validation errors, readable ---------------------------------------------------------------
+
+_TAGS = {"task", "batch"}  # discriminator tags of the POST /tasks body; not part of the field path
+
+
+def _location(loc: Sequence[Any]) -> tuple[str, int | None]:
+    parts: list[str] = []
+    entry = None
+    items = list(loc)
+    if len(items) > 1 and items[0] == "body" and items[1] in _TAGS:
+        items.pop(1)
+    for position, part in enumerate(items):
+        if isinstance(part, int):
+            if position > 0 and items[position - 1] == "tasks" and entry is None:
+                entry = part
+            parts.append(f"[{part}]")
+        else:
+            parts.append(("." if parts else "") + str(part))
+    return "".join(parts) or "request", entry
+
+
+def _readable(error: dict[str, Any]) -> dict[str, Any]:
+    location, entry = _location(error.get("loc", ()))
+    kind = error.get("type", "invalid")
+    message = str(error.get("msg", "invalid value"))
+    if kind == "json_invalid":
+        detail = (error.get("ctx") or {}).get("error", "")
+        position = error["loc"][-1]
+        where = f" at character {position}" if isinstance(position, int) and position > 0 else ""
+        location, message = "body", f"the body is not valid JSON ({detail}{where})"
+    elif kind == "extra_forbidden":
+        message = "unknown field"
+    elif kind == "missing":
+        message = "required field is missing"
+    elif message.startswith("Value error, "):
+        message = message[len("Value error, "):]
+    return {"location": location, "message": message, "type": kind, "entry": entry}
+
+
+def validation_error_response(exc: RequestValidationError) -> Response:
+    """422 with every problem listed (location, message); a refused batch names its bad entries."""
+    errors = [_readable(e) for e in exc.errors()]
+    shown = "; ".join(f"{e['location']}: {e['message']}" for e in errors[:5])
+    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+    entries = sorted({e["entry"] for e in errors if e["entry"] is not None})
+    prefix = (f"the batch was refused as a whole (nothing was written): {len(entries)} bad "
+              f"{'entry' if len(entries) == 1 else 'entries'}. " if entries else "")
+    return error_response(HTTPStatus.UNPROCESSABLE_ENTITY, "validation_error",
+                          f"{prefix}Invalid request: {shown}{more}", errors)
+
+
+# -- domain errors -----------------------------------------------------------------------------
+
+def partly_stored_response(exc: PartialPutError) -> Response:
+    """503 for a batch stored part-way, naming the keys stored: re-sending completes it."""
+    logger.exception("batch partly stored", extra={"stored": len(exc.stored)})
+    body = ErrorOut(statusCode=503, error="storage_unavailable",
+                    message=f"{exc}: re-send the same request to store the rest (tasks already stored are "
+                            "reported as existing, and the batch total counts each task once)",
+                    stored=exc.stored)
+    return Response(status_code=503, content_type=content_types.APPLICATION_JSON,
+                    body=body.model_dump_json(exclude_none=True))
+
+
+def domain_error_response(exc: CoworkerError) -> Response:
+    """The answer :data:`ERROR_STATUS` gives the error (its nearest listed class), else 500."""
+    for cls in type(exc).__mro__:
+        if cls in ERROR_STATUS:
+            status, name = ERROR_STATUS[cls]
+            break
+    else:
+        status, name = HTTPStatus.INTERNAL_SERVER_ERROR, "internal_error"
+    if status >= 500:
+        logger.exception("request failed", extra={"error": name})
+    return error_response(status, name, str(exc))
+
+
+def install_error_handlers(app: APIGatewayRestResolver) -> None:
+    """Answer validation and domain errors raised by any route of ``app`` in the API's format."""
+    app.exception_handler(RequestValidationError)(validation_error_response)
+    app.exception_handler(PartialPutError)(partly_stored_response)
+    app.exception_handler(CoworkerError)(domain_error_response)

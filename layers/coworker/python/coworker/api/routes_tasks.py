@@ -1,0 +1,304 @@
+"""Routes of tasks (``/tasks``, ``/bulk``): submit one task or a batch, read a task or its result,
+list a status, retry, cancel, and retry or cancel in bulk (the list is in :mod:`coworker.api.app`).
+
+Each route parses its input and answers; the work is done by the functions below it, which call
+the engine (``submit``, ``redrive``, ``lifecycle``, ``offload``) and :mod:`coworker.api.bulk`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Annotated, Any
+from urllib.parse import unquote
+
+from aws_lambda_powertools.event_handler import Response, content_types
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.params import Body, Query
+from aws_lambda_powertools.event_handler.router import APIGatewayRouter
+from pydantic import BaseModel
+
+from coworker.api import bulk
+from coworker.api.cursors import CursorCodec, read_index
+from coworker.api.errors import ERROR_RESPONSES, BadRequestError, TaskStateConflictError, responses
+from coworker.api.models import (
+    DEFAULT_PAGE_SIZE,
+    MAX_CURSOR_CHARS,
+    MAX_PAGE_SIZE,
+    BatchIn,
+    BulkIn,
+    BulkOut,
+    IndexedStatus,
+    Order,
+    PutResult,
+    Submission,
+    SubmitBatchOut,
+    SubmitTaskOut,
+    TaskIn,
+    TaskOut,
+    TaskPage,
+    TaskSummary,
+)
+from coworker.api.services import Services
+from coworker.config import Settings
+from coworker.data.layout import BATCH_KEY_PREFIX
+from coworker.data.models import TaskModel, TaskStatus, iso_utc, status_shards, utcnow
+from coworker.engine import batches, handlers, lifecycle, offload, redrive, submit
+from coworker.engine.submit import PutOutcome
+from coworker.errors import TaskNotFoundError
+from coworker.observability import logger
+
+# Larger stored results are answered with a redirect to their presigned link where there is one:
+# a Lambda response holds at most 6 MB, and base64 or escaping can grow a body.
+MAX_RESULT_RESPONSE_BYTES = 4 * 1024 * 1024
+FINISHED_NOT_LISTED = (
+    "finished tasks leave the status index (that keeps the coordinator's queries and the index "
+    "small), so they cannot be listed: read one with GET /tasks/{key}, or a batch's finished "
+    "count with GET /batches/{id}"
+)
+
+SUBMIT_RESPONSES: dict[int, Any] = {
+    201: {"description": "Created (at least one task)", "content": {
+        "application/json": {"schema": {"oneOf": [
+            {"$ref": "#/components/schemas/SubmitTaskOut"},
+            {"$ref": "#/components/schemas/SubmitBatchOut"}]}}}},
+    200: {"description": "Every task existed already (left untouched)",
+          "content": {"application/json": {"model": SubmitTaskOut}}},
+    **ERROR_RESPONSES,
+}
+
+RESULT_RESPONSES: dict[int, Any] = {
+    **ERROR_RESPONSES,
+    200: {"description": "The result: the JSON value the handler returned",
+          "content": {"application/json": {"schema": {}}}},
+    303: {"description": "The result is larger than an API response may be: "
+                         "fetch it from the presigned link in Location"},
+}
+
+
+def router(services: Services) -> APIGatewayRouter:
+    """The task routes of one app, answering with ``services``."""
+    routes = APIGatewayRouter()
+    settings = services.settings
+
+    @routes.post("/tasks", summary="Submit one task or a batch", tags=["tasks"], responses=SUBMIT_RESPONSES)
+    def submit_tasks(body: Annotated[Submission, Body(description="A task, or {\"tasks\": [...]} for a batch")]
+                     ) -> Response[SubmitTaskOut | SubmitBatchOut]:
+        now = utcnow()
+        if settings.validate_task_types:
+            check_task_types([body] if isinstance(body, TaskIn) else body.tasks, batch=isinstance(body, BatchIn))
+        if isinstance(body, TaskIn):
+            return submit_one(body, services, now)
+        assert isinstance(body, BatchIn)
+        return submit_batch(body, services, now)
+
+    @routes.get("/tasks/<key>", summary="Read a task", tags=["tasks"], responses=responses("The task's record"))
+    def read_task(key: str) -> TaskOut:
+        return task_record(task_key(key), settings)
+
+    @routes.get("/tasks/<key>/result", summary="Read a finished task's result, wherever it is kept",
+                tags=["tasks"], responses=RESULT_RESPONSES)
+    def read_result(key: str) -> Response[Any]:
+        return result_response(task_key(key), settings)
+
+    @routes.get("/tasks", summary="List tasks of one status (a page of the status index)", tags=["tasks"],
+                responses=responses("A page of tasks, oldest (or newest) due first"))
+    def list_tasks(
+        status: Annotated[IndexedStatus, Query(description="todo, processing, failed or ignored. "
+                                                           "finished tasks are not in the index: 400.")],
+        type: Annotated[str | None, Query(description="Only tasks of this type.", max_length=128)] = None,  # noqa: A002
+        batch: Annotated[str | None, Query(description="Only tasks of this batch.", max_length=128)] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+        cursor: Annotated[str | None, Query(description="From the previous page.", max_length=MAX_CURSOR_CHARS)] = None,
+        order: Annotated[Order, Query(description="By due_at: oldest (default) or newest first.")]
+        = Order.OLDEST,
+    ) -> TaskPage:
+        return task_page(services.cursors, status, task_type=type, batch_id=batch, limit=limit, cursor=cursor,
+                         order=order)
+
+    @routes.post("/tasks/<key>/retry", summary="Redrive a failed or ignored task", tags=["tasks"],
+                 responses=responses("The redriven task"))
+    def retry_task(key: str) -> TaskOut:
+        return redrive_one(task_key(key))
+
+    @routes.post("/tasks/<key>/cancel", summary="Cancel a task that is not finished", tags=["tasks"],
+                 responses=responses("The cancelled task"))
+    def cancel_task(key: str) -> TaskOut:
+        return cancel_one(task_key(key), settings)
+
+    @routes.post("/bulk", summary="Retry or cancel every task matching a filter, a page per call",
+                 tags=["tasks"], responses=responses("What this page matched and changed"))
+    def bulk_action(body: Annotated[BulkIn, Body(description="The action, the filter, and the cursor of the "
+                                                             "previous page")]) -> BulkOut:
+        return bulk_page(body, services)
+
+    return routes
+
+
+# -- submit ------------------------------------------------------------------------------------
+
+def check_task_types(tasks: Sequence[TaskIn], batch: bool) -> None:
+    """Refuse tasks whose type has no registered handler (422, each entry named, the known types
+    listed): the API imports the same handler modules as the workers."""
+    known = handlers.registered_types()
+    errors = [
+        {"type": "unknown_task_type", "loc": ("body", "tasks", index, "type") if batch else ("body", "type"),
+         "msg": f"no handler is registered for task type {task.type!r}; known types: {', '.join(known) or 'none'}",
+         "input": task.type}
+        for index, task in enumerate(tasks) if task.type not in known
+    ]
+    if errors:
+        raise RequestValidationError(errors)
+
+
+def submit_one(body: TaskIn, services: Services, now: datetime) -> Response:
+    """Create one task (201), or leave the existing task of its key (200); start it if it is due."""
+    spec = body.to_spec()
+    outcome = submit.put_task(spec, services.settings, now=now)
+    answer = SubmitTaskOut(key=spec.key, outcome=outcome.value)
+    if outcome is PutOutcome.CREATED:
+        submit.start_due([spec], services.settings, services.invoker, now)
+    status = 201 if outcome is PutOutcome.CREATED else 200
+    return _json(status, answer)
+
+
+def submit_batch(body: BatchIn, services: Services, now: datetime) -> Response:
+    """Create a batch's new tasks (201 if any, else 200) and start those that are due."""
+    batch_id = body.batch_id or uuid.uuid4().hex
+    specs = [task.to_spec(batch_id=batch_id) for task in body.tasks]
+    tolerance = (batches.Tolerance(body.tolerated_failure_percent, body.tolerated_failure_count)
+                 if body.tolerated_failure_percent is not None or body.tolerated_failure_count is not None
+                 else None)
+    created = submit.put_batch(specs, batch_id, services.settings, tolerance, now)
+    results = [PutResult(key=spec.key, outcome="created" if made else "exists")
+               for spec, made in zip(specs, created, strict=True)]
+    made_count = sum(created)
+    submit.start_due([spec for spec, made in zip(specs, created, strict=True) if made], services.settings,
+                     services.invoker, now)
+    answer = SubmitBatchOut(batch_id=batch_id, created=made_count, existing=len(specs) - made_count,
+                            results=results)
+    # "created" is a LogRecord attribute: logging refuses it as an extra key (KeyError -> 502).
+    logger.info("batch submitted", extra={"batch_id": batch_id, "tasks_created": made_count,
+                                          "tasks_existing": len(specs) - made_count})
+    return _json(201 if made_count else 200, answer)
+
+
+def _json(status: int, body: BaseModel) -> Response:
+    return Response(status_code=status, content_type=content_types.APPLICATION_JSON, body=body)
+
+
+# -- read --------------------------------------------------------------------------------------
+
+def task_key(raw: str) -> str:
+    """The task key of a path parameter (REST APIs pass the path percent-encoded)."""
+    key = unquote(raw)
+    if batches.is_batch_key(key):
+        raise TaskNotFoundError(f"no task with key {key!r} (keys starting with "
+                                f"{BATCH_KEY_PREFIX!r} are reserved for batches)")
+    return key
+
+
+def task_record(key: str, settings: Settings) -> TaskOut:
+    """The task's whole record; a result kept in the store comes with its presigned link."""
+    record = lifecycle.get_task(key).to_dict()
+    if record["result_ref"] is not None:
+        store = offload.store_for(settings)
+        link = store.link(record["result_ref"]["uri"]) if store is not None else None
+        record["result_ref"] = {**record["result_ref"], "url": link}
+    return TaskOut.model_validate(record)
+
+
+def result_response(key: str, settings: Settings) -> Response[Any]:
+    """A finished task's result as the body (409 before it finishes), or a redirect to its link
+    when it is too large for a response."""
+    task = lifecycle.get_task(key)
+    if task.status != TaskStatus.FINISHED.value:
+        raise TaskStateConflictError(f"task {task.key!r} is {task.status}: only a finished task has a result")
+    if task.result_ref is None:
+        return Response(status_code=200, content_type=content_types.APPLICATION_JSON,
+                        body=json.dumps(task.result))
+    store = offload.store_for(settings)
+    size = int(task.result_ref.get("bytes", 0))
+    link = store.link(task.result_ref["uri"]) if store is not None else None
+    if size > MAX_RESULT_RESPONSE_BYTES and link:
+        return Response(status_code=303, content_type=content_types.APPLICATION_JSON, headers={"Location": link},
+                        body=json.dumps({"location": link, "bytes": size}))
+    return Response(status_code=200, content_type=content_types.APPLICATION_JSON,
+                    body=offload.read(task.result_ref, store).decode())
+
+
+# -- list --------------------------------------------------------------------------------------
+
+def task_page(cursors: CursorCodec, status: IndexedStatus, *, task_type: str | None, batch_id: str | None,
+              limit: int, cursor: str | None, order: Order) -> TaskPage:
+    """A page of the status index (400 for ``finished``, which the index does not hold)."""
+    if status is IndexedStatus.FINISHED:
+        raise BadRequestError(FINISHED_NOT_LISTED)
+    listing = ("tasks", status.value, task_type, batch_id, order.value, status_shards())
+    start = cursors.decode(cursor, listing)
+    tasks, last_key, scanned = read_index(status.value, want=limit, start=start,
+                                          forward=order is Order.OLDEST, batch_id=batch_id, task_type=task_type)
+    return TaskPage(items=[TaskSummary(**_summary(t)) for t in tasks], count=len(tasks),
+                    cursor=cursors.encode(last_key, listing), scanned=scanned)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+def _summary(task: TaskModel) -> dict[str, Any]:
+    return TaskSummary(
+        key=task.key,
+        type=task.task_type,
+        status=task.status,
+        due_at=_iso(task.due_at),
+        attempts=int(task.attempts) if task.attempts is not None else None,
+        max_attempts=int(task.max_attempts) if task.max_attempts is not None else None,
+        updated_at=_iso(task.updated_at),
+        batch_id=task.batch_id,
+        lock_owner=task.lock_owner,
+    ).model_dump()
+
+
+# -- retry and cancel --------------------------------------------------------------------------
+
+def redrive_one(key: str) -> TaskOut:
+    """Redrive a failed or ignored task; 409 for a task in another state, 404 for none."""
+    task = redrive.retry(key)
+    if task is None:
+        current = lifecycle.get_task(key)  # TaskNotFoundError -> 404
+        raise TaskStateConflictError(f"task {key!r} is {current.status}; "
+                                     "only failed or ignored tasks can be retried")
+    return TaskOut.model_validate(task.to_dict())
+
+
+def cancel_one(key: str, settings: Settings) -> TaskOut:
+    """Cancel a task that is not finished or ignored; 409 for one that is, 404 for none."""
+    task = lifecycle.cancel(key, settings, reason="cancelled through the API")
+    if task is None:
+        current = lifecycle.get_task(key)
+        raise TaskStateConflictError(f"task {key!r} is already {current.status}; "
+                                     "only todo, failed or processing tasks can be cancelled")
+    return TaskOut.model_validate(task.to_dict())
+
+
+def bulk_page(body: BulkIn, services: Services) -> BulkOut:
+    """Apply a bulk action to one page of the index entries matching its filter."""
+    task_filter = bulk.TaskFilter(status=body.status.value, task_type=body.type, batch_id=body.batch_id,
+                                  created_after=body.created_after, created_before=body.created_before)
+    listing = ("bulk", body.action.value, body.status.value, body.type, body.batch_id,
+               iso_utc(body.created_after), iso_utc(body.created_before), status_shards())
+    start = services.cursors.decode(body.cursor, listing)
+    tasks, last_key, scanned = read_index(body.status.value, want=body.limit, start=start,
+                                          batch_id=body.batch_id, task_type=body.type)
+    outcome = bulk.apply(body.action, tasks, task_filter, services.settings, dry_run=body.dry_run,
+                         reason="cancelled in bulk through the API")
+    if not body.dry_run:
+        logger.info("bulk action", extra={"action": body.action.value, "filter": dataclasses.asdict(task_filter),
+                                          "changed": outcome.changed, "skipped": outcome.skipped})
+    return BulkOut(action=body.action, status=body.status, dry_run=body.dry_run, matched=outcome.matched,
+                   changed=outcome.changed, skipped=outcome.skipped, scanned=scanned,
+                   cursor=services.cursors.encode(last_key, listing))

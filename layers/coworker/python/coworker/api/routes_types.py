@@ -1,0 +1,98 @@
+"""Routes of task types (``/types``): list them, pause and resume one, set or lift its
+concurrency limit.
+
+The control item (:mod:`coworker.engine.control`) keeps pauses and limits; the concurrency gates
+(:mod:`coworker.engine.gates`) say how many tasks of a limited type run or wait.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated
+from urllib.parse import unquote
+
+from aws_lambda_powertools.event_handler.openapi.params import Body
+from aws_lambda_powertools.event_handler.router import APIGatewayRouter
+
+from coworker.api.errors import TaskTypeNotFoundError, responses
+from coworker.api.models import LimitIn, TypeOut, TypesOut
+from coworker.api.services import Services
+from coworker.engine import control, gates, handlers
+from coworker.observability import logger
+
+# Held tasks counted per type in GET /types (a count reads the held partitions).
+HELD_COUNT_CAP = 1000
+
+
+def router(services: Services) -> APIGatewayRouter:
+    """The task type routes of one app, answering with ``services``."""
+    routes = APIGatewayRouter()
+    settings = services.settings
+
+    @routes.get("/types", summary="Task types: registered, paused, held", tags=["types"],
+                responses=responses("Every registered, paused or held task type"))
+    def list_types() -> TypesOut:
+        view = control.read(consistent=True)
+        return TypesOut(types=[type_out(t, view) for t in control.types_listed(view, handlers.registered_types())],
+                        note=f"a pause stops new claims within COWORKER_CONTROL_CACHE_SECONDS "
+                             f"({settings.control_cache_seconds:g} s); running tasks finish")
+
+    @routes.post("/types/<task_type>/pause", summary="Pause a task type: its tasks wait, running ones finish",
+                 tags=["types"], responses=responses("The type, paused"))
+    def pause_type(task_type: str) -> TypeOut:
+        return switch_type(task_type, pause=True)
+
+    @routes.post("/types/<task_type>/resume", summary="Resume a paused task type", tags=["types"],
+                 responses=responses("The type, resumed"))
+    def resume_type(task_type: str) -> TypeOut:
+        return switch_type(task_type, pause=False)
+
+    @routes.put("/types/<task_type>/limit", summary="Set or lift a task type's concurrency limit", tags=["types"],
+                responses=responses("The type, with its new limit"))
+    def limit_type(task_type: str, body: Annotated[LimitIn, Body(description="The new limit, or null")]) -> TypeOut:
+        return set_limit(task_type, body.limit)
+
+    return routes
+
+
+def type_out(task_type: str, view: control.ControlView, changed: bool | None = None) -> TypeOut:
+    """What the API shows of a type: registered, paused, held tasks, and its limit with the tasks
+    running and blocked under it."""
+    held, _ = control.count_held(task_type, HELD_COUNT_CAP) if task_type in view.held_types else (0, False)
+    limit = view.limits.get(task_type)
+    running = blocked = None
+    if limit is not None:
+        running, blocked = gates.occupancy(gates.TYPE_GROUP + task_type, HELD_COUNT_CAP)
+    return TypeOut(type=task_type, registered=task_type in handlers.registered_types(),
+                   paused=view.is_paused(task_type), held=held, limit=limit, running=running, blocked=blocked,
+                   changed=changed)
+
+
+def known_type(raw: str, view: control.ControlView) -> str:
+    """The type named in the path; 404 for a type nobody knows."""
+    task_type = unquote(raw)
+    listed = control.types_listed(view, handlers.registered_types())
+    if task_type not in listed:
+        raise TaskTypeNotFoundError(f"no task type {task_type!r} here (known: {', '.join(listed) or 'none'})")
+    return task_type
+
+
+def switch_type(raw: str, pause: bool) -> TypeOut:
+    """Pause or resume the type named in the path (404 for a type nobody knows)."""
+    view = control.read(consistent=True)
+    task_type = known_type(raw, view)
+    changed = control.pause(task_type) if pause else control.resume(task_type)
+    logger.info("task type paused" if pause else "task type resumed",
+                extra={"task_type": task_type, "changed": changed})
+    after = dataclasses.replace(view, paused=view.paused | {task_type} if pause else view.paused - {task_type},
+                                held_types=view.held_types | {task_type} if pause else view.held_types)
+    return type_out(task_type, after, changed)
+
+
+def set_limit(raw: str, limit: int | None) -> TypeOut:
+    """Set (or, with ``None``, lift) the concurrency limit of the type named in the path."""
+    view = control.read(consistent=True)
+    task_type = known_type(raw, view)
+    changed = control.set_limit(task_type, limit)
+    logger.info("task type limit set", extra={"task_type": task_type, "limit": limit, "changed": changed})
+    return type_out(task_type, control.read(consistent=True), changed)
