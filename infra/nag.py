@@ -12,7 +12,10 @@ from aws_cdk import Acknowledgment, Stack, Validations
 from constructs import IConstruct
 
 if TYPE_CHECKING:
-    from infra.task_system import TaskSystem
+    from infra.components.api import TaskApi
+    from infra.components.processing import Processing
+    from infra.components.results import ResultsBucket
+    from infra.components.table import TaskTable
 
 PACK = "AwsSolutions"
 BASIC_EXECUTION_POLICY = (
@@ -34,11 +37,21 @@ def _arn_of(construct: IConstruct) -> str:
     return f"<{logical_id}.Arn>"
 
 
-def acknowledge_findings(system: TaskSystem) -> None:
-    """Record the accepted findings of a Coworker task system."""
-    table_index_arns = f"Resource::{_arn_of(system.tasks.table)}/index/*"
-    functions = (system.processing.worker, system.processing.coordinator, system.api.handler)
-    for fn in functions:
+def acknowledge_findings(
+    *, tasks: TaskTable, processing: Processing, api: TaskApi, results: ResultsBucket | None
+) -> None:
+    """Record the accepted findings of a Coworker task system (the parts ``infra.task_system.TaskSystem`` builds)."""
+    _acknowledge_functions(tasks, processing, api)
+    _acknowledge_processing(processing, api)
+    _acknowledge_rest_api(api)
+    if results is not None:
+        _acknowledge_results_bucket(results, processing, api)
+
+
+def _acknowledge_functions(tasks: TaskTable, processing: Processing, api: TaskApi) -> None:
+    """What every function's role holds: logs, tracing, the status index; the pinned runtime."""
+    table_index_arns = f"Resource::{_arn_of(tasks.table)}/index/*"
+    for fn in (processing.worker, processing.coordinator, api.handler):
         acknowledge(
             fn,
             f"AwsSolutions-IAM4[{BASIC_EXECUTION_POLICY}]",
@@ -61,21 +74,27 @@ def acknowledge_findings(system: TaskSystem) -> None:
             "(infra/constants.py PYTHON_VERSION); both move together.",
         )
 
-    worker_arn = _arn_of(system.processing.worker.function)
-    for invoker in (system.processing.coordinator, system.api.handler):  # both start workers
+
+def _acknowledge_processing(processing: Processing, api: TaskApi) -> None:
+    """Who may start workers, and the worker's dead-letter queue."""
+    worker_arn = _arn_of(processing.worker.function)
+    for invoker in (processing.coordinator, api.handler):  # both start workers
         acknowledge(
             invoker,
             f"AwsSolutions-IAM5[Resource::{worker_arn}:*]",
             "lambda:InvokeFunction on the worker function and its versions/aliases only.",
         )
     acknowledge(
-        system.processing.dead_letter_queue,
+        processing.dead_letter_queue,
         "AwsSolutions-SQS3",
         "This queue is itself the dead-letter destination of the worker's async invocations.",
     )
 
-    rest_api = system.api.rest_api
-    if system.api.invoke_policy is None:  # API keys
+
+def _acknowledge_rest_api(api: TaskApi) -> None:
+    """The REST API: how callers authenticate (API keys or IAM), WAF, the logging role."""
+    rest_api = api.rest_api
+    if api.invoke_policy is None:  # API keys
         acknowledge(
             rest_api,
             "AwsSolutions-APIG4",
@@ -94,7 +113,7 @@ def acknowledge_findings(system: TaskSystem) -> None:
             "No Cognito user pool: every method uses IAM authorization (SigV4-signed requests).",
         )
         acknowledge(
-            system.api.invoke_policy,
+            api.invoke_policy,
             "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:execute-api:<AWS::Region>:<AWS::AccountId>:"
             f"<{Stack.of(rest_api).get_logical_id(rest_api.node.default_child)}>/*/*/*]",
             "execute-api:Invoke on every method and stage of this one API: callers of the task API.",
@@ -110,34 +129,36 @@ def acknowledge_findings(system: TaskSystem) -> None:
         "API Gateway's account-wide CloudWatch role needs exactly this AWS managed policy.",
     )
 
-    if system.results is not None:
-        bucket = system.results.bucket
-        acknowledge(
-            bucket,
-            "AwsSolutions-S1",
-            "Results bucket read and written only by the worker and API roles (one object prefix, "
-            "exact actions); server access logs would cost more than the data they describe. "
-            "Turn on CloudTrail S3 data events where an audit trail of reads is required.",
-        )
-        results = f"Resource::{_arn_of(bucket)}/results/*"
-        payloads = f"Resource::{_arn_of(bucket)}/payloads/*"
-        acknowledge(
-            system.processing.worker,
-            f"AwsSolutions-IAM5[{results}]",
-            "s3:PutObject on the results/ prefix only: each attempt writes its own object there.",
-        )
-        acknowledge(
-            system.processing.worker,
-            f"AwsSolutions-IAM5[{payloads}]",
-            "s3:GetObject on the payloads/ prefix only: a large payload is read before the handler runs.",
-        )
-        acknowledge(
-            system.api.handler,
-            f"AwsSolutions-IAM5[{results}]",
-            "s3:GetObject on the results/ prefix only: GET /tasks/{key}/result reads a large result.",
-        )
-        acknowledge(
-            system.api.handler,
-            f"AwsSolutions-IAM5[{payloads}]",
-            "s3:PutObject on the payloads/ prefix only: a large payload is stored before its task is put.",
-        )
+
+def _acknowledge_results_bucket(results: ResultsBucket, processing: Processing, api: TaskApi) -> None:
+    """The results bucket, and the worker's and API's access to its two prefixes."""
+    bucket = results.bucket
+    acknowledge(
+        bucket,
+        "AwsSolutions-S1",
+        "Results bucket read and written only by the worker and API roles (one object prefix, "
+        "exact actions); server access logs would cost more than the data they describe. "
+        "Turn on CloudTrail S3 data events where an audit trail of reads is required.",
+    )
+    results_prefix = f"Resource::{_arn_of(bucket)}/results/*"
+    payloads_prefix = f"Resource::{_arn_of(bucket)}/payloads/*"
+    acknowledge(
+        processing.worker,
+        f"AwsSolutions-IAM5[{results_prefix}]",
+        "s3:PutObject on the results/ prefix only: each attempt writes its own object there.",
+    )
+    acknowledge(
+        processing.worker,
+        f"AwsSolutions-IAM5[{payloads_prefix}]",
+        "s3:GetObject on the payloads/ prefix only: a large payload is read before the handler runs.",
+    )
+    acknowledge(
+        api.handler,
+        f"AwsSolutions-IAM5[{results_prefix}]",
+        "s3:GetObject on the results/ prefix only: GET /tasks/{key}/result reads a large result.",
+    )
+    acknowledge(
+        api.handler,
+        f"AwsSolutions-IAM5[{payloads_prefix}]",
+        "s3:PutObject on the payloads/ prefix only: a large payload is stored before its task is put.",
+    )

@@ -94,7 +94,7 @@ class TaskSystem(Construct):
             rest_api=self.api.rest_api,
             dead_letter_queue=self.processing.dead_letter_queue,
         )
-        acknowledge_findings(self)
+        acknowledge_findings(tasks=self.tasks, processing=self.processing, api=self.api, results=self.results)
 
     @property
     def api_url(self) -> str:

@@ -1,0 +1,446 @@
+"""What each ``coworker`` command does (see :mod:`coworker_local.cli`, which parses the command line).
+
+Every ``cmd_*`` function takes the API client, the parsed arguments and the output and error
+streams, and returns the exit code; a command line that cannot be carried out raises
+:class:`UsageError`, the API's refusals :class:`~coworker_local.api_client.ApiError`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from typing import Any, TextIO
+from urllib.parse import quote
+
+from coworker_local.api_client import ApiClient, ApiError, Unreachable
+
+# What one POST /tasks may carry: the API's batch limit, and under Lambda's 6 MB request limit.
+CHUNK_TASKS = 1000
+CHUNK_BYTES = 5 * 1024 * 1024
+
+EXIT_OK, EXIT_API_ERROR, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+
+class UsageError(Exception):
+    """The command line asks for something that cannot be done."""
+
+
+def _key_path(key: str) -> str:
+    return quote(key, safe="")
+
+
+# -- output ------------------------------------------------------------------------------------
+
+def _print_json(value: Any, out: TextIO) -> None:
+    out.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+
+
+class Progress:
+    """A one-line progress bar on a terminal; plain lines otherwise (logs, pipes)."""
+
+    def __init__(self, total: int | None, out: TextIO, enabled: bool = True) -> None:
+        self.total = total
+        self.out = out
+        self.enabled = enabled
+        self.tty = out.isatty()
+        self._last = ""
+
+    def show(self, done: int, detail: str = "") -> None:
+        if not self.enabled:
+            return
+        if self.total:
+            width = 30
+            filled = int(width * min(done, self.total) / self.total)
+            line = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} {detail}".rstrip()
+        else:
+            line = f"{done} {detail}".rstrip()
+        if line == self._last:
+            return
+        self._last = line
+        self.out.write(("\r" + line + "\033[K") if self.tty else line + "\n")
+        self.out.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty and self._last:
+            self.out.write("\n")
+            self.out.flush()
+
+
+# -- commands ----------------------------------------------------------------------------------
+
+def _task_from_flags(args: argparse.Namespace) -> dict[str, Any]:
+    task: dict[str, Any] = {"type": args.type}
+    if args.key is not None:
+        task["key"] = args.key
+    if args.payload is not None:
+        try:
+            task["payload"] = json.loads(args.payload)
+        except ValueError as exc:
+            raise UsageError(f"--payload is not valid JSON: {exc}") from None
+    for name in ("max_attempts", "run_at", "priority", "concurrency_key", "concurrency_limit"):
+        if getattr(args, name) is not None:
+            task[name] = getattr(args, name)
+    return task
+
+
+def _read_tasks(lines: Iterable[str], source: str) -> Iterator[dict[str, Any]]:
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            task = json.loads(line)
+        except ValueError as exc:
+            raise UsageError(f"{source}, line {number}: not valid JSON ({exc})") from None
+        if not isinstance(task, dict):
+            raise UsageError(f"{source}, line {number}: expected a JSON object, got {type(task).__name__}")
+        yield task
+
+
+def _chunks(tasks: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+    chunk: list[dict[str, Any]] = []
+    used = 0
+    for task in tasks:
+        task_bytes = len(json.dumps(task).encode("utf-8")) + 2
+        if chunk and (len(chunk) >= size or used + task_bytes > CHUNK_BYTES):
+            yield chunk
+            chunk, used = [], 0
+        chunk.append(task)
+        used += task_bytes
+    if chunk:
+        yield chunk
+
+
+def cmd_submit(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.file is None:
+        if not args.type:
+            raise UsageError("give --type (one task from flags) or --file (JSON lines, '-' for stdin)")
+        if args.batch_id:
+            raise UsageError("--batch-id goes with --file; a single task has no batch")
+        answer = client.request("POST", "/tasks", body=_task_from_flags(args))
+        if args.json:
+            _print_json(answer, out)
+        else:
+            out.write(f"{answer['key']}: {answer['outcome']}\n")
+        return EXIT_OK
+    if args.type or args.key or args.payload:
+        raise UsageError("--file cannot be combined with --type/--key/--payload")
+    if args.file == "-":
+        lines: list[str] = sys.stdin.read().splitlines()
+        source = "stdin"
+    else:
+        try:
+            with open(args.file, encoding="utf-8") as handle:
+                lines = handle.read().splitlines()
+        except OSError as exc:
+            raise UsageError(f"cannot read {args.file}: {exc.strerror}") from None
+        source = args.file
+    tasks = list(_read_tasks(lines, source))
+    if not tasks:
+        raise UsageError(f"{source} holds no tasks")
+    # One batch id for every request: the batch counts all of them, and re-running the command
+    # with --batch-id (and keyed tasks) re-submits idempotently.
+    batch_id = args.batch_id or uuid.uuid4().hex
+    progress = Progress(len(tasks), err, enabled=not args.quiet)
+    created = existing = sent = 0
+    try:
+        for chunk in _chunks(tasks, args.chunk_size):
+            try:
+                answer = client.request("POST", "/tasks", body={"batch_id": batch_id, "tasks": chunk})
+            except ApiError as exc:
+                # Entries are numbered within the refused request; say where that is in the input.
+                if exc.errors:
+                    exc.message += f" (entries are counted from task {sent + 1} of {source})"
+                raise
+            created += answer["created"]
+            existing += answer["existing"]
+            sent += len(chunk)
+            progress.show(sent, f"created {created}, existing {existing}")
+    finally:
+        progress.close()
+    summary = {"batch_id": batch_id, "submitted": sent, "created": created, "existing": existing}
+    if args.json:
+        _print_json(summary, out)
+    else:
+        out.write(f"batch {batch_id}: {sent} submitted, {created} created, {existing} existing\n"
+                  f"follow it with: coworker batch {batch_id}\n")
+    return EXIT_OK
+
+
+def cmd_status(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    _print_json(client.request("GET", f"/tasks/{_key_path(args.key)}"), out)
+    return EXIT_OK
+
+
+def cmd_list(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    query = {"status": args.status, "type": args.type, "batch": args.batch, "limit": args.limit,
+             "order": args.order, "cursor": args.cursor}
+    items: list[dict[str, Any]] = []
+    while True:
+        page = client.request("GET", "/tasks", query=query)
+        items.extend(page["items"])
+        query["cursor"] = page["cursor"]
+        if not (args.all and page["cursor"]):
+            break
+    if args.json:
+        _print_json({"items": items, "cursor": query["cursor"]}, out)
+        return EXIT_OK
+    rows = [(i["key"], i["status"], i["type"] or "", f"{i['attempts']}/{i['max_attempts']}",
+             i["due_at"] or "", i["batch_id"] or "") for i in items]
+    header = ("KEY", "STATUS", "TYPE", "ATTEMPTS", "DUE_AT", "BATCH")
+    widths = [max(len(str(r[c])) for r in [header, *rows]) for c in range(len(header))]
+    for row in [header, *rows]:
+        out.write("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() + "\n")
+    if query["cursor"]:
+        out.write(f"more: coworker list --status {args.status} --cursor {query['cursor']}  (or --all)\n")
+    return EXIT_OK
+
+
+def _batch_line(batch: dict[str, Any]) -> str:
+    line = f"finished {batch['finished']}, ignored {batch['ignored']}, open {batch['open']}"
+    if batch.get("state") == "failed":
+        return line + f" - FAILED: {batch.get('failure_reason')} (coworker retry --batch {batch['batch_id']})"
+    return line + (" - done" if batch["done"] else "")
+
+
+def cmd_batch(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    path = f"/batches/{_key_path(args.batch_id)}"
+    batch = client.request("GET", path)
+    if args.once or args.json:
+        if args.json:
+            _print_json(batch, out)
+        else:
+            out.write(f"batch {batch['batch_id']}: {batch['total']} tasks, {_batch_line(batch)}\n")
+        return EXIT_OK
+    progress = Progress(batch["total"], out)
+    try:
+        while True:
+            progress.total = batch["total"]
+            progress.show(batch["finished"] + batch["ignored"], _batch_line(batch))
+            if batch["done"]:
+                return EXIT_OK
+            time.sleep(args.interval)
+            batch = client.request("GET", path)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    finally:
+        progress.close()
+
+
+def cmd_retry(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if (args.key is None) == (args.batch is None):
+        raise UsageError("give a task KEY or --batch ID (not both)")
+    if args.key is not None:
+        task = client.request("POST", f"/tasks/{_key_path(args.key)}/retry")
+        if args.json:
+            _print_json(task, out)
+        else:
+            out.write(f"{task['key']}: {task['status']} (attempts reset, history kept)\n")
+        return EXIT_OK
+    redriven = skipped = 0
+    cursor = None
+    while True:  # the API redrives a bounded slice per request and hands back a cursor
+        answer = client.request("POST", f"/batches/{_key_path(args.batch)}/retry",
+                                query={"status": args.status, "cursor": cursor})
+        redriven += answer["redriven"]
+        skipped += answer["skipped"]
+        cursor = answer["cursor"]
+        if not cursor:
+            break
+    if args.json:
+        _print_json({"batch_id": args.batch, "status": args.status, "redriven": redriven,
+                     "skipped": skipped}, out)
+    else:
+        out.write(f"batch {args.batch}: {redriven} {args.status} tasks redriven"
+                  + (f", {skipped} skipped (changed meanwhile)" if skipped else "") + "\n")
+    return EXIT_OK
+
+
+def cmd_cancel(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    task = client.request("POST", f"/tasks/{_key_path(args.key)}/cancel")
+    if args.json:
+        _print_json(task, out)
+    else:
+        out.write(f"{task['key']}: {task['status']} (cancelled)\n")
+    return EXIT_OK
+
+
+BULK_PAGE = 200  # tasks changed per request (the API's limit)
+BULK_COUNT_PAGE = 1000  # tasks counted per dry-run request
+
+
+def _bulk_body(args: argparse.Namespace) -> dict[str, Any]:
+    body = {"action": args.action, "status": args.status, "type": args.type, "batch_id": args.batch,
+            "created_after": args.created_after, "created_before": args.created_before}
+    return {name: value for name, value in body.items() if value is not None}
+
+
+def _bulk_pages(client: ApiClient, body: dict[str, Any], cursor: str | None):
+    """Each answer of the bulk route, page after page, to the end."""
+    while True:
+        answer = client.request("POST", "/bulk", body=body | ({"cursor": cursor} if cursor else {}))
+        yield answer
+        cursor = answer["cursor"]
+        if not cursor:
+            return
+
+
+def cmd_bulk(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Count the matching tasks (a dry run), then act on them page by page with a progress bar.
+    Interrupted, it prints how far it got and the command that resumes; running the same command
+    again is safe too (changed tasks no longer match)."""
+    body = _bulk_body(args)
+    verb = "retried" if args.action == "retry" else "cancelled"
+    total = None
+    if args.dry_run or not args.no_count:
+        counting = Progress(None, err, enabled=not args.json)
+        total = scanned = 0
+        for answer in _bulk_pages(client, body | {"dry_run": True, "limit": BULK_COUNT_PAGE}, args.cursor):
+            total += answer["matched"]
+            scanned += answer["scanned"]
+            counting.show(total, f"matching {args.status} tasks found ({scanned} read)")
+        counting.close()
+        if args.dry_run:
+            if args.json:
+                _print_json({**body, "dry_run": True, "matched": total}, out)
+            else:
+                out.write(f"{total} {args.status} tasks would be {verb} (dry run: nothing changed)\n")
+            return EXIT_OK
+    progress = Progress(total, err, enabled=not args.json)
+    changed = skipped = 0
+    cursor = args.cursor
+    try:
+        for answer in _bulk_pages(client, body | {"limit": args.page}, args.cursor):
+            changed += answer["changed"]
+            skipped += answer["skipped"]
+            cursor = answer["cursor"]
+            progress.show(changed + skipped, f"{verb} {changed}" + (f", skipped {skipped}" if skipped else ""))
+    except (KeyboardInterrupt, ApiError, Unreachable) as exc:
+        progress.close()
+        flags = [*_bulk_flags(args), *(["--cursor", cursor] if cursor else [])]
+        resume = shlex.join(["coworker", "bulk", args.action, *flags])
+        err.write(f"stopped after {changed} tasks {verb}" + (f" ({exc})" if str(exc) else "") + "\n"
+                  f"resume with: {resume}\n(or run the same command again: {verb} tasks no longer match)\n")
+        return EXIT_API_ERROR
+    progress.close()
+    if args.json:
+        _print_json({**body, "changed": changed, "skipped": skipped}, out)
+    else:
+        out.write(f"{changed} {args.status} tasks {verb}"
+                  + (f", {skipped} skipped (they changed state meanwhile)" if skipped else "") + "\n")
+    return EXIT_OK
+
+
+def _bulk_flags(args: argparse.Namespace) -> list[str]:
+    flags = ["--status", args.status]
+    for flag, value in (("--type", args.type), ("--batch", args.batch), ("--created-after", args.created_after),
+                        ("--created-before", args.created_before)):
+        if value is not None:
+            flags += [flag, value]
+    return [*flags, "--no-count"]
+
+
+def _type_line(entry: dict[str, Any]) -> str:
+    state = "paused" if entry["paused"] else "running"
+    held = f", {entry['held']} held" if entry["held"] else ""
+    limit = ""
+    if entry.get("limit") is not None:
+        limit = f", limit {entry['limit']} ({entry['running']} running, {entry['blocked']} waiting)"
+    unregistered = "" if entry["registered"] else " (no handler here)"
+    return f"{entry['type']}: {state}{held}{limit}{unregistered}"
+
+
+def cmd_types(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    answer = client.request("GET", "/types")
+    if args.json:
+        _print_json(answer, out)
+    else:
+        out.writelines(_type_line(entry) + "\n" for entry in answer["types"])
+    return EXIT_OK
+
+
+def cmd_pause(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    verb = "pause" if args.command == "pause" else "resume"
+    answer = client.request("POST", f"/types/{_key_path(args.type)}/{verb}")
+    if args.json:
+        _print_json(answer, out)
+    else:
+        already = "" if answer["changed"] else f" (it was {verb}d already)"
+        out.write(_type_line(answer) + already + "\n")
+    return EXIT_OK
+
+
+def cmd_limit(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.limit.lower() in ("none", "off"):
+        limit = None
+    else:
+        try:
+            limit = int(args.limit)
+        except ValueError:
+            raise UsageError(f"LIMIT must be a whole number or 'none', not {args.limit!r}") from None
+    answer = client.request("PUT", f"/types/{_key_path(args.type)}/limit", body={"limit": limit})
+    if args.json:
+        _print_json(answer, out)
+    else:
+        already = "" if answer["changed"] else " (unchanged)"
+        out.write(_type_line(answer) + already + "\n")
+    return EXIT_OK
+
+
+def cmd_stats(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    stats = client.request("GET", "/stats", query={"cap": args.cap})
+    if args.json:
+        _print_json(stats, out)
+        return EXIT_OK
+    for status, value in stats["counts"].items():
+        if value["count"] is None:
+            shown = "not counted"
+        else:
+            shown = ("at least " if value["capped"] else "") + str(value["count"])
+        out.write(f"{status:<11} {shown}\n")
+    out.write(stats["note"] + "\n")
+    return EXIT_OK
+
+
+def cmd_migrate_index(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Reshard the table's indexed items (see :mod:`coworker_local.migration`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from coworker.config import Settings
+    from coworker.data import connection
+    from coworker.errors import ConfigurationError
+
+    from coworker_local import migration
+
+    if not args.table:
+        raise UsageError("--table (or COWORKER_TABLE_NAME) is required")
+    if args.segments < 1:
+        raise UsageError("--segments must be at least 1")
+    overrides: dict[str, Any] = {"table_name": args.table, "dynamodb_endpoint": args.endpoint}
+    if args.shards is not None:
+        overrides["status_shards"] = args.shards
+    if args.region:
+        overrides["region"] = args.region
+    try:
+        settings = Settings.from_env(**overrides)
+    except ConfigurationError as exc:
+        raise UsageError(str(exc)) from None
+    connection.bind(settings)
+
+    def run(segment: int) -> migration.ReshardReport:
+        return migration.reshard(dry_run=args.dry_run, segment=segment if args.segments > 1 else None,
+                                 total_segments=args.segments if args.segments > 1 else None)
+
+    with ThreadPoolExecutor(max_workers=args.segments) as pool:
+        reports = list(pool.map(run, range(args.segments)))
+    scanned = sum(r.scanned for r in reports)
+    moved = sum(r.moved for r in reports)
+    meanwhile = sum(r.changed_meanwhile for r in reports)
+    verb = "would move" if args.dry_run else "moved"
+    out.write(f"{settings.table_name}: {scanned} indexed items, {verb} {moved} to their shard "
+              f"({settings.status_shards} per status); {meanwhile} were rewritten by a worker meanwhile\n")
+    return EXIT_OK
