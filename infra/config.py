@@ -146,7 +146,10 @@ class StackConfig:
         ``overrides`` are Settings fields known only at deploy time (table name, worker name);
         ``with_handlers`` adds the handlers package, for the functions whose code has it.
         """
-        settings = (self.handler_settings if with_handlers else self.settings).model_copy(update=overrides)
+        # A function without the handlers package in its code (the coordinator) imports no handler
+        # module: it never runs a handler, and a module it cannot import would stop it at start-up.
+        settings = self.handler_settings if with_handlers else self.settings.model_copy(update={"handler_modules": ""})
+        settings = settings.model_copy(update=overrides)
         env = {k: v for k, v in settings.as_environment().items() if k not in _NOT_IN_LAMBDA_ENV}
         env.update(
             # X-Ray keeps neither responses (task payloads, results) nor exception bodies.

@@ -35,7 +35,8 @@ WORKER_TABLE_ACTIONS = (
 # The coordinator finds free slots and due or lost tasks on the index (Query), takes its lease,
 # reserves slots and reaps lost tasks (UpdateItem, after reading the error history: GetItem),
 # and creates missing worker-slot items at the start of each run (BatchGetItem, then a
-# conditional PutItem per missing slot). It follows the table's stream (found with
+# conditional PutItem per missing slot), deleting the free slots left from a larger
+# max_concurrency (a conditional DeleteItem each). It follows the table's stream (found with
 # DescribeTable; read rights from grant_stream_read) and moves batch counters (BatchGetItem,
 # UpdateItem) and its checkpoints (PutItem).
 COORDINATOR_TABLE_ACTIONS = (
@@ -44,6 +45,7 @@ COORDINATOR_TABLE_ACTIONS = (
     "dynamodb:UpdateItem",
     "dynamodb:BatchGetItem",
     "dynamodb:PutItem",
+    "dynamodb:DeleteItem",
     "dynamodb:DescribeTable",
 )
 
@@ -119,8 +121,11 @@ class Processing(Construct):
             on_failure=destinations.SqsDestination(self.dead_letter_queue),
         )
         table.grant(worker.function, *WORKER_TABLE_ACTIONS)
-        if self._results_bucket is not None:  # writes large results, reads large payloads; never lists
+        if self._results_bucket is not None:
+            # Writes large results and the large payloads of the follow-ups it puts; reads large
+            # payloads; never lists.
             grant_objects(self._results_bucket, worker.function, "s3:PutObject", RESULT_PREFIX)
+            grant_objects(self._results_bucket, worker.function, "s3:PutObject", PAYLOAD_PREFIX)
             grant_objects(self._results_bucket, worker.function, "s3:GetObject", PAYLOAD_PREFIX)
         return worker
 

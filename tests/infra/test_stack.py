@@ -345,6 +345,7 @@ def test_least_privilege_on_the_table(template: Template, functions) -> None:
         "dynamodb:UpdateItem",
         "dynamodb:BatchGetItem",  # worker-slot items are created at the start of a run
         "dynamodb:PutItem",
+        "dynamodb:DeleteItem",  # free slots left from a larger max_concurrency are retired
         "dynamodb:DescribeTable",  # finds the table's stream, which it alone reads:
     }
     stream_reads = {"dynamodb:DescribeStream", "dynamodb:GetRecords", "dynamodb:GetShardIterator"}

@@ -194,7 +194,8 @@ def test_large_results_go_to_a_private_bucket_the_worker_writes_and_the_api_read
                 where = json.dumps(statement["Resource"])
                 assert bucket_id in where
                 by_role.setdefault(role, set()).update((action, where.split("/")[-2]) for action in actions)
-    assert by_role == {"worker": {("s3:PutObject", "results"), ("s3:GetObject", "payloads")},
+    assert by_role == {"worker": {("s3:PutObject", "results"), ("s3:PutObject", "payloads"),
+                                  ("s3:GetObject", "payloads")},
                        "api": {("s3:GetObject", "results"), ("s3:PutObject", "payloads")}}
 
 

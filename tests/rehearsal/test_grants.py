@@ -1,0 +1,304 @@
+"""Each role's grants, from the synthesized template, against the calls its function's code makes.
+
+The scenario runs the library as the three functions do, one role at a time (nothing else runs
+in between, so every request belongs to the role whose turn it is), against DynamoDB Local:
+the API puts, reads, lists, redrives, cancels, pauses and limits; the coordinator supervises
+(after ``max_concurrency`` was lowered, so it retires extra slots) and counts batches from the
+stream; the worker runs what was dispatched, with heartbeats, a concurrency key, follow-ups
+whose payload goes to the object store, results large and small. Every request is turned into
+the IAM action and resource it needs and checked against the statements of that function's
+role in the template: one missing grant is an AccessDenied on AWS.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import botocore.client
+import pytest
+from coworker.config import Settings
+from coworker.data import layout
+from coworker.engine import dispatch, offload, progress
+from coworker.engine.handlers import TaskContext, task_handler
+from coworker.engine.offload import FolderObjectStore
+from coworker.engine.worker import WorkerRequest, run_invocation
+
+from tests.support.doubles import Api
+
+pytest.importorskip("aws_cdk")
+
+ROLES = ("api", "coordinator", "worker")
+# The functions' descriptions in the template name their role.
+DESCRIPTION_PREFIX = {"api": "Coworker API", "coordinator": "Coworker coordinator", "worker": "Coworker worker"}
+BIG = "x" * 20_000  # over the 16 KB a payload may take on the record
+
+
+@task_handler("rehearsal-spawn")
+def _spawn(payload: Any, context: TaskContext) -> dict[str, Any]:
+    """A follow-up whose payload is too large for the record, and a result too large for it."""
+    context.spawn("quick", {"blob": BIG}, key=f"{context.key}/big-child", inherit_batch=True)
+    return {"rows": list(range(2_000))}
+
+
+@task_handler("rehearsal-beat")
+def _beat(payload: Any, context: TaskContext) -> dict[str, Any]:
+    time.sleep(float(payload["seconds"]))
+    return {"slept": payload["seconds"]}
+
+
+# -- what the template grants ------------------------------------------------------------------
+
+
+def render(value: Any) -> str:
+    """A template value as text: ``Fn::GetAtt [Id, Arn]`` -> ``Id.Arn``, joins joined, refs by id."""
+    if isinstance(value, str):
+        return value
+    if "Fn::GetAtt" in value:
+        return ".".join(value["Fn::GetAtt"])
+    if "Fn::Join" in value:
+        separator, parts = value["Fn::Join"]
+        return separator.join(render(part) for part in parts)
+    if "Ref" in value:
+        return str(value["Ref"])
+    raise AssertionError(f"an intrinsic this test does not render: {value}")
+
+
+@dataclass
+class Grants:
+    """The Allow statements of one function's role: (action patterns, resource patterns)."""
+
+    statements: list[tuple[list[str], list[str]]] = field(default_factory=list)
+
+    def allow(self, action: str, resource: str) -> bool:
+        return any(any(fnmatch.fnmatchcase(action, a) for a in actions)
+                   and any(fnmatch.fnmatchcase(resource, r) for r in resources)
+                   for actions, resources in self.statements)
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def role_grants(template: dict[str, Any]) -> dict[str, Grants]:
+    resources = template["Resources"]
+    role_of = {}
+    for body in resources.values():
+        if body["Type"] != "AWS::Lambda::Function":
+            continue
+        description = body["Properties"].get("Description", "")
+        for role, prefix in DESCRIPTION_PREFIX.items():
+            if description.startswith(prefix):
+                role_of[body["Properties"]["Role"]["Fn::GetAtt"][0]] = role
+    assert sorted(role_of.values()) == sorted(ROLES)
+    grants = {role: Grants() for role in ROLES}
+    for body in resources.values():
+        if body["Type"] != "AWS::IAM::Policy":
+            continue
+        for role_ref in body["Properties"]["Roles"]:
+            role = role_of.get(role_ref["Ref"])
+            if role is None:
+                continue
+            for statement in body["Properties"]["PolicyDocument"]["Statement"]:
+                if statement.get("Effect", "Allow") == "Allow":
+                    grants[role].statements.append(([str(a) for a in _as_list(statement["Action"])],
+                                                    [render(r) for r in _as_list(statement["Resource"])]))
+    return grants
+
+
+def logical_id(template: dict[str, Any], kind: str, description_prefix: str | None = None) -> str:
+    found = [lid for lid, body in template["Resources"].items() if body["Type"] == kind
+             and body["Properties"].get("Description", "").startswith(description_prefix or "")]
+    assert len(found) == 1, (kind, found)
+    return found[0]
+
+
+# -- what the code calls ---------------------------------------------------------------------------
+
+_TRANSACTION_ACTIONS = {"Put": "PutItem", "Update": "UpdateItem", "Delete": "DeleteItem",
+                        "ConditionCheck": "ConditionCheckItem"}
+
+
+@dataclass
+class Targets:
+    """The rendered ARNs of the resources the code touches."""
+
+    table: str
+    stream: str
+    bucket: str
+    worker: str
+
+
+def needs(service: str, operation: str, params: dict[str, Any], to: Targets) -> list[tuple[str, str]]:
+    """The IAM (action, resource) pairs one request needs."""
+    if service == "dynamodb":
+        if operation == "TransactWriteItems":
+            return [(f"dynamodb:{_TRANSACTION_ACTIONS[next(iter(item))]}", to.table)
+                    for item in params["TransactItems"]]
+        if operation == "Query" and params.get("IndexName"):
+            return [("dynamodb:Query", f"{to.table}/index/{params['IndexName']}")]
+        return [(f"dynamodb:{operation}", to.table)]
+    if service == "dynamodbstreams":
+        return [(f"dynamodb:{operation}", "*" if operation == "ListStreams" else to.stream)]
+    if service == "lambda" and operation == "Invoke":
+        return [("lambda:InvokeFunction", to.worker)]
+    raise AssertionError(f"a call this test does not know the grant of: {service}.{operation}")
+
+
+class Recorder:
+    """Every AWS request made while a role has its turn, and every object store access."""
+
+    def __init__(self) -> None:
+        self.role: str | None = None  # nothing is recorded before the scenario starts (test setup)
+        self.calls: list[tuple[str, str, str, dict[str, Any]]] = []  # (role, service, operation, params)
+        self.objects: list[tuple[str, str, str]] = []  # (role, action, object key)
+        self._lock = threading.Lock()
+
+    def record_call(self, service: str, operation: str, params: dict[str, Any]) -> None:
+        with self._lock:
+            if self.role is not None:
+                self.calls.append((self.role, service, operation, params))
+
+    def record_object(self, action: str, name: str) -> None:
+        with self._lock:
+            if self.role is not None:
+                self.objects.append((self.role, action, name))
+
+
+class RecordingStore(FolderObjectStore):
+    """The local object store, reporting each access as the S3 request it is on AWS."""
+
+    def __init__(self, folder: str, recorder: Recorder) -> None:
+        super().__init__(folder)
+        self.recorder = recorder
+
+    def put(self, name: str, body: bytes) -> str:
+        self.recorder.record_object("s3:PutObject", name)
+        return super().put(name, body)
+
+    def get(self, uri: str) -> bytes:
+        self.recorder.record_object("s3:GetObject", uri.split(str(self.folder), 1)[1].lstrip("/"))
+        return super().get(uri)
+
+
+class RecordingInvoker:
+    """The worker invocations a role asks for, kept to run in the worker's turn."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.requests: list[WorkerRequest] = []
+
+    def invoke(self, request: WorkerRequest) -> None:
+        self.recorder.record_call("lambda", "Invoke", {})
+        self.requests.append(request)
+
+    def take(self) -> Iterator[WorkerRequest]:
+        while self.requests:
+            yield self.requests.pop(0)
+
+
+@pytest.fixture
+def recorder(monkeypatch: pytest.MonkeyPatch, tmp_path) -> Recorder:
+    recorder = Recorder()
+    original = botocore.client.BaseClient._make_api_call
+
+    def recorded(client: Any, operation: str, params: dict[str, Any]) -> Any:
+        recorder.record_call(client.meta.service_model.service_name, operation, params)
+        return original(client, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", recorded)
+    store = RecordingStore(str(tmp_path / "objects"), recorder)
+    monkeypatch.setattr(offload, "store_for", lambda settings: store)
+    return recorder
+
+
+# -- the scenario --------------------------------------------------------------------------------
+
+
+def run_scenario(settings: Settings, recorder: Recorder) -> None:
+    invoker = RecordingInvoker(recorder)
+    api = Api(settings, invoker)
+
+    def as_role(role: str, action: Callable[[], Any]) -> Any:
+        recorder.role = role
+        return action()
+
+    def supervise(run_settings: Settings) -> None:
+        as_role("coordinator", lambda: dispatch.supervise(run_settings, invoker, lambda: 60.0, slack_seconds=0))
+
+    def work() -> None:
+        recorder.role = "worker"
+        for request in invoker.take():
+            run_invocation(request, "rehearsal-worker", settings, time.monotonic() + settings.worker_timeout_seconds)
+
+    # The coordinator has run with more slots than it has now (maxConcurrency lowered).
+    supervise(settings.model_copy(update={"max_concurrency": settings.max_concurrency * 3}))
+    recorder.role = "api"
+    assert api.call("POST", "/tasks", {"key": "plain", "type": "quick"})[0] == 201
+    assert api.call("POST", "/tasks", {"key": "big", "type": "quick", "payload": {"blob": BIG}})[0] == 201
+    assert api.call("POST", "/tasks", {"tasks": [
+        {"key": "spawner", "type": "rehearsal-spawn"},
+        {"key": "beat", "type": "rehearsal-beat", "payload": {"seconds": 2.5}, "concurrency_key": "site"},
+        {"key": "doomed", "type": "always-fail", "max_attempts": 1},
+        {"key": "later", "type": "quick", "run_at": "2999-01-01T00:00:00Z"},
+    ], "batch_id": "rehearsal", "tolerated_failure_count": 5})[0] == 201
+    for path in ("/tasks/plain", "/tasks?status=todo", "/stats", "/types", "/batches/rehearsal"):
+        assert api.call("GET", path)[0] == 200
+    assert api.call("PUT", "/types/slow/limit", {"limit": 2})[0] == 200
+    assert api.call("POST", "/types/slow/pause")[0] == 200
+    work()
+    supervise(settings)
+    work()
+    supervise(settings)
+    recorder.role = "api"
+    assert api.call("GET", "/tasks/spawner/result")[0] == 200
+    assert api.call("POST", "/tasks/doomed/retry")[0] == 200
+    assert api.call("POST", "/tasks/later/cancel")[0] == 200
+    assert api.call("POST", "/bulk", {"action": "cancel", "status": "todo"})[0] == 200
+    assert api.call("POST", "/batches/rehearsal/retry?status=ignored")[0] == 200
+    assert api.call("POST", "/types/slow/resume")[0] == 200
+    supervise(settings)
+    work()
+    recorder.role = "coordinator"
+    progress.catch_up(settings)
+
+
+def test_every_call_of_each_function_is_granted_to_its_role(make_settings, recorder, synthesize) -> None:
+    # Given the stack as deployed with a results bucket, and its roles' grants
+    stack, assembly = synthesize({"resultsBucket": True})
+    template = assembly.get_stack_by_name(stack.stack_name).template
+    grants = role_grants(template)
+    table = logical_id(template, "AWS::DynamoDB::GlobalTable")
+    targets = Targets(table=f"{table}.Arn", stream=f"{table}.StreamArn",
+                      bucket=f"{logical_id(template, 'AWS::S3::Bucket')}.Arn",
+                      worker=f"{logical_id(template, 'AWS::Lambda::Function', 'Coworker worker')}.Arn")
+    settings = make_settings(max_concurrency=4, batch_size=2, lock_seconds=3, heartbeat_seconds=0.5,
+                             tick_seconds=0.3, supervise_seconds=1.0, worker_timeout_seconds=20,
+                             timeout_margin_seconds=1, inline_result_bytes=1024)
+
+    # When each function's code runs its part of a task's life
+    run_scenario(settings, recorder)
+
+    # Then every request it made is allowed by its own role
+    missing = set()
+    for role, service, operation, params in recorder.calls:
+        for action, resource in needs(service, operation, params, targets):
+            if not grants[role].allow(action, resource):
+                missing.add((role, action, resource.replace(table, "Table")))
+    for role, action, name in recorder.objects:
+        if not grants[role].allow(action, f"{targets.bucket}/{name}"):
+            missing.add((role, action, name.split("/")[0] + "/..."))
+    assert not missing, "calls the role does not grant (AccessDenied on AWS):\n" + "\n".join(
+        f"  {role}: {action} on {resource}" for role, action, resource in sorted(missing))
+    # and the scenario did reach what it is meant to prove
+    roles_seen = {role for role, *_ in recorder.calls}
+    assert roles_seen == set(ROLES)
+    operations = {(role, operation) for role, _, operation, _ in recorder.calls}
+    assert ("coordinator", "DeleteItem") in operations  # extra slots retired
+    assert ("worker", "TransactWriteItems") in operations  # follow-ups put with the completion
+    assert ("worker", "s3:PutObject", "payloads") in {(r, a, n.split("/")[0]) for r, a, n in recorder.objects}
+    assert layout.STATUS_INDEX_NAME in {params.get("IndexName") for *_, params in recorder.calls}
