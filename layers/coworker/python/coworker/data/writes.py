@@ -55,7 +55,7 @@ def _refused(exc: PutError | UpdateError | DeleteError, what: str) -> StorageErr
     """The error to raise for a refusal that is not a failed condition."""
     if _too_large(exc.cause_response_code, exc.cause_response_message):
         return RecordTooLargeError(f"could not {what}: the item would pass DynamoDB's 400 KB limit")
-    return StorageError(f"could not {what}: {exc.cause_response_message}")
+    return StorageError(f"could not {what}: {exc.cause_response_message or exc}")
 
 
 def put_if_new(item: Model, what: str) -> bool:

@@ -171,14 +171,17 @@ def _create(group: Group, token: str, lease_end: int) -> bool:
     return writes.put_if_new(gate, f"gate {group.gate_key!r}")
 
 
-def enter(claim: Claim, groups: Sequence[Group], now: datetime | None = None) -> Entry:
+def enter(claim: Claim, groups: Sequence[Group], now: datetime | None = None,
+          lease_until: datetime | None = None) -> Entry:
     """Take a place in each of ``groups`` for a claimed task, or give the task back.
 
     All or nothing: a task that finds one group full gives back the places it took in the
-    others, then is blocked on the full one (see the module's docstring).
+    others, then is blocked on the full one (see the module's docstring). Each place is leased
+    until ``lease_until`` (default: the claim's lock expiry; the worker passes the lock's expiry
+    as its heartbeat keeps it, which may be later than the claim's).
     """
     now = now or utcnow()
-    token, lease_end = holder_token(claim), _epoch_ms(claim.task.lock_expires_at)
+    token, lease_end = holder_token(claim), _epoch_ms(lease_until or claim.task.lock_expires_at)
     for _ in range(RACE_RETRIES):
         taken: list[Group] = []
         for group in groups:
@@ -250,11 +253,19 @@ def leave(claim: Claim) -> list[str]:
 def extend(claim: Claim, settings: Settings, now: datetime) -> bool:
     """Heartbeat: push this attempt's leases in its gates to the lock's new expiry (call it
     before extending the lock, with the same ``now``); ``False`` when an entry is gone (it
-    ended and another task took the place)."""
+    ended and another task took the place). Like the lock, a lease only moves forward: an
+    extension that lands after a later one is refused, and one consistent read of the gate
+    tells that apart from a lost place."""
     token, lease_end = holder_token(claim), _epoch_ms(lock_expiry(settings, now))
-    return all(
-        _update(group.gate_key, [GateModel.holders[token].set(lease_end)], GateModel.holders[token].exists())
-        is not None for group in claim.groups)
+    for group in claim.groups:
+        entry = GateModel.holders[token]
+        if _update(group.gate_key, [entry.set(lease_end)], entry < lease_end) is not None:
+            continue
+        gate = read_gate(group.name)
+        holders = gate.holders.as_dict() if gate is not None and gate.holders is not None else {}
+        if token not in holders:
+            return False
+    return True
 
 
 def wake(group: Group, count: int) -> list[str]:

@@ -1,11 +1,38 @@
-"""The heartbeat: one thread per worker invocation that keeps its running tasks' leases alive
-and enforces the handlers' deadline."""
+"""The heartbeat: one thread per worker invocation that keeps the leases of its tasks ahead of
+their expiry, and enforces the handlers' deadline.
+
+A task is watched from its claim on (before its concurrency gates are entered and its handler
+starts), so its lock is kept alive however long those steps take. Each lock is scheduled by its
+own expiry, not by a round of all of them: a lock is extended once ``heartbeat_seconds`` have
+passed since the last extension that took (its write was *sent*, since the expiry written is
+the send time plus the lock's lifetime), and extensions run side by side on a small pool, so one
+slow write delays no other lock. While an extension is slow, another is sent every half
+interval (at most :data:`MAX_IN_FLIGHT` at once): the first to land keeps the lock. Extensions
+only ever move a lock forward (a late write cannot shorten it, see
+:func:`coworker.engine.lifecycle.extend_lock`).
+
+Timeline of one lock (``L`` the lock's lifetime, ``h`` the heartbeat interval, ``m = h / 2``)::
+
+    t0        claimed: lock until t0 + L
+    t0 + h    extension sent (lands whenever; it writes t0 + h + L)
+    t0 + h + m  still in flight: a second one is sent
+    ...
+    t0 + L - m  nothing has landed: the handler is told its claim is lost (before the lock lapses,
+                so no other worker can have it yet); its result will be discarded
+
+A refused extension means the claim was taken over or cancelled: the handler is told at once.
+A refused slot extension means the capacity accounting gave the slot away (this worker stalled):
+the worker stops taking new work. At ``deadline`` (a ``time.monotonic()`` value) every handler
+still running is recorded as timed out, and a task whose handler has not started is given back
+(its attempt does not count); from then on no handler starts.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from aws_lambda_powertools.metrics import MetricUnit
 
@@ -17,35 +44,34 @@ from coworker.engine.lifecycle import Claim, RecordOutcome
 from coworker.engine.outcomes import OUTCOME_METRIC, TaskReport, outcome_of
 from coworker.observability import MetricName, logger, metrics
 
+# Extensions of one lock in flight at once (a slow write is not waited for before the next).
+MAX_IN_FLIGHT = 3
+
 
 @dataclasses.dataclass
 class Running:
-    """A task whose handler runs now, as the heartbeat watches it.
+    """A claimed task, as the heartbeat watches it (from the claim until its outcome is recorded).
 
-    ``lock`` decides who records its outcome: the worker thread when the handler returns, or the
-    heartbeat when the deadline passes first (``timed_out``); never both.
+    ``lock`` decides who acts on it: the worker thread (starts the handler, records its outcome)
+    or the heartbeat at the deadline (gives it back, or records a timeout); never both.
     """
 
     claim: Claim
     context: TaskContext
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     started: float = dataclasses.field(default_factory=time.monotonic)
+    # When the write that set the lock's current expiry was sent (the claim's, then each extension's).
+    locked_at: float = dataclasses.field(default_factory=time.monotonic)
+    handler_started: bool = False
     done: bool = False
     timed_out: bool = False
     outcome: RecordOutcome | None = None
+    in_flight: int = 0
+    last_sent: float = 0.0
 
 
 class Heartbeat:
-    """Watches an invocation's running tasks from one thread: extends their locks and the slot's
-    lease, and enforces the handlers' deadline.
-
-    Every ``effective_heartbeat_seconds`` it extends the slot lease and the lock of every running
-    task (each write fenced by owner and attempt). A task whose extension is refused was taken
-    over or cancelled: its context's ``lost`` event is set. A refused slot extension means the
-    capacity accounting gave the slot away (this worker stalled): the worker stops taking new
-    work. At ``deadline`` (a ``time.monotonic()`` value) every task still running is recorded as
-    timed out, which releases its lock, even if its handler never returns.
-    """
+    """Keeps an invocation's leases (its slot, its tasks' locks and gate places) and its deadline."""
 
     def __init__(self, settings: Settings, slot: str | None = None, token: str | None = None,
                  deadline: float | None = None) -> None:
@@ -55,9 +81,17 @@ class Heartbeat:
         self._running: dict[str, Running] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self.slot_lost = threading.Event()
         self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._slot_locked_at = time.monotonic()
+        self._slot_in_flight = False
         self.expired: list[TaskReport] = []
+
+    @property
+    def interval(self) -> float:
+        return self._settings.effective_heartbeat_seconds
 
     def start(self) -> Heartbeat:
         self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
@@ -66,13 +100,20 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._pool is not None:
+            # Extensions not yet sent are dropped; one under way may still land: fenced and only
+            # ever moving a lock forward, it cannot undo what the worker recorded meanwhile.
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def watch(self, claim: Claim, context: TaskContext) -> Running:
-        running = Running(claim, context)
+    def watch(self, claim: Claim, context: TaskContext, locked_at: float | None = None) -> Running:
+        """Keep ``claim``'s lock from now on; ``locked_at``: when the claim was sent."""
+        running = Running(claim, context, locked_at=locked_at if locked_at is not None else time.monotonic())
         with self._lock:
             self._running[claim.key] = running
+        self._wake.set()
         return running
 
     def unwatch(self, key: str) -> None:
@@ -80,75 +121,156 @@ class Heartbeat:
             self._running.pop(key, None)
 
     def held(self) -> list[Claim]:
-        """Claims of the tasks running now (what a shutdown must release)."""
+        """Claims of the tasks watched now (what a shutdown must release)."""
         with self._lock:
             return [running.claim for running in self._running.values()]
 
     def beat(self) -> None:
-        """One round of extensions (the loop calls it; tests call it directly)."""
-        settings = self._settings
+        """One round: extend the slot and every watched lock now, side by side, and wait for them
+        (tests call it; the loop schedules each lock by its own expiry instead)."""
+        now = time.monotonic()
         if self._slot and not self.slot_lost.is_set():
-            if not slots.extend(self._slot, self._token or "", settings.effective_lock_seconds):
-                self.slot_lost.set()
-                logger.warning("worker slot was taken over; taking no more work", extra={"slot": self._slot})
+            self._extend_slot(now)
         with self._lock:
-            running = list(self._running.values())
-        for task in running:
-            if task.context.lost.is_set():
-                continue
-            try:
-                # The concurrency leases first, with the same expiry: they never end before the lock.
-                now = utcnow()
-                extended = ((not task.claim.groups or gates.extend(task.claim, settings, now))
-                            and lifecycle.extend_lock(task.claim, settings, now))
-            except Exception:  # noqa: BLE001 - a failed heartbeat is retried at the next beat
-                logger.exception("heartbeat failed", extra={"task_key": task.claim.key})
-                continue
-            if not extended and not task.done:
-                task.context.lost.set()
-                metrics.add_metric(name=MetricName.LOST_CLAIM_SIGNALLED, unit=MetricUnit.Count, value=1)
-                logger.warning("claim lost while the handler runs; the handler is told",
-                               extra={"task_key": task.claim.key, "attempt": task.claim.attempt})
+            running = [task for task in self._running.values() if not task.context.lost.is_set()]
+            for task in running:
+                task.in_flight += 1
+                task.last_sent = now
+        list(self._executor().map(lambda task: self._extend(task, now), running))
 
     def expire(self) -> None:
-        """Record every task still running as timed out (the deadline has passed)."""
+        """The deadline has passed: record every running handler as timed out, give back every
+        claim whose handler has not started. Called again for tasks watched after it."""
         with self._lock:
             running = list(self._running.values())
         for task in running:
             with task.lock:
-                if task.done:
+                if task.done or task.timed_out:
                     continue
                 task.timed_out = True
+                started = task.handler_started
             task.context.lost.set()  # whatever it returns now is discarded: it may as well stop
-            claim = task.claim
-            error = lifecycle.error_record(
-                claim.attempt, ErrorKind.TIMEOUT,
-                f"did not finish within the worker's time limit (attempt {claim.attempt})", utcnow())
-            logger.warning("task timed out; recording and releasing the lock", extra={"task_key": claim.key})
-            try:
-                task.outcome = lifecycle.fail(claim, self._settings, error)
-            except Exception:  # noqa: BLE001 - the lock then expires and the task runs again
-                logger.exception("could not record a timeout", extra={"task_key": claim.key})
-                continue
-            self.expired.append(TaskReport(claim.key, outcome_of(task.outcome), claim.attempt,
-                                           time.monotonic() - task.started))
-            metrics.add_metric(name=OUTCOME_METRIC[task.outcome], unit=MetricUnit.Count, value=1)
+            if started:
+                self._record_timeout(task)
+            else:
+                self._give_back(task)
+
+    def _record_timeout(self, task: Running) -> None:
+        claim = task.claim
+        error = lifecycle.error_record(
+            claim.attempt, ErrorKind.TIMEOUT,
+            f"did not finish within the worker's time limit (attempt {claim.attempt})", utcnow())
+        logger.warning("task timed out; recording and releasing the lock", extra={"task_key": claim.key})
+        try:
+            task.outcome = lifecycle.fail(claim, self._settings, error)
+        except Exception:  # noqa: BLE001 - the lock then expires and the task runs again
+            logger.exception("could not record a timeout", extra={"task_key": claim.key})
+            return
+        self.expired.append(TaskReport(claim.key, outcome_of(task.outcome), claim.attempt,
+                                       time.monotonic() - task.started))
+        metrics.add_metric(name=OUTCOME_METRIC[task.outcome], unit=MetricUnit.Count, value=1)
+
+    def _give_back(self, task: Running) -> None:
+        """A claim whose handler never started: back to its queue, the attempt not counted."""
+        try:
+            lifecycle.release_unstarted(task.claim)
+        except Exception:  # noqa: BLE001 - the lock then expires and the task runs again
+            logger.exception("could not give back an unstarted task", extra={"task_key": task.claim.key})
+
+    # -- extensions -------------------------------------------------------------------------------
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            workers = MAX_IN_FLIGHT * (self._settings.batch_size + 1)
+            self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="heartbeat-write")
+        return self._pool
+
+    def _extend(self, task: Running, sent: float) -> None:
+        """One extension of a task's gate places and lock, sent at ``sent`` (monotonic)."""
+        settings, claim = self._settings, task.claim
+        try:
+            # The concurrency leases first, with the same expiry: they never end before the lock.
+            now = utcnow()
+            extended: bool | None = ((not claim.groups or gates.extend(claim, settings, now))
+                                     and lifecycle.extend_lock(claim, settings, now))
+        except Exception:  # noqa: BLE001 - a failed write is sent again on schedule
+            logger.exception("heartbeat failed", extra={"task_key": claim.key})
+            extended = None
+        with self._lock:
+            task.in_flight -= 1
+            if extended:
+                task.locked_at = max(task.locked_at, sent)
+        if extended is False and not task.done:
+            self._lost(task, "claim lost while the handler runs; the handler is told")
+
+    def _lost(self, task: Running, message: str) -> None:
+        if task.context.lost.is_set():
+            return
+        task.context.lost.set()
+        metrics.add_metric(name=MetricName.LOST_CLAIM_SIGNALLED, unit=MetricUnit.Count, value=1)
+        logger.warning(message, extra={"task_key": task.claim.key, "attempt": task.claim.attempt})
+
+    def _extend_slot(self, sent: float) -> None:
+        try:
+            taken = slots.extend(self._slot or "", self._token or "", self._settings.effective_lock_seconds)
+        except Exception:  # noqa: BLE001 - sent again on schedule
+            logger.exception("could not extend the worker slot")
+            taken = True
+        finally:
+            self._slot_in_flight = False
+        if taken:
+            self._slot_locked_at = max(self._slot_locked_at, sent)
+        elif not self.slot_lost.is_set():
+            self.slot_lost.set()
+            logger.warning("worker slot was taken over; taking no more work", extra={"slot": self._slot})
+
+    def _schedule(self, now: float) -> float:
+        """Send the extensions due at ``now``, tell handlers whose lock cannot be kept in time;
+        returns when to look again."""
+        lock_seconds, interval = self._settings.effective_lock_seconds, self.interval
+        retry = interval / 2
+        wake = now + retry
+        due: list[Running] = []
+        late: list[Running] = []
+        with self._lock:
+            for task in self._running.values():
+                if task.context.lost.is_set() or task.done:
+                    continue
+                if now >= task.locked_at + lock_seconds - retry:
+                    # Nothing landed and the lock lapses within half an interval: stop the handler
+                    # now, while no other worker can have the task.
+                    late.append(task)
+                    continue
+                next_send = max(task.locked_at + interval, task.last_sent + retry)
+                if now >= next_send and task.in_flight < MAX_IN_FLIGHT:
+                    task.in_flight += 1
+                    task.last_sent = now
+                    due.append(task)
+                    next_send = now + retry
+                wake = min(wake, next_send, task.locked_at + lock_seconds - retry)
+        for task in late:
+            self._lost(task, "the task's lock could not be extended in time (writes are slow); the handler is told")
+        for task in due:
+            self._executor().submit(self._extend, task, now)
+        if self._slot and not self.slot_lost.is_set() and not self._slot_in_flight:
+            if now >= self._slot_locked_at + interval:
+                self._slot_in_flight = True
+                self._executor().submit(self._extend_slot, now)
+            wake = min(wake, self._slot_locked_at + interval)
+        return wake
 
     def _loop(self) -> None:
-        interval = self._settings.effective_heartbeat_seconds
-        next_beat = time.monotonic() + interval
         deadline = self._deadline
-        while True:
-            wake = next_beat if deadline is None else min(next_beat, deadline)
-            if self._stop.wait(max(0.0, wake - time.monotonic())):
-                return
+        while not self._stop.is_set():
             try:
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
-                    self.expire()
-                    deadline = None  # once: nothing claims after the deadline
-                if now >= next_beat:
-                    self.beat()
-                    next_beat = now + interval
+                    self.expire()  # again on each round: a task watched since is given back too
+                wake = self._schedule(now)
+                if deadline is not None and now < deadline:
+                    wake = min(wake, deadline)
             except Exception:  # noqa: BLE001 - never let the heartbeat thread die
                 logger.exception("heartbeat round failed")
+                wake = time.monotonic() + self.interval / 2
+            self._wake.wait(max(0.01, wake - time.monotonic()))
+            self._wake.clear()

@@ -267,15 +267,32 @@ def lock_expiry(settings: Settings, now: datetime) -> datetime:
 
 
 def extend_lock(claim: Claim, settings: Settings, now: datetime | None = None) -> bool:
-    """Heartbeat: push the lock of a running attempt ``lock_seconds`` into the future.
+    """Heartbeat: push the lock of a running attempt to ``now`` + ``lock_seconds``.
 
-    Fenced like a result: ``False`` (nothing written) when the claim was taken over, cancelled
-    or already recorded, which tells the worker that its attempt no longer counts.
+    Fenced like a result: ``False`` when the claim was taken over, cancelled or already recorded,
+    which tells the worker that its attempt no longer counts. A lock only moves forward: when
+    writes are slow, an extension sent earlier may land after one sent later, and must not pull
+    the expiry back; refused for that reason, it is ``True`` after one consistent read that finds
+    the claim still this attempt's.
     """
     expires = lock_expiry(settings, now or utcnow())
     # A fresh item object: the worker thread may be reading ``claim.task`` at this moment.
-    return _write(TaskModel(claim.key), [TaskModel.lock_expires_at.set(expires), TaskModel.due_at.set(expires)],
-                  fenced(claim), "extend the lock of")
+    forward = fenced(claim) & (TaskModel.lock_expires_at < expires)
+    if _write(TaskModel(claim.key), [TaskModel.lock_expires_at.set(expires), TaskModel.due_at.set(expires)],
+              forward, "extend the lock of"):
+        return True
+    return holds(claim)
+
+
+def holds(claim: Claim) -> bool:
+    """Whether ``claim`` is still the task's current attempt (one consistent read)."""
+    try:
+        task = TaskModel.get(claim.key, consistent_read=True, attributes_to_get=[
+            "status", "lock_owner", "attempts", "generation"])
+    except DoesNotExist:
+        return False
+    return (task.status == TaskStatus.PROCESSING.value and task.lock_owner == claim.owner
+            and int(task.attempts or 0) == claim.attempt and int(task.generation or 0) == claim.generation)
 
 
 def _history(claim: Claim, settings: Settings, now: datetime, new: list[ErrorRecord]) -> list[ErrorRecord]:

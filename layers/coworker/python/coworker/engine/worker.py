@@ -114,47 +114,70 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float,
                  heartbeat: Heartbeat | None = None, source: TaskSource = TaskSource.HINT) -> TaskReport:
     """Claim one task and carry it to a recorded outcome; never raises for task errors.
 
-    The handler runs in the calling thread. With a ``heartbeat`` (as every invocation has), its
-    lock is extended while it runs and a handler still running at the deadline is recorded as
-    timed out by the heartbeat; without one, nothing stops a handler that overruns.
+    The handler runs in the calling thread. With a ``heartbeat`` (as every invocation has), the
+    task's lock is kept from the claim on, a handler still running at the deadline is recorded
+    as timed out, and no handler starts after it; without one, nothing stops a handler that
+    overruns.
     """
     handler_deadline = deadline - settings.timeout_margin_seconds
     if handler_deadline - time.monotonic() <= 0:
         return TaskReport(key, TaskOutcome.SKIPPED, source=source)
     view = control.cached(settings.control_cache_seconds)
     paused, stopped_batches = view.claim_exclusions
+    sent = time.monotonic()
     claim = lifecycle.claim(key, owner, settings, paused=paused, stopped_batches=stopped_batches)
     if claim is None:
         metrics.add_metric(name=MetricName.NOT_CLAIMED, unit=MetricUnit.Count, value=1)
         logger.debug("task not claimed: taken or not due", extra={"task_key": key})
         return TaskReport(key, TaskOutcome.NOT_CLAIMED, source=source)
-    if handler_deadline - time.monotonic() <= 0:
-        # The claim itself took the time that was left: give the task back untouched rather
-        # than start a handler that would be recorded as timed out at once (an attempt burnt).
-        lifecycle.release_unstarted(claim)
-        logger.info("no time left after the claim; task given back", extra={"task_key": key})
-        return TaskReport(key, TaskOutcome.SKIPPED, source=source)
-    groups = gates.groups_of(claim.task, view.limits)
-    if groups:
-        entry = gates.enter(claim, groups)
-        if entry is not gates.Entry.ENTERED:
-            metrics.add_metric(name=MetricName.BLOCKED, unit=MetricUnit.Count, value=1)
-            logger.debug("concurrency group full", extra={"task_key": key, "entry": entry.value})
-            turned_away = TaskOutcome.BLOCKED if entry is gates.Entry.BLOCKED else TaskOutcome.NOT_CLAIMED
-            return TaskReport(key, turned_away, source=source)
-        claim = dataclasses.replace(claim, groups=groups)
+    context = TaskContext(key=key, attempt=claim.attempt, max_attempts=int(claim.task.max_attempts),
+                          fencing_token=claim.fencing_token, deadline=handler_deadline,
+                          batch_id=claim.task.batch_id)
+    # Watched from the claim on: its lock is kept while the gates are entered, however long.
+    running = heartbeat.watch(claim, context, locked_at=sent) if heartbeat is not None else Running(claim, context)
+    try:
+        claim, turned_away = _enter_gates(claim, view.limits, settings)
+        if turned_away is not None:
+            report = TaskReport(key, turned_away, source=source)
+        else:
+            running.claim = claim
+            report = _run(running, settings, handler_deadline, source)
+    finally:
+        if heartbeat is not None:
+            heartbeat.unwatch(key)
+        # The handler has returned (one that never does keeps its places until its lease ends).
+        woken = tuple(gates.leave(claim))
+    # The blocked tasks its places woke: this worker may run them next.
+    return dataclasses.replace(report, woken=woken) if woken else report
+
+
+def _enter_gates(claim: Claim, type_limits: Mapping[str, int], settings: Settings
+                 ) -> tuple[Claim, TaskOutcome | None]:
+    """Take the claim's places in its concurrency groups: ``(claim with its groups, None)``, or
+    the outcome of a task turned away (its claim given back, blocked or not)."""
+    groups = gates.groups_of(claim.task, type_limits)
+    if not groups:
+        return claim, None
+    # The places are leased as long as the lock the heartbeat keeps from the claim on.
+    entry = gates.enter(claim, groups, lease_until=lifecycle.lock_expiry(settings, utcnow()))
+    if entry is gates.Entry.ENTERED:
+        return dataclasses.replace(claim, groups=groups), None
+    metrics.add_metric(name=MetricName.BLOCKED, unit=MetricUnit.Count, value=1)
+    logger.debug("concurrency group full", extra={"task_key": claim.key, "entry": entry.value})
+    return claim, TaskOutcome.BLOCKED if entry is gates.Entry.BLOCKED else TaskOutcome.NOT_CLAIMED
+
+
+def _run(running: Running, settings: Settings, handler_deadline: float, source: TaskSource) -> TaskReport:
+    """Start the handler if there is still time and the claim still holds, and record its outcome."""
+    claim, context, key = running.claim, running.context, running.claim.key
+    with running.lock:
+        startable = not running.timed_out and not context.lost.is_set() and time.monotonic() < handler_deadline
+        running.handler_started = startable
+    if not startable:
+        return _not_started(running, source)
     logger.thread_safe_append_keys(task_key=key, attempt=claim.attempt)
     metrics.add_metric(name=MetricName.CLAIMED, unit=MetricUnit.Count, value=1)
-    context = TaskContext(
-        key=key,
-        attempt=claim.attempt,
-        max_attempts=int(claim.task.max_attempts),
-        fencing_token=claim.fencing_token,
-        deadline=handler_deadline,
-        batch_id=claim.task.batch_id,
-    )
     started = time.monotonic()
-    running = heartbeat.watch(claim, context) if heartbeat is not None else Running(claim, context)
     try:
         result, error, retryable = _run_handler(claim, context, settings)
         with running.lock:
@@ -162,13 +185,11 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float,
             timed_out = running.timed_out
         if timed_out:  # the heartbeat recorded the timeout: this late result is discarded
             outcome = running.outcome or RecordOutcome.LOST
+        elif context.lost.is_set():  # its lock was lost, or could not be kept: the result is discarded
+            outcome = _abandon(claim, settings)
         else:
             outcome = _record(claim, settings, context, result, error, retryable)
     finally:
-        if heartbeat is not None:
-            heartbeat.unwatch(key)
-        # The handler has returned (one that never does keeps its places until its lease ends).
-        woken = tuple(gates.leave(claim))
         logger.thread_safe_remove_keys(["task_key", "attempt"])
     seconds = time.monotonic() - started
     if not timed_out:
@@ -176,7 +197,36 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float,
     metrics.add_metric(name=MetricName.DURATION, unit=MetricUnit.Milliseconds, value=seconds * 1000)
     if outcome is RecordOutcome.LOST:
         logger.warning("lost the claim before recording: a newer attempt or a cancel owns the task")
-    return TaskReport(key, outcome_of(outcome), claim.attempt, seconds, source, woken)
+    return TaskReport(key, outcome_of(outcome), claim.attempt, seconds, source)
+
+
+def _not_started(running: Running, source: TaskSource) -> TaskReport:
+    """A claim whose handler was not started: out of time (given back by the heartbeat at the
+    deadline, or here), or its lock lost meanwhile."""
+    claim = running.claim
+    with running.lock:
+        running.done = True
+        given_back = running.timed_out  # the heartbeat gave it back at the deadline
+    if running.context.lost.is_set() and not given_back:
+        # Its lock was lost, or could not be kept: give it back if it is still this attempt's.
+        lifecycle.release_unstarted(claim)
+        return TaskReport(claim.key, TaskOutcome.NOT_CLAIMED, source=source)
+    if not given_back:
+        # The time left went on the claim and the gates: give it back untouched rather than start
+        # a handler that would be recorded as timed out at once (an attempt burnt).
+        lifecycle.release_unstarted(claim)
+    logger.info("no time left after the claim; task given back", extra={"task_key": claim.key})
+    return TaskReport(claim.key, TaskOutcome.SKIPPED, source=source)
+
+
+def _abandon(claim: Claim, settings: Settings) -> RecordOutcome:
+    """The handler returned after its claim was lost or could not be kept: discard its result. If
+    the lock is in fact still this attempt's (an extension landed late), the attempt is recorded
+    as failed, so the task runs again rather than keep a result its handler was told to drop."""
+    error = lifecycle.error_record(claim.attempt, ErrorKind.SYSTEM,
+                                   "the worker could not keep the task's lock (its writes were too slow); "
+                                   "the attempt's result was discarded", utcnow())
+    return lifecycle.fail(claim, settings, error)
 
 
 class Invocation:

@@ -1,0 +1,173 @@
+"""Leases that hold when writes are slow: no live worker loses its task, no handler starts past its
+deadline. Each test slows one kind of write the way a throttled table, a slow network path or a
+long pause does, while a second worker keeps trying to claim the same tasks."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import defaultdict
+from datetime import timedelta
+
+import botocore.client
+import pytest
+from coworker.data.models import TaskModel, TaskStatus, utcnow
+from coworker.engine import gates, lifecycle, submit
+from coworker.engine.handlers import TaskContext, task_handler
+from coworker.engine.heartbeat import Heartbeat
+from coworker.engine.outcomes import TaskOutcome
+from coworker.engine.tasks import TaskSpec
+from coworker.engine.worker import process_task, run_batch
+
+# Handler runs as they happened: key -> [(owner's fencing token, start, end)].
+_runs: dict[str, list[tuple[str, float, float]]] = defaultdict(list)
+_runs_lock = threading.Lock()
+
+
+@task_handler("test-slow-writes-long")
+def _long(payload: dict, context: TaskContext) -> dict:
+    start = time.monotonic()
+    end = start + float(payload["seconds"])
+    while time.monotonic() < end and not context.claim_lost():
+        time.sleep(0.05)
+    with _runs_lock:
+        _runs[context.key].append((context.fencing_token, start, time.monotonic()))
+    return {"ran": time.monotonic() - start}
+
+
+def _put(settings, keys, **kw) -> None:
+    for key in keys:
+        submit.put_task(TaskSpec(key=key, type="test-slow-writes-long", **kw), settings,
+                        now=utcnow() - timedelta(seconds=5))
+
+
+class Intruder:
+    """A second worker that tries to claim ``keys`` every 0.1 s; what it took, and when."""
+
+    def __init__(self, settings, keys) -> None:
+        self.settings, self.keys = settings, list(keys)
+        self.taken: list[tuple[str, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            for key in self.keys:
+                if lifecycle.claim(key, "intruder", self.settings) is not None:
+                    self.taken.append((key, time.monotonic()))
+
+    def __enter__(self) -> Intruder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def _slowed(monkeypatch, module, name: str, seconds: float) -> None:
+    real = getattr(module, name)
+
+    def slow(*args, **kwargs):
+        time.sleep(seconds)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, slow)
+
+
+def test_slow_lock_extensions_keep_every_running_task_with_its_worker(make_settings, monkeypatch):
+    # Given five long tasks, 6-s locks with a beat every 2 s, and every lock extension 1.5 s slow
+    settings = make_settings(max_concurrency=5, batch_size=5, lock_seconds=6, heartbeat_seconds=2)
+    keys = [f"long-{n}" for n in range(5)]
+    _put(settings, keys, payload={"seconds": 9})
+    _slowed(monkeypatch, lifecycle, "extend_lock", 1.5)
+
+    # When one worker runs them while a second keeps trying to claim them
+    with Intruder(settings, keys) as intruder:
+        reports = run_batch(keys, "w-1", settings, time.monotonic() + 60)
+
+    # Then the second worker never got one, and the first finished every one
+    assert intruder.taken == []
+    assert sorted((r.key, r.outcome) for r in reports) == [(k, TaskOutcome.FINISHED) for k in keys]
+
+
+def test_the_lock_is_kept_from_the_claim_while_the_gates_are_entered(make_settings, monkeypatch):
+    # Given a keyed task, 4-s locks, and a concurrency gate whose entry takes 5 s
+    settings = make_settings(lock_seconds=4)
+    _put(settings, ["keyed"], payload={"seconds": 0.2}, concurrency_key="site")
+    _slowed(monkeypatch, gates, "enter", 5)
+
+    # When a worker claims it while a second keeps trying
+    with Intruder(settings, ["keyed"]) as intruder:
+        [report] = run_batch(["keyed"], "w-1", settings, time.monotonic() + 60)
+
+    # Then the lock outlived the entry: the second worker never had it, the first ran it once
+    assert intruder.taken == []
+    assert report.outcome is TaskOutcome.FINISHED
+    assert len(_runs["keyed"]) == 1
+
+
+def test_no_handler_starts_after_its_deadline_and_the_attempt_is_not_burnt(make_settings, monkeypatch):
+    # Given a keyed task whose gate entry outlasts what is left of the worker's time
+    settings = make_settings(worker_timeout_seconds=10, timeout_margin_seconds=1, lock_seconds=30)
+    _put(settings, ["late"], payload={"seconds": 0.1}, concurrency_key="slow-gate", max_attempts=1)
+    _slowed(monkeypatch, gates, "enter", 2.5)
+
+    # When the worker claims it with 1.5 s left before its handlers' deadline
+    deadline = time.monotonic() + 2.5
+    heartbeat = Heartbeat(settings, deadline=deadline - settings.timeout_margin_seconds).start()
+    try:
+        report = process_task("late", "w-1", settings, deadline, heartbeat)
+    finally:
+        heartbeat.stop()
+
+    # Then the handler never ran, and the task waits for its next worker, its attempt not counted
+    assert _runs["late"] == []
+    assert report.outcome is TaskOutcome.SKIPPED
+    task = TaskModel.get("late", consistent_read=True)
+    assert (task.status, int(task.attempts), task.lock_owner) == (TaskStatus.TODO.value, 0, None)
+    assert not task.errors
+
+
+@pytest.mark.slow
+def test_under_slow_writes_no_task_runs_twice_at_once_and_none_past_its_deadline(make_settings, monkeypatch):
+    """Chaos: a third of all writes (claims, lock extensions, gate places, results) take up to
+    half a lock; long tasks, some keyed, are handed to two workers at once, which race for them."""
+    settings = make_settings(max_concurrency=6, batch_size=3, lock_seconds=4, heartbeat_seconds=1,
+                             worker_timeout_seconds=20, timeout_margin_seconds=1)
+    keys = [f"chaos-{n:02d}" for n in range(12)]
+    for number, key in enumerate(keys):
+        _put(settings, [key], payload={"seconds": 1 + number % 4},
+             **({"concurrency_key": f"site-{number % 2}", "concurrency_limit": 2} if number % 3 == 0 else {}))
+    chance = random.Random(7)
+    real_call = botocore.client.BaseClient._make_api_call
+
+    def slow_writes(client, operation, params):
+        if operation in ("UpdateItem", "TransactWriteItems") and chance.random() < 1 / 3:
+            time.sleep(chance.uniform(0, settings.lock_seconds / 2))
+        return real_call(client, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", slow_writes)
+    deadline = time.monotonic() + settings.worker_timeout_seconds
+    reports: list = []
+
+    def worker(owner: str) -> None:
+        reports.extend(run_batch(keys, owner, settings, deadline))
+
+    threads = [threading.Thread(target=worker, args=(owner,)) for owner in ("w-1", "w-2")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    # No live worker lost a task it held (a claim taken over shows as lost), no two runs of one
+    # task overlap, and none ran past the handlers' deadline
+    assert [r.key for r in reports if r.outcome is TaskOutcome.LOST] == []
+    for key in keys:
+        runs = sorted(_runs[key], key=lambda run: run[1])
+        for before, after in zip(runs, runs[1:], strict=False):
+            assert before[2] <= after[1], f"{key} ran twice at once: {runs}"
+        for _, _, end in runs:
+            assert end <= deadline - settings.timeout_margin_seconds + 0.5, f"{key} ran past its deadline"
+    assert {r.key for r in reports if r.outcome is TaskOutcome.FINISHED} == set(keys)
