@@ -72,6 +72,8 @@ _RETIRED_CONTEXT: dict[str, str] = {
     "ticksPerInvocation": f"{c.CTX_SUPERVISE_SECONDS} (a coordinator run ticks every "
     f"{c.CTX_TICK_SECONDS} for that long)",
 }
+# Context keys the CDK itself sets without a ":" (cdk.json, cdk.context.json).
+_CDK_CONTEXT = frozenset({"acknowledged-issue-numbers"})
 # Environment variables that Lambda reserves or that make no sense in AWS.
 _NOT_IN_LAMBDA_ENV = {"AWS_REGION", "COWORKER_DYNAMODB_ENDPOINT", "COWORKER_LAMBDA_ENDPOINT"}
 # The default of the ``handlers`` option: the repository's handlers/ folder, if there is one.
@@ -172,6 +174,7 @@ class StackConfig:
         for key, replacement in _RETIRED_CONTEXT.items():
             if get(key) is not None:
                 raise ConfigurationError(f"context {key} was removed; use {replacement}")
+        _refuse_unknown_context(node.get_all_context())
         options = {name: get(key) for key, name in CONTEXT_OPTIONS.items()}
         return cls.from_options(**{name: value for name, value in options.items() if value is not None})
 
@@ -272,6 +275,21 @@ def _handlers_dir(value: Any) -> Path | None:
         value = c.DEFAULT_HANDLERS_DIR
     parent, name = handler_package(value)
     return parent / name
+
+
+def _refuse_unknown_context(context: dict[str, Any]) -> None:
+    """A context key that is none of Coworker's options is a typo (``maxConcurency``), refused
+    before it silently deploys the default. Keys with a ``:`` or starting with ``@`` (the CDK's own
+    and its feature flags; use such names for your app's own context) are left alone."""
+    unknown = sorted(key for key in context if ":" not in key and not key.startswith("@")
+                     and key not in CONTEXT_OPTIONS and key not in _RETIRED_CONTEXT and key not in _CDK_CONTEXT)
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, CONTEXT_OPTIONS, n=1)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ConfigurationError(f"unknown context key {', '.join(hints)}; Coworker's keys are "
+                                 f"{', '.join(sorted(CONTEXT_OPTIONS))} (docs/deploy.md)")
 
 
 def _did_you_mean(name: str) -> str:

@@ -111,7 +111,8 @@ class TaskApi(Construct):
             # Access and execution logs need the account-wide API Gateway CloudWatch role; this
             # creates it unless the deployer says the account already has one.
             cloud_watch_role=config.api_cloudwatch_role,
-            cloud_watch_role_removal_policy=RemovalPolicy.RETAIN,
+            # (A removal policy is only for a role it creates: the CDK refuses one without.)
+            cloud_watch_role_removal_policy=RemovalPolicy.RETAIN if config.api_cloudwatch_role else None,
             deploy_options=apigw.StageOptions(
                 stage_name=c.API_STAGE_NAME,
                 tracing_enabled=True,

@@ -721,6 +721,23 @@ def test_bad_context_fails_the_synth(context) -> None:
         config(**context)
 
 
+def test_a_misspelled_context_key_fails_the_synth_with_the_key_it_meant() -> None:
+    meant = r"unknown context key 'maxConcurency' \(did you mean 'maxConcurrency'\?\)"
+    with pytest.raises(ConfigurationError, match=meant):
+        config(maxConcurency="50")
+    with pytest.raises(ConfigurationError, match="unknown context key 'frobnicate'"):
+        config(frobnicate="1")
+    # the CDK's own keys and namespaced keys of your app are left alone
+    assert config(**{"@aws-cdk/core:newStyleStackSynthesis": True, "myapp:stage": "prod",
+                     "acknowledged-issue-numbers": [1]}).settings.max_concurrency == 120
+
+
+def test_the_stack_synthesizes_without_the_api_gateway_cloudwatch_role(synthesize) -> None:
+    stack, assembly = synthesize({"apiCloudWatchRole": "false"})
+    resources = assembly.get_stack_by_name(stack.stack_name).template["Resources"]
+    assert not [body for body in resources.values() if body["Type"] == "AWS::ApiGateway::Account"]
+
+
 def test_function_code_is_present() -> None:
     missing = missing_function_code()
     if missing:
