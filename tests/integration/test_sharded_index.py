@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from datetime import timedelta
 
 import pytest
 from coworker.data import connection, index, layout
 from coworker.data.models import TaskModel, TaskStatus, utcnow
-from coworker.engine import dispatch, lifecycle, slots, submit
+from coworker.engine import control, dispatch, lifecycle, reshard, slots, submit
 from coworker.engine.tasks import TaskSpec
 from coworker_local import migration
 from coworker_local.database import dynamodb_client
@@ -168,6 +169,42 @@ def test_lowering_the_shard_count_needs_a_reshard_raising_it_does_not(make_setti
         assert index.count(TaskStatus.TODO) == 30
         connection.bind(settings.model_copy(update={"status_shards": 16}))
         assert index.count(TaskStatus.TODO) == 30  # more shards: every old one is still read
+    finally:
+        connection.bind(settings)
+
+
+def test_lowering_the_shard_count_on_a_live_table_hides_no_task(make_settings, monkeypatch):
+    # Given a table run with 8 shards, whose coordinator recorded them, with 30 tasks (2 held)
+    settings = make_settings(status_shards=8, dispatch_on_submit=False)
+    dispatch.tick(settings, RecordingInvoker())
+    _put_spread(settings, 30)
+    control.pause("slow")
+    for key in ("held-1", "held-2"):
+        submit.put_task(TaskSpec(key=key, type="slow"), settings, now=utcnow() - timedelta(seconds=5))
+    dispatch.tick(settings, RecordingInvoker(), now=utcnow())  # parks the held ones
+    assert index.count(TaskStatus.TODO) == 30
+
+    # When the deployment lowers it to 2: at first the tasks in shards 2..7 are not read
+    fewer = settings.model_copy(update={"status_shards": 2})
+    connection.bind(fewer)
+    monkeypatch.setattr(reshard, "GRACE_SECONDS", 0.0)
+    try:
+        assert index.count(TaskStatus.TODO) < 30
+        # Then the coordinator's next tick moves them where the new count reads, and records it
+        dispatch.tick(fewer, RecordingInvoker())
+        assert index.count(TaskStatus.TODO) == 30
+        assert control.read(consistent=True).status_shards == 8  # until a tick finds them empty
+        dispatch.tick(fewer, RecordingInvoker())
+        assert control.read(consistent=True).status_shards == 2
+        control.resume("slow")
+        dispatch.tick(fewer, RecordingInvoker())  # the held tasks come back too
+        assert index.count(TaskStatus.TODO) == 32
+        # and raising it again needs nothing: every shard below the new count is read
+        more = settings.model_copy(update={"status_shards": 16})
+        connection.bind(more)
+        assert index.count(TaskStatus.TODO) == 32
+        dispatch.tick(more, RecordingInvoker())
+        assert control.read(consistent=True).status_shards == 16
     finally:
         connection.bind(settings)
 

@@ -39,8 +39,8 @@ class Settings(BaseModel):
                                description="Index partition key values per status (todo#0 ... todo#N-1): "
                                            "each takes about 1,000 writes/s, or ~500 tasks/s, so 4 carry "
                                            "~2,000 tasks/s. "
-                                           "Every process must use the same value; after lowering it run "
-                                           "`coworker migrate-index`.")
+                                           "Every process must use the same value; when it is lowered the "
+                                           "coordinator moves tasks out of the retired shards.")
     max_concurrency: int = Field(120, ge=1, le=10_000, alias="COWORKER_MAX_CONCURRENCY",
                                  description="Most tasks running at once, across all workers.")
     batch_size: int = Field(10, ge=1, le=100, alias="COWORKER_BATCH_SIZE",

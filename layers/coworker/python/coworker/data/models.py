@@ -306,6 +306,10 @@ class ControlModel(Model):
     held_types = UnicodeSetAttribute(null=True)  # types whose tasks may be parked
     stopped_batches = UnicodeSetAttribute(null=True)  # batches stopped at their failure threshold
     limits: MapAttribute[str, Any] = MapAttribute(null=True)  # task type -> most of its tasks running at once
+    # The most index shards per status the table may hold items in, and when the coordinator
+    # first saw the count lowered below it (see engine.reshard).
+    status_shards = NumberAttribute(null=True)
+    shards_lowered_at = UTCDateTimeAttribute(null=True)
     version = NumberAttribute(default=0)
     updated_at = UTCDateTimeAttribute(null=True)
 

@@ -60,6 +60,10 @@ class ControlView:
     version: int = 0
     stopped_batches: frozenset[str] = frozenset()
     limits: Mapping[str, int] = dataclasses.field(default_factory=dict)  # type -> concurrency limit
+    # The most index shards per status the table may hold items in (None: never recorded), and
+    # since when the count in use is lower (see coworker.engine.reshard).
+    status_shards: int | None = None
+    shards_lowered_at: datetime | None = None
 
     def is_paused(self, task_type: str | None) -> bool:
         return task_type is not None and task_type in self.paused
@@ -88,7 +92,9 @@ def read(consistent: bool = False) -> ControlView:
         return ControlView()
     limits: dict[str, Any] = item.limits.as_dict() if item.limits is not None else {}
     return ControlView(frozenset(item.paused or ()), frozenset(item.held_types or ()), int(item.version or 0),
-                       frozenset(item.stopped_batches or ()), {name: int(n) for name, n in limits.items()})
+                       frozenset(item.stopped_batches or ()), {name: int(n) for name, n in limits.items()},
+                       int(item.status_shards) if item.status_shards is not None else None,
+                       item.shards_lowered_at)
 
 
 def _update(actions: list[Any], condition: Condition | None = None) -> bool:
@@ -156,6 +162,16 @@ def reopen_batch_actions(transaction: TransactWrite, batch_id: str, now: datetim
         ControlModel.stopped_batches.delete({batch_id}), ControlModel.version.add(1),
         ControlModel.updated_at.set(now)])
     _cache.invalidate()
+
+
+def record_status_shards(shards: int, seen: int | None, lowered_at: datetime | None = None) -> bool:
+    """Record that the table's items are in at most ``shards`` index shards per status (and since
+    when a lower count is in use: ``lowered_at``), if the record still says ``seen``."""
+    unchanged = (ControlModel.status_shards == seen if seen is not None
+                 else ControlModel.status_shards.does_not_exist())
+    lowered = ControlModel.shards_lowered_at.set(lowered_at) if lowered_at else ControlModel.shards_lowered_at.remove()
+    return _update([ControlModel.status_shards.set(shards), lowered, ControlModel.updated_at.set(utcnow())],
+                   unchanged)
 
 
 def forget_stopped_batch(batch_id: str) -> bool:

@@ -35,7 +35,7 @@ from coworker.config import Settings
 from coworker.data import index
 from coworker.data.layout import COORDINATOR_LEASE, shard_of
 from coworker.data.models import LeaseState, TaskModel, TaskStatus, utcnow
-from coworker.engine import batches, control, gates, lifecycle, progress, slots, worker
+from coworker.engine import batches, control, gates, lifecycle, progress, reshard, slots, worker
 from coworker.engine.control import DueAction
 from coworker.engine.feeder import FEED_ORDER
 from coworker.engine.outcomes import TaskReport
@@ -273,6 +273,7 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     free = slots.free_slots(settings.worker_slots, settings.worker_slots, now)
     free_threads = sum(settings.slot_threads(slots.slot_number(slot)) for slot in free)
     view = control.read()
+    _reshard(view, now)  # before reading the queue: tasks in retired shards are read this tick
     woken = gates.sweep(view.limits, now)  # before reading the queue: they are due at once
     running, lost = index.running_and_lost(now)
     backlog = _measure_backlog(settings, now, lost) if measure_backlog else None
@@ -295,6 +296,18 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     _publish_tick(report)
     logger.debug("coordinator tick", extra=dataclasses.asdict(report))
     return report
+
+
+def _reshard(view: control.ControlView, now: datetime) -> None:
+    """Move tasks out of index shards a lowered ``status_shards`` no longer reads (see
+    :mod:`coworker.engine.reshard`); a failure is logged and the next tick tries again."""
+    try:
+        moved = reshard.step(view, now)
+    except Exception:  # noqa: BLE001 - must not stop dispatch
+        logger.exception("could not move tasks out of retired index shards this tick")
+        return
+    if moved:
+        logger.info("moved tasks out of retired index shards", extra={"moved": moved})
 
 
 def _measure_backlog(settings: Settings, now: datetime, lost: Sequence[TaskModel]) -> index.Backlog:
