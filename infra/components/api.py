@@ -22,6 +22,7 @@ from constructs import Construct
 from infra import constants as c
 from infra.bundling import function_code
 from infra.components.function import LOG_RETENTION, CoworkerFunction
+from infra.components.grants import grant_invoke, grant_table
 from infra.components.results import PAYLOAD_PREFIX, RESULT_PREFIX, grant_objects
 from infra.config import StackConfig
 
@@ -94,8 +95,8 @@ class TaskApi(Construct):
             removal_policy=self._removal_policy,
             description="Coworker API: submit, list and inspect tasks",
         )
-        table.grant(handler.function, *API_TABLE_ACTIONS)
-        worker.grant_invoke(handler.function)
+        grant_table(table, handler.function, API_TABLE_ACTIONS)
+        grant_invoke(worker, handler.function)
         if self._results_bucket is not None:  # reads large results, writes large payloads
             grant_objects(self._results_bucket, handler.function, "s3:GetObject", RESULT_PREFIX)
             grant_objects(self._results_bucket, handler.function, "s3:PutObject", PAYLOAD_PREFIX)

@@ -9,7 +9,6 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_lambda_destinations as destinations
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
@@ -17,6 +16,7 @@ from constructs import Construct
 from infra import constants as c
 from infra.bundling import function_code
 from infra.components.function import CoworkerFunction
+from infra.components.grants import SendToQueue, grant_invoke, grant_stream_read, grant_table
 from infra.components.results import PAYLOAD_PREFIX, RESULT_PREFIX, grant_objects
 from infra.config import StackConfig
 
@@ -37,7 +37,7 @@ WORKER_TABLE_ACTIONS = (
 # and creates missing worker-slot items at the start of each run (BatchGetItem, then a
 # conditional PutItem per missing slot), deleting the free slots left from a larger
 # max_concurrency (a conditional DeleteItem each). It follows the table's stream (found with
-# DescribeTable; read rights from grant_stream_read) and moves batch counters (BatchGetItem,
+# DescribeTable; read rights from grants.grant_stream_read) and moves batch counters (BatchGetItem,
 # UpdateItem) and its checkpoints (PutItem).
 COORDINATOR_TABLE_ACTIONS = (
     "dynamodb:Query",
@@ -118,9 +118,9 @@ class Processing(Construct):
         worker.function.configure_async_invoke(
             retry_attempts=0,
             max_event_age=Duration.seconds(config.worker_max_event_age_seconds),
-            on_failure=destinations.SqsDestination(self.dead_letter_queue),
+            on_failure=SendToQueue(self.dead_letter_queue),
         )
-        table.grant(worker.function, *WORKER_TABLE_ACTIONS)
+        grant_table(table, worker.function, WORKER_TABLE_ACTIONS)
         if self._results_bucket is not None:
             # Writes large results and the large payloads of the follow-ups it puts; reads large
             # payloads; never lists.
@@ -151,9 +151,9 @@ class Processing(Construct):
         coordinator.function.configure_async_invoke(
             retry_attempts=0, max_event_age=Duration.seconds(c.MIN_EVENT_AGE_SECONDS)
         )
-        table.grant(coordinator.function, *COORDINATOR_TABLE_ACTIONS)
-        table.grant_stream_read(coordinator.function)
-        self.worker.function.grant_invoke(coordinator.function)
+        grant_table(table, coordinator.function, COORDINATOR_TABLE_ACTIONS)
+        grant_stream_read(table, coordinator.function)
+        grant_invoke(self.worker.function, coordinator.function)
         return coordinator
 
     def _build_schedule(self, coordinator: lambda_.IFunction) -> events.Rule:

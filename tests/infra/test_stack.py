@@ -390,7 +390,8 @@ def test_only_the_coordinator_and_the_api_may_invoke_the_worker(template: Templa
             for statement in invokes:
                 assert statement["Effect"] == "Allow"
                 assert actions_of(statement) == ["lambda:InvokeFunction"]
-                assert all(worker in json.dumps(resource) for resource in statement["Resource"]), statement
+                targets = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+                assert all(worker in json.dumps(resource) for resource in targets), statement
         else:
             assert not invokes, role
     assert seen == invokers

@@ -36,6 +36,11 @@ ROLES = ("api", "coordinator", "worker")
 # The functions' descriptions in the template name their role.
 DESCRIPTION_PREFIX = {"api": "Coworker API", "coordinator": "Coworker coordinator", "worker": "Coworker worker"}
 BIG = "x" * 20_000  # over the 16 KB a payload may take on the record
+# Grants no request of the code needs: Lambda's service uses them with the function's role
+# (X-Ray tracing; the worker's failed asynchronous events sent to its dead-letter queue).
+_XRAY = [("xray:PutTelemetryRecords", "*"), ("xray:PutTraceSegments", "*")]
+LAMBDA_SERVICE_GRANTS = {"api": _XRAY, "coordinator": _XRAY,
+                         "worker": sorted([("sqs:SendMessage", "{queue}"), *_XRAY])}
 
 
 @task_handler("rehearsal-spawn")
@@ -43,6 +48,14 @@ def _spawn(payload: Any, context: TaskContext) -> dict[str, Any]:
     """A follow-up whose payload is too large for the record, and a result too large for it."""
     context.spawn("quick", {"blob": BIG}, key=f"{context.key}/big-child", inherit_batch=True)
     return {"rows": list(range(2_000))}
+
+
+@task_handler("rehearsal-spawn-many")
+def _spawn_many(payload: Any, context: TaskContext) -> None:
+    """More follow-ups than fit in the completion's transaction: the rest are put first, in
+    transactions that check the claim."""
+    for number in range(110):
+        context.spawn("quick", {"n": number}, key=f"{context.key}/{number}")
 
 
 @task_handler("rehearsal-beat")
@@ -245,11 +258,14 @@ def run_scenario(settings: Settings, recorder: Recorder) -> None:
         {"key": "beat", "type": "rehearsal-beat", "payload": {"seconds": 2.5}, "concurrency_key": "site"},
         {"key": "doomed", "type": "always-fail", "max_attempts": 1},
         {"key": "later", "type": "quick", "run_at": "2999-01-01T00:00:00Z"},
+        {"key": "many", "type": "rehearsal-spawn-many"},
     ], "batch_id": "rehearsal", "tolerated_failure_count": 5})[0] == 201
     for path in ("/tasks/plain", "/tasks?status=todo", "/stats", "/types", "/batches/rehearsal"):
         assert api.call("GET", path)[0] == 200
     assert api.call("PUT", "/types/slow/limit", {"limit": 2})[0] == 200
     assert api.call("POST", "/types/slow/pause")[0] == 200
+    # parked by the coordinator while its type is paused; after the resume, a tick starts its worker
+    assert api.call("POST", "/tasks", {"key": "paused-one", "type": "slow", "payload": {"seconds": 0.1}})[0] == 201
     work()
     supervise(settings)
     work()
@@ -272,6 +288,8 @@ def test_every_call_of_each_function_is_granted_to_its_role(make_settings, recor
     stack, assembly = synthesize({"resultsBucket": True})
     template = assembly.get_stack_by_name(stack.stack_name).template
     grants = role_grants(template)
+    queue = logical_id(template, "AWS::SQS::Queue")
+    LAMBDA_SERVICE_GRANTS["worker"] = [(a, r.format(queue=f"{queue}.Arn")) for a, r in LAMBDA_SERVICE_GRANTS["worker"]]
     table = logical_id(template, "AWS::DynamoDB::GlobalTable")
     targets = Targets(table=f"{table}.Arn", stream=f"{table}.StreamArn",
                       bucket=f"{logical_id(template, 'AWS::S3::Bucket')}.Arn",
@@ -300,5 +318,21 @@ def test_every_call_of_each_function_is_granted_to_its_role(make_settings, recor
     operations = {(role, operation) for role, _, operation, _ in recorder.calls}
     assert ("coordinator", "DeleteItem") in operations  # extra slots retired
     assert ("worker", "TransactWriteItems") in operations  # follow-ups put with the completion
+    assert ("coordinator", "Invoke") in operations  # a worker started by a tick
     assert ("worker", "s3:PutObject", "payloads") in {(r, a, n.split("/")[0]) for r, a, n in recorder.objects}
     assert layout.STATUS_INDEX_NAME in {params.get("IndexName") for *_, params in recorder.calls}
+    used: dict[str, set[tuple[str, str]]] = {role: set() for role in ROLES}
+    for role, service, operation, params in recorder.calls:
+        used[role].update(needs(service, operation, params, targets))
+    for role, action, name in recorder.objects:
+        used[role].add((action, f"{targets.bucket}/{name}"))
+    # and each role holds nothing its code does not call, but what Lambda itself does with it
+    unused = {role: sorted(_unused_grants(grants[role], used[role])) for role in ROLES}
+    assert unused == {role: LAMBDA_SERVICE_GRANTS[role] for role in ROLES}
+
+
+def _unused_grants(grants: Grants, used: set[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Each (action, resource) a role's statements grant that no request of the scenario needed."""
+    return [(action, resource) for actions, resources in grants.statements for action in actions
+            for resource in resources
+            if not any(fnmatch.fnmatchcase(a, action) and fnmatch.fnmatchcase(r, resource) for a, r in used)]
