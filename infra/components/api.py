@@ -146,6 +146,12 @@ class TaskApi(Construct):
         integration = apigw.LambdaIntegration(function, proxy=True)
         api.root.add_method("ANY", integration, request_validator=validator)
         api.root.add_resource("{proxy+}").add_method("ANY", integration, request_validator=validator)
+        # API Gateway writes execution logs to a group of this name, which it would create itself,
+        # kept for ever: made here first (the stage waits for it), with the stack's retention.
+        execution_logs = logs.LogGroup(
+            self, "ExecutionLogs", retention=LOG_RETENTION, removal_policy=self._removal_policy,
+            log_group_name=f"API-Gateway-Execution-Logs_{api.rest_api_id}/{c.API_STAGE_NAME}")
+        api.deployment_stage.node.add_dependency(execution_logs)
         return api
 
     def _build_invoke_policy(self) -> iam.ManagedPolicy:

@@ -148,8 +148,10 @@ class Processing(Construct):
             reserved_concurrency=c.COORDINATOR_RESERVED_CONCURRENCY,
         )
         # A missed run is made up by the next one; a retried run would only wait for the lease.
+        # A run that failed is kept in the dead-letter queue, where the operator sees it.
         coordinator.function.configure_async_invoke(
-            retry_attempts=0, max_event_age=Duration.seconds(c.MIN_EVENT_AGE_SECONDS)
+            retry_attempts=0, max_event_age=Duration.seconds(c.MIN_EVENT_AGE_SECONDS),
+            on_failure=SendToQueue(self.dead_letter_queue),
         )
         grant_table(table, coordinator.function, COORDINATOR_TABLE_ACTIONS)
         grant_stream_read(table, coordinator.function)

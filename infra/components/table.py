@@ -55,6 +55,9 @@ class TaskTable(Construct):
             ),
             encryption=dynamodb.TableEncryptionV2.aws_managed_key(),
             removal_policy=removal_policy,
+            # A retained table is also protected from a delete by hand; removalPolicy=destroy
+            # (test stacks) turns both off.
+            deletion_protection=removal_policy == RemovalPolicy.RETAIN,
         )
 
     def _status_index(self, name: str, partition_key: str, types: dict[str, str],

@@ -125,6 +125,7 @@ def test_table_has_pitr_aws_managed_encryption_and_is_retained_by_default(templa
                         Match.object_like(
                             {
                                 "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
+                                "DeletionProtectionEnabled": True,  # a delete by hand is refused too
                             }
                         )
                     ],
@@ -132,6 +133,14 @@ def test_table_has_pitr_aws_managed_encryption_and_is_retained_by_default(templa
             ),
         },
     )
+
+
+def test_a_destroyable_test_stack_leaves_its_table_unprotected(synthesize) -> None:
+    stack, assembly = synthesize({"removalPolicy": "destroy"})
+    (table,) = [body for body in assembly.get_stack_by_name(stack.stack_name).template["Resources"].values()
+                if body["Type"] == "AWS::DynamoDB::GlobalTable"]
+    assert table["DeletionPolicy"] == "Delete"
+    assert not table["Properties"]["Replicas"][0].get("DeletionProtectionEnabled", False)
 
 
 def test_the_schema_request_and_the_template_describe_the_same_table(template: Template) -> None:
@@ -167,7 +176,7 @@ def test_three_functions_on_arm64_python_with_the_layer_and_tracing(template: Te
 
 def test_log_groups_keep_a_month(template: Template) -> None:
     groups = resources(template, "AWS::Logs::LogGroup")
-    assert len(groups) == 4  # three functions and the API access log
+    assert len(groups) == 5  # three functions, the API access log and its execution log
     assert {g["Properties"]["RetentionInDays"] for g in groups.values()} == {30}
 
 
@@ -257,6 +266,8 @@ def test_worker_async_invocations_are_never_retried_and_fail_to_the_dlq(
         {
             "FunctionName": {"Ref": functions["coordinator"]["id"]},
             "MaximumRetryAttempts": 0,
+            # a run that failed is kept where the operator sees it
+            "DestinationConfig": {"OnFailure": {"Destination": {"Fn::GetAtt": [queue_id, "Arn"]}}},
         },
     )
 
@@ -398,6 +409,15 @@ def test_only_the_coordinator_and_the_api_may_invoke_the_worker(template: Templa
 
 
 # --- API -----------------------------------------------------------------------------------
+
+
+def test_the_api_execution_logs_have_a_retention_and_exist_before_the_stage(template: Template) -> None:
+    groups = resources(template, "AWS::Logs::LogGroup")
+    (group_id, group), = [(lid, body) for lid, body in groups.items()
+                          if "API-Gateway-Execution-Logs_" in json.dumps(body["Properties"].get("LogGroupName", ""))]
+    assert group["Properties"]["RetentionInDays"] == 30
+    (stage,) = resources(template, "AWS::ApiGateway::Stage").values()
+    assert group_id in stage.get("DependsOn", [])
 
 
 def test_every_api_method_requires_an_api_key(template: Template, functions) -> None:
