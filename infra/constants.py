@@ -41,6 +41,9 @@ STACK_ID: Final = "Coworker"
 STACK_DESCRIPTION: Final = "Coworker: serverless coordinator-worker task system"
 SERVICE_NAME: Final = "coworker"  # POWERTOOLS_SERVICE_NAME of every function (metric dimension)
 METRICS_NAMESPACE: Final = "Coworker"
+# 5xx answers of the task API in one alarm period that raise its alarm (a lone 503 while DynamoDB
+# throttles is re-sent by the client; a run of them is not).
+API_5XX_ALARM_COUNT: Final = 5
 API_STAGE_NAME: Final = "v1"
 DASHBOARD_SUFFIX: Final = "-dashboard"
 

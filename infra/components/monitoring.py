@@ -48,7 +48,7 @@ class Monitoring(Construct):
         self._table = table
         self._config = config
         self.topic = self._build_topic(config)
-        self.alarms = self._build_alarms(coordinator, dead_letter_queue)
+        self.alarms = self._build_alarms(coordinator, dead_letter_queue, worker, rest_api)
         if self.topic is not None:
             for alarm in self.alarms:
                 alarm.add_alarm_action(cw_actions.SnsAction(self.topic))
@@ -121,7 +121,8 @@ class Monitoring(Construct):
         )
 
     def _build_alarms(
-        self, coordinator: lambda_.IFunction, dead_letter_queue: sqs.IQueue
+        self, coordinator: lambda_.IFunction, dead_letter_queue: sqs.IQueue, worker: lambda_.IFunction,
+        rest_api: apigw.RestApi,
     ) -> list[cloudwatch.Alarm]:
         config = self._config
 
@@ -187,6 +188,21 @@ class Monitoring(Construct):
                 ),
                 "Worker invocations failed outside the task handlers (crash, timeout, throttled "
                 "too long); their tasks are re-dispatched once their lock expires.",
+            ),
+            alarm(
+                "WorkerErrorsAlarm",
+                worker.metric_errors(period=_ALARM_PERIOD),
+                "Worker invocations failed outside the task handlers (a handler's own errors are recorded "
+                "on its task, not here): an import error, a crash, the function's timeout. Their tasks run "
+                "again once their locks expire; the worker's logs say why.",
+            ),
+            alarm(
+                "ApiServerErrorsAlarm",
+                rest_api.metric_server_error(period=_ALARM_PERIOD, statistic=cloudwatch.Stats.SUM),
+                f"The task API answered {c.API_5XX_ALARM_COUNT} or more 5xx in "
+                f"{c.ALARM_PERIOD_MINUTES} minutes: DynamoDB or the object store refused or failed (503, "
+                "clients re-send), or the API function failed (502/500): its logs say why.",
+                threshold=c.API_5XX_ALARM_COUNT,
             ),
             alarm(
                 "TableThrottlesAlarm",

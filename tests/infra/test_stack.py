@@ -525,9 +525,12 @@ def alarm_metric(alarm: dict) -> tuple[str, str, str, int]:
 def test_alarms_watch_the_coordinator_the_backlog_ignored_tasks_the_dlq_and_throttles(template: Template) -> None:
     alarms = alarms_by_id(template)
     assert set(alarms) == {"CoordinatorSilent", "OldestTaskAge", "IgnoredShare", "CoordinatorErrors",
-                           "DeadLetterQueue", "TableThrottles"}
+                           "DeadLetterQueue", "TableThrottles", "WorkerErrors", "ApiServerErrors"}
     text = {name: json.dumps(props) for name, props in alarms.items()}
     assert '"MetricName": "Errors"' in text["CoordinatorErrors"]
+    assert '"MetricName": "Errors"' in text["WorkerErrors"] and "Worker" in text["WorkerErrors"]
+    assert alarm_metric(alarms["ApiServerErrors"])[:3] == ("5XXError", "AWS/ApiGateway", "Sum")
+    assert alarms["ApiServerErrors"]["Threshold"] == c.API_5XX_ALARM_COUNT
     assert '"MetricName": "ApproximateNumberOfMessagesVisible"' in text["DeadLetterQueue"]
     assert '"MetricName": "WriteThrottleEvents"' in text["TableThrottles"]
     (topic_id,) = resources(template, "AWS::SNS::Topic")
