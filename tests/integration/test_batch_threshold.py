@@ -85,6 +85,16 @@ def test_concurrent_failures_stop_the_batch_exactly_once(make_settings):
     assert batches.stop_if_failing("b") is False
 
 
+def test_a_batch_stops_at_the_moment_the_stop_is_written_not_when_the_count_began(make_settings):
+    settings = make_settings()
+    _put_batch(settings, "b", [("f0", "always-fail")], batches.Tolerance(count=0))
+    run_batch(["f0"], "w", settings, time.monotonic() + 30)
+    pass_began = utcnow() - timedelta(seconds=30)  # a counting pass that began long before
+    before_write = utcnow()
+    progress.follow(settings, now=pass_began)
+    assert batches.get_batch("b").failed_at >= before_write
+
+
 def test_a_redrive_reopens_a_stopped_batch(make_settings):
     settings = make_settings()
     _put_batch(settings, "b", [("f0", "always-fail"), ("q0", "quick"), ("q1", "quick")],

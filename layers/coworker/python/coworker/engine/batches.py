@@ -236,7 +236,7 @@ def _reason(batch_id: str) -> str:
     return head.failure_reason or "unknown"
 
 
-def stop_if_failing(batch_id: str, now: datetime | None = None) -> bool:
+def stop_if_failing(batch_id: str) -> bool:
     """Stop the batch if more of its tasks are ignored than it tolerates; ``True`` for the one
     call that stopped it.
 
@@ -246,9 +246,10 @@ def stop_if_failing(batch_id: str, now: datetime | None = None) -> bool:
     progress (:func:`get_batch`) when it has one. Stopping is one transaction: the head item gets
     ``failed_at`` and the reason (on the condition that it had none: exactly once) and the batch
     joins the control record's stopped batches, whose open tasks are then cancelled as the
-    coordinator meets them, and not claimed meanwhile.
+    coordinator meets them, and not claimed meanwhile. ``failed_at`` is when that write is made
+    (not when the pass that counted the failure began), so no reader sees the batch running after
+    its recorded failure.
     """
-    now = now or utcnow()
     try:
         head = BatchModel.get(batch_key(batch_id), consistent_read=True, attributes_to_get=[
             "tolerated_failure_percent", "tolerated_failure_count", "failed_at"])
@@ -263,6 +264,7 @@ def stop_if_failing(batch_id: str, now: datetime | None = None) -> bool:
         return False
 
     def build(transaction: TransactWrite) -> None:
+        now = utcnow()  # each attempt of the transaction records its own moment
         transaction.update(BatchModel(batch_key(batch_id)), actions=[
             BatchModel.failed_at.set(now), BatchModel.failure_reason.set(reason), BatchModel.updated_at.set(now)],
             condition=BatchModel.failed_at.does_not_exist())

@@ -178,7 +178,7 @@ def apply(shard_id: str, changes: Iterable[Change], now: datetime | None = None)
             failing.append(batch_id)
     for batch_id in failing:
         try:
-            batches.stop_if_failing(batch_id, now)
+            batches.stop_if_failing(batch_id)
         except (StorageError, PynamoDBException):  # the next failure counted checks again
             logger.exception("could not check the batch's failure threshold", extra={"batch_id": batch_id})
     return applied
