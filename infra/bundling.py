@@ -90,7 +90,7 @@ class LocalBundling:
 
     @staticmethod
     def _pip_key() -> str:
-        return f"{c.PIP_PLATFORM}|{c.PIP_IMPLEMENTATION}|{c.PYTHON_VERSION}"
+        return f"{','.join(c.PIP_PLATFORMS)}|{c.PIP_IMPLEMENTATION}|{c.PYTHON_VERSION}"
 
     @staticmethod
     def _pip_install(requirements: Path, target: Path) -> None:
@@ -106,8 +106,7 @@ class LocalBundling:
             str(requirements),
             "--target",
             str(target),
-            "--platform",
-            c.PIP_PLATFORM,
+            *(flag for platform in c.PIP_PLATFORMS for flag in ("--platform", platform)),
             "--implementation",
             c.PIP_IMPLEMENTATION,
             "--python-version",

@@ -33,7 +33,9 @@ ASSET_EXCLUDES: Final = ["__pycache__", "*.pyc", ".pytest_cache", ".mypy_cache",
 # The layer's wheels are fetched for exactly this interpreter and platform, so the Lambda
 # runtime and architecture below must change together with them.
 PYTHON_VERSION: Final = "3.13"
-PIP_PLATFORM: Final = "manylinux2014_aarch64"
+# Every wheel tag the runtime's Amazon Linux 2023 (glibc 2.34) takes: a dependency that ships
+# only newer manylinux wheels (numpy 2.3 and later: manylinux_2_28) installs too.
+PIP_PLATFORMS: Final = ("manylinux_2_34_aarch64", "manylinux_2_28_aarch64", "manylinux2014_aarch64")
 PIP_IMPLEMENTATION: Final = "cp"
 
 # --- naming ------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from constructs import Construct
 from infra import constants as c
 
 RUNTIME = lambda_.Runtime.PYTHON_3_13  # must match constants.PYTHON_VERSION (layer wheels)
-ARCHITECTURE = lambda_.Architecture.ARM_64  # must match constants.PIP_PLATFORM
+ARCHITECTURE = lambda_.Architecture.ARM_64  # must match constants.PIP_PLATFORMS
 LOG_RETENTION = logs.RetentionDays.ONE_MONTH
 
 
