@@ -1,28 +1,59 @@
 """The HTTP client of the task API that the ``coworker`` command uses (see :mod:`coworker_local.cli`).
 
 Standard library only; ``--iam`` signs requests with SigV4 through botocore.
+
+It follows the API's own advice: a 503 (DynamoDB or the object store refused; a batch stored part
+way lists the keys it stored) is re-sent as it was, and a 429 (throttled) is re-sent after backing
+off, both with exponential delays (a ``Retry-After`` header is honoured), at most
+:data:`RESEND_ATTEMPTS` times; then the last answer is reported, saying how long it tried. Puts are
+idempotent by key, so a re-sent batch stores only what is missing (the CLI gives every task a key
+before it sends it).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
+import time
+from collections.abc import Callable
 from typing import Any
 from urllib.error import HTTPError, URLError
 from urllib.parse import urlencode
 from urllib.request import Request, urlopen
 
 TIMEOUT_SECONDS = 60
+# Answers the API says to re-send, and how: at most this many re-sends, the delay doubling from
+# the first to the last (with jitter), so about a minute in all.
+RESENT_STATUSES = frozenset({429, 503})
+RESEND_ATTEMPTS = 6
+FIRST_DELAY_SECONDS = 1.0
+MAX_DELAY_SECONDS = 20.0
+
+
+def resend_delay(attempt: int, retry_after: str | None = None) -> float:
+    """Seconds to wait before re-send number ``attempt`` (1-based): the server's ``Retry-After``
+    if it gave one, else exponential with full jitter."""
+    if retry_after is not None:
+        try:
+            return min(MAX_DELAY_SECONDS, max(0.0, float(retry_after)))
+        except ValueError:
+            pass
+    ceiling = min(MAX_DELAY_SECONDS, FIRST_DELAY_SECONDS * 2 ** (attempt - 1))
+    return random.uniform(ceiling / 2, ceiling)
 
 
 class ApiError(Exception):
     """The API answered with an error (4xx/5xx); ``message`` is the API's own wording."""
 
-    def __init__(self, status: int, message: str, errors: list[dict] | None = None) -> None:
+    def __init__(self, status: int, message: str, errors: list[dict] | None = None,
+                 stored: list[str] | None = None, retry_after: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.errors = errors or []
+        self.stored = stored or []  # a batch stored part way: the keys that went in
+        self.retry_after = retry_after
 
 
 class Unreachable(Exception):
@@ -33,14 +64,35 @@ class ApiClient:
     """A small JSON client of the task API (standard library only; botocore for ``--iam``)."""
 
     def __init__(self, url: str, api_key: str | None = None, iam: bool = False,
-                 region: str | None = None) -> None:
+                 region: str | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
         self.url = url.rstrip("/")
         self.api_key = api_key
         self.iam = iam
         self.region = (region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
                        or "us-east-1")
+        self._sleep = sleep
+        # Keys a batch put stored before an answer said to re-send it (see ``request``).
+        self.stored_before_resend: set[str] = set()
 
     def request(self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None) -> Any:
+        """One call, re-sent on 429 and 503 as the API advises (see the module's docstring)."""
+        started = time.monotonic()
+        self.stored_before_resend = set()
+        for attempt in range(1, RESEND_ATTEMPTS + 2):
+            try:
+                return self._send(method, path, query, body)
+            except ApiError as exc:
+                if exc.status not in RESENT_STATUSES:
+                    raise
+                self.stored_before_resend.update(exc.stored)
+                if attempt > RESEND_ATTEMPTS:
+                    exc.message += (f" (sent {attempt} times over {time.monotonic() - started:.0f} s; "
+                                    "try again later)")
+                    raise
+                self._sleep(resend_delay(attempt, exc.retry_after))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _send(self, method: str, path: str, query: dict[str, Any] | None, body: Any) -> Any:
         query = {k: v for k, v in (query or {}).items() if v is not None}
         url = self.url + path + ("?" + urlencode(query) if query else "")
         data = None if body is None else json.dumps(body).encode("utf-8")
@@ -57,9 +109,11 @@ class ApiClient:
                 return _parse(reply.read())
         except HTTPError as exc:
             answer = _parse(exc.read())
+            retry_after = exc.headers.get("Retry-After") if exc.headers else None
             if isinstance(answer, dict) and "message" in answer:
-                raise ApiError(exc.code, str(answer["message"]), answer.get("errors")) from None
-            raise ApiError(exc.code, f"HTTP {exc.code} {exc.reason}") from None
+                raise ApiError(exc.code, str(answer["message"]), answer.get("errors"), answer.get("stored"),
+                               retry_after) from None
+            raise ApiError(exc.code, f"HTTP {exc.code} {exc.reason}", retry_after=retry_after) from None
         except URLError as exc:
             raise Unreachable(f"cannot reach the API at {self.url}: {exc.reason}") from None
         except TimeoutError:

@@ -74,9 +74,8 @@ class Progress:
 # -- commands ----------------------------------------------------------------------------------
 
 def _task_from_flags(args: argparse.Namespace) -> dict[str, Any]:
-    task: dict[str, Any] = {"type": args.type}
-    if args.key is not None:
-        task["key"] = args.key
+    # A key of its own, so that a put the API asks to re-send is stored once.
+    task: dict[str, Any] = {"type": args.type, "key": args.key if args.key is not None else str(uuid.uuid4())}
     if args.payload is not None:
         try:
             task["payload"] = json.loads(args.payload)
@@ -98,6 +97,8 @@ def _read_tasks(lines: Iterable[str], source: str) -> Iterator[dict[str, Any]]:
             raise UsageError(f"{source}, line {number}: not valid JSON ({exc})") from None
         if not isinstance(task, dict):
             raise UsageError(f"{source}, line {number}: expected a JSON object, got {type(task).__name__}")
+        if task.get("key") is None:  # a key of its own: a re-sent batch stores each task once
+            task["key"] = str(uuid.uuid4())
         yield task
 
 
@@ -156,8 +157,11 @@ def cmd_submit(client: ApiClient, args: argparse.Namespace, out: TextIO, err: Te
                 if exc.errors:
                     exc.message += f" (entries are counted from task {sent + 1} of {source})"
                 raise
-            created += answer["created"]
-            existing += answer["existing"]
+            # Tasks stored by an attempt the API asked to re-send answer "exists" the second time.
+            again = sum(1 for result in answer["results"]
+                        if result["outcome"] == "exists" and result["key"] in client.stored_before_resend)
+            created += answer["created"] + again
+            existing += answer["existing"] - again
             sent += len(chunk)
             progress.show(sent, f"created {created}, existing {existing}")
     finally:

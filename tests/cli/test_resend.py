@@ -1,0 +1,118 @@
+"""The CLI and the demo follow the API's advice: re-send on 503 (a batch stored part way lists what
+it stored) and back off on 429, a bounded number of times, then say what they tried."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import requests
+from coworker_local import api_client, cli, commands, demo
+
+
+class ScriptedApi:
+    """An HTTP server that answers ``POST /tasks`` from a script of (status, body) and records
+    each request body."""
+
+    def __init__(self, script: list[tuple[int, dict]]) -> None:
+        self.script = list(script)
+        self.bodies: list[dict] = []
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the standard library's name
+                api.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                status, body = api.script.pop(0) if len(api.script) > 1 else api.script[0]
+                if callable(body):
+                    body = body(api.bodies[-1])
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture
+def no_waiting(monkeypatch) -> Iterator[None]:
+    monkeypatch.setattr(api_client, "FIRST_DELAY_SECONDS", 0.0)
+    yield
+
+
+def _unavailable(stored: list[str]) -> dict:
+    return {"statusCode": 503, "error": "storage_unavailable", "stored": stored,
+            "message": "the batch's puts took over 30 s; re-send the same request to store the rest"}
+
+
+def test_a_batch_refused_part_way_is_re_sent_and_counted_once(tmp_path, no_waiting) -> None:
+    # Given three tasks without keys, and an API that stores the first, then answers 503
+    source = tmp_path / "tasks.jsonl"
+    source.write_text("\n".join(json.dumps({"type": "quick", "payload": {"n": n}}) for n in range(3)))
+
+    def stored_first(body: dict) -> dict:
+        return _unavailable([body["tasks"][0]["key"]])
+
+    def all_stored(body: dict) -> dict:
+        keys = [task["key"] for task in body["tasks"]]
+        results = [{"key": key, "outcome": "exists" if n == 0 else "created"} for n, key in enumerate(keys)]
+        return {"batch_id": body["batch_id"], "created": 2, "existing": 1, "results": results}
+
+    api = ScriptedApi([(503, stored_first), (201, all_stored)])
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        # When the CLI submits them
+        code = cli.main(["--url", api.url, "submit", "--file", str(source), "--quiet"], out, err)
+    finally:
+        api.close()
+
+    # Then it re-sent the same request (keys given before the first send) and counts each task once
+    assert code == commands.EXIT_OK, err.getvalue()
+    assert len(api.bodies) == 2 and api.bodies[0] == api.bodies[1]
+    assert all(task["key"] for task in api.bodies[0]["tasks"])
+    assert "3 submitted, 3 created, 0 existing" in out.getvalue()
+
+
+def test_the_cli_gives_up_after_its_re_sends_and_says_so(tmp_path, no_waiting) -> None:
+    api = ScriptedApi([(503, _unavailable([]))])
+    err = io.StringIO()
+    try:
+        code = cli.main(["--url", api.url, "submit", "--type", "quick"], io.StringIO(), err)
+    finally:
+        api.close()
+    assert code == commands.EXIT_API_ERROR
+    assert len(api.bodies) == api_client.RESEND_ATTEMPTS + 1
+    assert f"sent {api_client.RESEND_ATTEMPTS + 1} times" in err.getvalue()
+
+
+def test_the_demo_backs_off_on_429_and_re_sends_on_503(no_waiting) -> None:
+    created = {"batch_id": "b", "created": 1, "existing": 0, "results": [{"key": "k", "outcome": "created"}]}
+    api = ScriptedApi([(429, {"message": "Too Many Requests"}), (503, _unavailable([])), (201, created)])
+    waits: list[float] = []
+    try:
+        answer = demo.post_tasks(f"{api.url}/tasks", {"batch_id": "b", "tasks": [{"key": "k", "type": "quick"}]},
+                                 requests.Session(), sleep=waits.append)
+    finally:
+        api.close()
+    assert answer["created"] == 1 and len(api.bodies) == 3 and len(waits) == 2
+
+    always = ScriptedApi([(503, _unavailable([]))])
+    try:
+        with pytest.raises(demo.SubmitError, match="answered 503"):
+            demo.post_tasks(f"{always.url}/tasks", {"tasks": []}, requests.Session(), sleep=waits.append)
+    finally:
+        always.close()
+    assert len(always.bodies) == api_client.RESEND_ATTEMPTS + 1
