@@ -133,12 +133,14 @@ def progress(base_url: str, batch_ids: list[str], session: requests.Session) -> 
     return Progress(total, finished, ignored)
 
 
-def _bar(state: Progress, elapsed: float, width: int = 32) -> str:
-    share = state.done / state.total if state.total else 0.0
+def _bar(state: Progress, elapsed: float, size: int, width: int = 32) -> str:
+    """The demo's progress against its whole size (not what has been submitted so far)."""
+    share = min(1.0, state.done / size) if size else 0.0
     filled = int(share * width)
     rate = state.done / elapsed if elapsed > 0 else 0.0
-    return (f"[{'#' * filled}{'.' * (width - filled)}] {state.done:>5}/{state.total} {share:6.1%}  "
-            f"finished {state.finished}  ignored {state.ignored}  {rate:5.1f} tasks/s  {elapsed:5.0f} s")
+    submitted = "" if state.total >= size else f"  submitted {state.total}"
+    return (f"[{'#' * filled}{'.' * (width - filled)}] {state.done:>5}/{size} {share:6.1%}  "
+            f"finished {state.finished}  ignored {state.ignored}{submitted}  {rate:5.1f} tasks/s  {elapsed:5.0f} s")
 
 
 @dataclasses.dataclass
@@ -274,15 +276,15 @@ def run_demo(runtime: LocalRuntime, count: int, seed: int | None = None,
             pass
         elapsed = time.monotonic() - started
         if interactive:
-            print("\r" + _bar(state, elapsed), end="", file=out, flush=True)
+            print("\r" + _bar(state, elapsed, len(keys)), end="", file=out, flush=True)
         elif elapsed - last_print >= 5:
-            print(_bar(state, elapsed), file=out, flush=True)
+            print(_bar(state, elapsed, len(keys)), file=out, flush=True)
             last_print = elapsed
         if not submitter.is_alive() and state.total >= len(keys) and state.done >= state.total:
             break
         stop.wait(0.5)
     ended = time.monotonic()
-    print(("\r" if interactive else "") + _bar(state, ended - started), file=out, flush=True)
+    print(("\r" if interactive else "") + _bar(state, ended - started, len(keys)), file=out, flush=True)
     summary = summarise(keys, started, ended)
     print("\nDemo summary\n" + summary.text + "\n", file=out, flush=True)
     return summary
