@@ -63,6 +63,7 @@ _DEPLOY_CONTEXT: dict[str, str] = {
     c.CTX_LEGACY_STATUS_INDEX: "legacy_status_index",
     c.CTX_WARM_WRITE_UNITS: "warm_write_units",
     c.CTX_WARM_READ_UNITS: "warm_read_units",
+    c.CTX_LAMBDA_QUOTA: "lambda_concurrency_quota",
 }
 CONTEXT_OPTIONS: dict[str, str] = {**_SETTINGS_CONTEXT, **_DEPLOY_CONTEXT}
 # Every option TaskSystem takes, by name.
@@ -106,6 +107,18 @@ class StackConfig:
     legacy_status_index: bool = False  # keep the pre-sharding index while a table migrates
     warm_write_units: int | None = None  # pre-warmed throughput of the table and its index
     warm_read_units: int | None = None
+    lambda_concurrency_quota: int = c.DEFAULT_LAMBDA_CONCURRENCY_QUOTA  # the account's, as the deployer says
+
+    @property
+    def reserved_concurrency(self) -> int:
+        """Concurrent executions this deployment reserves: the worker slots and the coordinator."""
+        return self.worker_reserved_concurrency + c.COORDINATOR_RESERVED_CONCURRENCY
+
+    @property
+    def required_lambda_quota(self) -> int:
+        """The account concurrency quota this deployment needs: what it reserves, plus what Lambda
+        keeps unreserved."""
+        return self.reserved_concurrency + c.LAMBDA_UNRESERVED_MINIMUM
 
     @property
     def handlers_package(self) -> str | None:
@@ -243,7 +256,21 @@ class StackConfig:
             legacy_status_index=_as_bool(options.get("legacy_status_index", False)),
             warm_write_units=number("warm_write_units", None, c.MIN_WARM_WRITE_UNITS),
             warm_read_units=number("warm_read_units", None, c.MIN_WARM_READ_UNITS),
-        )
+            lambda_concurrency_quota=number("lambda_concurrency_quota", c.DEFAULT_LAMBDA_CONCURRENCY_QUOTA),
+        )._within_quota()
+
+    def _within_quota(self) -> StackConfig:
+        """Refuse a deployment whose reserved concurrency the account's quota cannot hold."""
+        if self.required_lambda_quota > self.lambda_concurrency_quota:
+            raise ConfigurationError(
+                f"this deployment reserves {self.reserved_concurrency} concurrent Lambda executions "
+                f"({self.worker_reserved_concurrency} worker slots = ceil(maxConcurrency "
+                f"{self.settings.max_concurrency} / batchSize {self.settings.batch_size}), and the coordinator's "
+                f"{c.COORDINATOR_RESERVED_CONCURRENCY}); Lambda keeps {c.LAMBDA_UNRESERVED_MINIMUM} unreserved, so "
+                f"the account's concurrency quota must be at least {self.required_lambda_quota}, above "
+                f"{self.lambda_concurrency_quota}: raise batchSize, lower maxConcurrency, or ask AWS for a higher "
+                "quota and deploy with -c lambdaConcurrencyQuota=<the new quota>")
+        return self
 
 
 def _settings_from_options(options: dict[str, Any]) -> Settings:

@@ -77,6 +77,7 @@ CTX_STATUS_SHARDS: Final = "statusShards"
 CTX_LEGACY_STATUS_INDEX: Final = "legacyStatusIndex"  # "true" while migrating a pre-sharding table
 CTX_WARM_WRITE_UNITS: Final = "warmWriteUnits"  # pre-warmed write units per second (table + index)
 CTX_WARM_READ_UNITS: Final = "warmReadUnits"
+CTX_LAMBDA_QUOTA: Final = "lambdaConcurrencyQuota"  # the account's quota, when raised above the default
 CTX_SCHEDULE_MINUTES: Final = "scheduleMinutes"
 CTX_LOG_LEVEL: Final = "logLevel"
 CTX_API_RATE_LIMIT: Final = "apiRateLimit"
@@ -115,6 +116,11 @@ LAMBDA_MAX_TIMEOUT_SECONDS: Final = 900
 # One coordinator at a time (its lease item enforces single flight as well; this keeps an
 # overlapping scheduled run from even starting while the previous one supervises).
 COORDINATOR_RESERVED_CONCURRENCY: Final = 1
+# Lambda's account concurrency quota by default, and what it keeps unreserved: a deployment's
+# reserved concurrency must leave that much of the account's quota (new accounts often have 10
+# or 50 until they ask for more).
+DEFAULT_LAMBDA_CONCURRENCY_QUOTA: Final = 1000
+LAMBDA_UNRESERVED_MINIMUM: Final = 100
 # Async events older than this are dropped (to the DLQ). Lambda allows 60 s .. 6 h.
 MIN_EVENT_AGE_SECONDS: Final = 60
 MAX_EVENT_AGE_SECONDS: Final = 6 * 60 * 60

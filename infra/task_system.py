@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from aws_cdk import Aws, RemovalPolicy
+from aws_cdk import Annotations, Aws, RemovalPolicy
 from constructs import Construct
 
 from infra import constants as c
@@ -56,6 +56,11 @@ class TaskSystem(Construct):
             raise TypeError("give TaskSystem either config or options, not both")
         self.config = config or StackConfig.from_options(**options)
         removal = RemovalPolicy.DESTROY if self.config.destroy_on_removal else RemovalPolicy.RETAIN
+        # What the account must allow, said at every synth: a quota below it fails the first create.
+        Annotations.of(self).add_info(
+            f"Coworker reserves {self.config.reserved_concurrency} concurrent Lambda executions: the account's "
+            f"concurrency quota must be at least {self.config.required_lambda_quota} (`aws lambda "
+            "get-account-settings` shows it; new accounts often have 10 or 50: ask AWS to raise it)")
 
         self.tasks = TaskTable(self, "Tasks", removal_policy=removal,
                                legacy_status_index=self.config.legacy_status_index,

@@ -746,6 +746,15 @@ def test_bad_context_fails_the_synth(context) -> None:
         config(**context)
 
 
+def test_a_deployment_no_default_account_can_hold_is_refused_with_what_it_needs() -> None:
+    # 13 executions reserved by default: a default account (1,000, 100 kept unreserved) holds it
+    assert (config().reserved_concurrency, config().required_lambda_quota) == (13, 113)
+    with pytest.raises(ConfigurationError, match=r"reserves 1001 .* at least 1101, above 1000: raise batchSize"):
+        config(maxConcurrency=10_000)
+    # an account whose quota was raised says so, and may
+    assert config(maxConcurrency=10_000, lambdaConcurrencyQuota=5000).reserved_concurrency == 1001
+
+
 def test_a_misspelled_context_key_fails_the_synth_with_the_key_it_meant() -> None:
     meant = r"unknown context key 'maxConcurency' \(did you mean 'maxConcurrency'\?\)"
     with pytest.raises(ConfigurationError, match=meant):
