@@ -55,7 +55,9 @@ class TaskSystem(Construct):
         if config is not None and options:
             raise TypeError("give TaskSystem either config or options, not both")
         self.config = config or StackConfig.from_options(**options)
-        removal = RemovalPolicy.DESTROY if self.config.destroy_on_removal else RemovalPolicy.RETAIN
+        # Retained on update and delete, but not when the first create fails: a failed create
+        # leaves nothing behind to clean up by hand (CloudFormation's RetainExceptOnCreate).
+        removal = RemovalPolicy.DESTROY if self.config.destroy_on_removal else RemovalPolicy.RETAIN_ON_UPDATE_OR_DELETE
         # What the account must allow, said at every synth: a quota below it fails the first create.
         Annotations.of(self).add_info(
             f"Coworker reserves {self.config.reserved_concurrency} concurrent Lambda executions: the account's "

@@ -113,7 +113,8 @@ class TaskApi(Construct):
             # creates it unless the deployer says the account already has one.
             cloud_watch_role=config.api_cloudwatch_role,
             # (A removal policy is only for a role it creates: the CDK refuses one without.)
-            cloud_watch_role_removal_policy=RemovalPolicy.RETAIN if config.api_cloudwatch_role else None,
+            cloud_watch_role_removal_policy=(RemovalPolicy.RETAIN_ON_UPDATE_OR_DELETE if config.api_cloudwatch_role
+                                             else None),
             deploy_options=apigw.StageOptions(
                 stage_name=c.API_STAGE_NAME,
                 tracing_enabled=True,

@@ -38,5 +38,5 @@ class CoworkerLayer(Construct):
             compatible_runtimes=[RUNTIME],
             compatible_architectures=[ARCHITECTURE],
             # Old versions stay so that a rollback can still reference them.
-            removal_policy=RemovalPolicy.RETAIN,
+            removal_policy=RemovalPolicy.RETAIN_ON_UPDATE_OR_DELETE,
         )

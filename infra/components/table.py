@@ -57,7 +57,7 @@ class TaskTable(Construct):
             removal_policy=removal_policy,
             # A retained table is also protected from a delete by hand; removalPolicy=destroy
             # (test stacks) turns both off.
-            deletion_protection=removal_policy == RemovalPolicy.RETAIN,
+            deletion_protection=removal_policy != RemovalPolicy.DESTROY,
         )
 
     def _status_index(self, name: str, partition_key: str, types: dict[str, str],
