@@ -169,6 +169,24 @@ def test_a_dead_holders_place_comes_back_when_its_lock_expires(make_settings):
     assert gates.extend(taker, settings, utcnow()) is True
 
 
+def test_a_leaving_holder_takes_the_places_of_dead_holders_with_it(make_settings):
+    # Given a gate of 3 places: two holders died long ago (their leases ended), one lives
+    settings = make_settings()
+    past = utcnow() - timedelta(seconds=settings.effective_lock_seconds + 5)
+    for number in range(2):
+        _put(settings, f"dead-{number}", ckey="site", limit=3, ago=600)
+        assert _enter(f"dead-{number}", f"dead-worker-{number}", settings, now=past)[1] is Entry.ENTERED
+    _put(settings, "alive", ckey="site", limit=3, ago=300)
+    alive, entry = _enter("alive", "w", settings)
+    assert entry is Entry.ENTERED and len(gates.read_gate("key:site").holders.as_dict()) == 3
+
+    # When the live one leaves (the gate was never full, so no entry pruned the dead ones)
+    gates.leave(alive)
+
+    # Then no place is left held: the dead holders' entries went with it
+    assert gates.read_gate("key:site").holders.as_dict() == {}
+
+
 def test_a_dead_holders_place_in_a_type_limit_comes_back_too(make_settings):
     settings = make_settings()
     control.set_limit("test-limited-type", 1)

@@ -230,11 +230,32 @@ def _leave(token: str, groups: Sequence[Group]) -> list[str]:
     """Give back this holder's places; for each gate with waiters, wake the oldest one. Returns
     the keys woken."""
     woken: list[str] = []
+    now = utcnow()
     for group in groups:
         gate = _update(group.gate_key, [GateModel.holders[token].remove()], GateModel.holders[token].exists())
-        if gate is not None and gate.status_shard == WAITING_GATES:
+        if gate is None:
+            continue
+        _prune(gate, now)  # the gate as written: places of dead holders go with this one
+        if gate.status_shard == WAITING_GATES:
             woken += wake(group, 1)
     return woken
+
+
+def _prune(gate: GateModel, now: datetime) -> int:
+    """Remove the places whose lease has ended (their holders died without leaving), each on the
+    condition that it still carries the end read: a place comes back when its holder's lock
+    expires even if no task finds the gate full. Returns how many went."""
+    holders = gate.holders.as_dict() if gate.holders is not None else {}
+    now_ms = _epoch_ms(now)
+    ended = {holder: end for holder, end in holders.items() if int(end) <= now_ms}
+    if not ended:
+        return 0
+    condition: Condition | None = None
+    for holder, end in ended.items():
+        unchanged = GateModel.holders[holder] == end
+        condition = unchanged if condition is None else condition & unchanged
+    removed = _update(gate.key, [GateModel.holders[holder].remove() for holder in ended], condition)
+    return len(ended) if removed is not None else 0
 
 
 def leave(claim: Claim) -> list[str]:
@@ -341,6 +362,7 @@ def _sweep_gate(key: str, type_limits: Mapping[str, int], now: datetime) -> int:
     else:
         limit = int(gate.limit or 1)
     group = Group(name, limit)
+    _prune(gate, now)
     free = min(WAKE_BUDGET, max(0, limit - holding(gate, now)))
     woken = len(wake(group, free)) if free else 0
     quiet = gate.blocked_at is None or gate.blocked_at <= now - timedelta(seconds=QUIET_SECONDS)
