@@ -128,16 +128,25 @@ def _readable(error: dict[str, Any]) -> dict[str, Any]:
     return {"location": location, "message": message, "type": kind, "entry": entry}
 
 
+# Problems listed in one 422 at most (a batch of 1,000 tasks with 100 bad fields each would
+# otherwise answer with megabytes); the message says how many more there were.
+MAX_LISTED_ERRORS = 100
+
+
 def validation_error_response(exc: RequestValidationError) -> Response:
-    """422 with every problem listed (location, message); a refused batch names its bad entries."""
-    errors = [_readable(e) for e in exc.errors()]
+    """422 with the problems listed (location, message; the first MAX_LISTED_ERRORS); a refused
+    batch names its bad entries."""
+    found = [_readable(e) for e in exc.errors()]
+    errors = found[:MAX_LISTED_ERRORS]
     shown = "; ".join(f"{e['location']}: {e['message']}" for e in errors[:5])
-    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
-    entries = sorted({e["entry"] for e in errors if e["entry"] is not None})
+    more = f" (and {len(found) - 5} more)" if len(found) > 5 else ""
+    entries = sorted({e["entry"] for e in found if e["entry"] is not None})
     prefix = (f"the batch was refused as a whole (nothing was written): {len(entries)} bad "
               f"{'entry' if len(entries) == 1 else 'entries'}. " if entries else "")
+    unlisted = len(found) - len(errors)
+    listed = f" ({len(found)} problems; the first {len(errors)} are listed)" if unlisted else ""
     return error_response(HTTPStatus.UNPROCESSABLE_ENTITY, "validation_error",
-                          f"{prefix}Invalid request: {shown}{more}", errors)
+                          f"{prefix}Invalid request: {shown}{more}{listed}", errors)
 
 
 # -- domain errors -----------------------------------------------------------------------------

@@ -33,6 +33,9 @@ from coworker.engine.tasks import (
 )
 
 MAX_BATCH_TASKS = 1000
+# A batch's failure threshold: a count a batch can reach, a share DynamoDB can store as given.
+MAX_TOLERATED_FAILURES = 1_000_000_000
+MIN_TOLERATED_PERCENT = 1e-6
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 MAX_REDRIVE_PER_REQUEST = 200
@@ -93,7 +96,15 @@ class BatchIn(_Strict):
                     "are cancelled (running ones finish) and it shows state failed, until it is redriven. "
                     "Kept from the batch's first submission.")
     tolerated_failure_count: StrictInt | None = Field(
-        None, ge=0, description="The same, as a number of ignored tasks; the batch stops at whichever passes first.")
+        None, ge=0, le=MAX_TOLERATED_FAILURES,
+        description="The same, as a number of ignored tasks; the batch stops at whichever passes first.")
+
+    @field_validator("tolerated_failure_percent")
+    @classmethod
+    def _a_usable_share(cls, value: float | None) -> float | None:
+        if value is not None and 0 < value < MIN_TOLERATED_PERCENT:
+            raise ValueError(f"tolerated_failure_percent is 0, or at least {MIN_TOLERATED_PERCENT:g}")
+        return value
 
     @model_validator(mode="after")
     def _keys_unique(self) -> BatchIn:

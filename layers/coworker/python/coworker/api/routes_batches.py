@@ -3,6 +3,7 @@ bounded slice per call (a stopped batch is reopened first)."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 from urllib.parse import unquote
 
@@ -15,6 +16,8 @@ from coworker.api.models import MAX_CURSOR_CHARS, MAX_REDRIVE_PER_REQUEST, Batch
 from coworker.api.services import Services
 from coworker.data.models import status_shards
 from coworker.engine import batches, redrive
+from coworker.engine.tasks import BATCH_ID_PATTERN
+from coworker.errors import BatchNotFoundError
 from coworker.observability import logger
 
 
@@ -25,7 +28,7 @@ def router(services: Services) -> APIGatewayRouter:
     @routes.get("/batches/<batch_id>", summary="A batch's progress", tags=["batches"],
                 responses=responses("The batch's counters"))
     def read_batch(batch_id: str) -> BatchOut:
-        return BatchOut(**batches.get_batch(unquote(batch_id)).to_dict())
+        return BatchOut(**batches.get_batch(batch_id_of(batch_id)).to_dict())
 
     @routes.post("/batches/<batch_id>/retry", summary="Redrive a batch's ignored or failed tasks",
                  tags=["batches"], responses=responses("What this slice of the batch redrove"))
@@ -35,9 +38,19 @@ def router(services: Services) -> APIGatewayRouter:
         limit: Annotated[int, Query(ge=1, le=MAX_REDRIVE_PER_REQUEST)] = 100,
         cursor: Annotated[str | None, Query(max_length=MAX_CURSOR_CHARS)] = None,
     ) -> RedriveOut:
-        return redrive_slice(services.cursors, unquote(batch_id), status, limit=limit, cursor=cursor)
+        return redrive_slice(services.cursors, batch_id_of(batch_id), status, limit=limit, cursor=cursor)
 
     return routes
+
+
+def batch_id_of(raw: str) -> str:
+    """The batch id of a path parameter; 404 for an id no batch can have (the API makes and takes
+    only ids of ``BATCH_ID_PATTERN``: a counter item's ``<id>#<shard>`` is not a batch)."""
+    batch_id = unquote(raw)
+    if not re.fullmatch(BATCH_ID_PATTERN, batch_id):
+        shown = batch_id if len(batch_id) <= 100 else f"{batch_id[:100]}... ({len(batch_id)} characters)"
+        raise BatchNotFoundError(f"no batch with id {shown!r} (batch ids are 1-128 letters, digits and ._:-)")
+    return batch_id
 
 
 def redrive_slice(cursors: CursorCodec, batch_id: str, status: RedriveStatus, *, limit: int,

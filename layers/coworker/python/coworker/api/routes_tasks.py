@@ -44,10 +44,10 @@ from coworker.api.models import (
 )
 from coworker.api.services import Services
 from coworker.config import Settings
-from coworker.data.layout import BATCH_KEY_PREFIX
 from coworker.data.models import TaskModel, TaskStatus, iso_utc, status_shards, utcnow
 from coworker.engine import batches, handlers, lifecycle, offload, redrive, submit
 from coworker.engine.submit import PutOutcome
+from coworker.engine.tasks import key_problem
 from coworker.errors import TaskNotFoundError
 from coworker.observability import logger
 
@@ -193,11 +193,13 @@ def _json(status: int, body: BaseModel) -> Response:
 # -- read --------------------------------------------------------------------------------------
 
 def task_key(raw: str) -> str:
-    """The task key of a path parameter (REST APIs pass the path percent-encoded)."""
+    """The task key of a path parameter (REST APIs pass the path percent-encoded); 404 for a key
+    no task can have (too long, reserved for Coworker's own items, not text), before any read."""
     key = unquote(raw)
-    if batches.is_batch_key(key):
-        raise TaskNotFoundError(f"no task with key {key!r} (keys starting with "
-                                f"{BATCH_KEY_PREFIX!r} are reserved for batches)")
+    problem = key_problem(key)
+    if problem is not None:
+        shown = key if len(key) <= 100 else f"{key[:100]}... ({len(key)} characters)"
+        raise TaskNotFoundError(f"no task with key {shown!r} ({problem})")
     return key
 
 

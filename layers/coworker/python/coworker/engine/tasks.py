@@ -24,13 +24,64 @@ MAX_PRIORITY = 2**31 - 1
 MAX_CONCURRENCY_KEY_CHARS = 256
 MAX_CONCURRENCY_LIMIT = 1000  # a gate item holds ~30 bytes per place: 1,000 places stay under 32 KB
 BATCH_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+# Containers (objects, arrays) nested in a payload at most: below every later stage's limit (the
+# storage library's JSON encoding, the response models), so a payload taken is a payload read.
+MAX_PAYLOAD_DEPTH = 64
 
 
 def no_control_characters(value: str, what: str) -> str:
-    """``value``, or ValueError if it holds control characters (tabs, newlines, NUL...)."""
+    """``value``, or ValueError if it holds control characters (tabs, newlines, NUL...) or is not
+    valid Unicode text (a lone surrogate, such as ``\ud800``)."""
     if any(unicodedata.category(ch) == "Cc" for ch in value):
         raise ValueError(f"{what} must not contain control characters (tabs, newlines, NUL...)")
+    if not is_text(value):
+        raise ValueError(f"{what} is not valid Unicode text (it holds a lone surrogate, such as \\ud800)")
     return value
+
+
+def is_text(value: str) -> bool:
+    """Whether ``value`` can be stored as UTF-8 (no lone surrogate)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def payload_problem(payload: Any) -> str | None:
+    """Why a payload cannot be stored and read back as it was, or ``None``: nested deeper than
+    :data:`MAX_PAYLOAD_DEPTH`, or a string (or object key) that is not valid Unicode text."""
+    stack: list[tuple[Any, int]] = [(payload, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            if not is_text(value):
+                return "the payload holds a string that is not valid Unicode text (a lone surrogate, such as \\ud800)"
+        elif isinstance(value, dict | list):
+            if depth >= MAX_PAYLOAD_DEPTH:
+                return f"the payload nests objects and arrays deeper than {MAX_PAYLOAD_DEPTH} levels"
+            items = value.items() if isinstance(value, dict) else ((None, item) for item in value)
+            for name, item in items:
+                if isinstance(name, str) and not is_text(name):
+                    return "the payload holds an object key that is not valid Unicode text (a lone surrogate)"
+                stack.append((item, depth + 1))
+    return None
+
+
+def key_problem(key: str) -> str | None:
+    """Why no task can have ``key``, or ``None``."""
+    if not 1 <= len(key) <= MAX_KEY_CHARS:
+        return f"task keys are 1 to {MAX_KEY_CHARS} characters"
+    prefix = reserved_prefix(key)
+    if prefix is not None:
+        if prefix == BATCH_KEY_PREFIX:
+            return f"keys starting with '{BATCH_KEY_PREFIX}' are reserved for batches"
+        return f"keys starting with '{prefix}' are reserved for Coworker's own items"
+    try:
+        no_control_characters(key, "key")
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def time_as_text(value: Any, name: str) -> Any:
@@ -99,12 +150,17 @@ class NewTask(BaseModel):
     def _key_is_usable(cls, value: str | None) -> str | None:
         if value is None:
             return value
-        no_control_characters(value, "key")
-        if value.startswith(BATCH_KEY_PREFIX):
-            raise ValueError(f"keys starting with '{BATCH_KEY_PREFIX}' are reserved for batches")
-        prefix = reserved_prefix(value)
-        if prefix is not None:
-            raise ValueError(f"keys starting with '{prefix}' are reserved for Coworker's own items")
+        problem = key_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("payload")
+    @classmethod
+    def _payload_is_storable(cls, value: Any) -> Any:
+        problem = payload_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     @field_validator("type")
