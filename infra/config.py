@@ -277,6 +277,9 @@ def _settings_from_options(options: dict[str, Any]) -> Settings:
     """The library settings among ``options``; an invalid one is reported by its option name and
     context key, with pydantic's reason."""
     values = {field: options[field] for field in _SETTINGS_CONTEXT.values() if options.get(field) is not None}
+    # A deployment runs the example task types (a crawl that spawns, tasks that always fail) only
+    # when asked to: anyone who may call its API could otherwise start them.
+    values.setdefault("example_handlers", False)
     try:
         return Settings.model_validate(values)
     except ValidationError as exc:

@@ -197,7 +197,7 @@ def test_environment_carries_the_settings_from_context(template: Template, funct
         assert env["COWORKER_DISPATCH_ON_SUBMIT"] == "False"  # "false" on the command line
         assert "COWORKER_TICKS_PER_INVOCATION" not in env
         assert "COWORKER_LAMBDA_ENDPOINT" not in env
-        assert env["COWORKER_EXAMPLE_HANDLERS"] == "True"
+        assert env["COWORKER_EXAMPLE_HANDLERS"] == "False"  # a deployment runs the examples only when asked
         assert env["POWERTOOLS_SERVICE_NAME"] == c.SERVICE_NAME
         assert env["POWERTOOLS_METRICS_NAMESPACE"] == "Coworker"
         assert env["POWERTOOLS_LOG_LEVEL"] == "INFO"

@@ -51,7 +51,9 @@ def test_your_handlers_package_is_in_the_function_code_and_imported_by_it(tmp_pa
     functions = functions_by_role(template)
     worker_env = functions["worker"]["Environment"]["Variables"]
     assert worker_env["COWORKER_HANDLER_MODULES"] == name
-    assert worker_env["COWORKER_EXAMPLE_HANDLERS"] == "True"
+    assert worker_env["COWORKER_EXAMPLE_HANDLERS"] == "False"  # the examples only when asked for
+    examples = synth_system(tmp_path / "with-examples", handlers=str(package), example_handlers=True)[0]
+    assert functions_by_role(examples)["worker"]["Environment"]["Variables"]["COWORKER_EXAMPLE_HANDLERS"] == "True"
     assert functions["api"]["Environment"]["Variables"]["COWORKER_HANDLER_MODULES"] == name  # checks types
     # The coordinator's code has no handlers package: it must not import it.
     assert name not in functions["coordinator"]["Environment"]["Variables"]["COWORKER_HANDLER_MODULES"]

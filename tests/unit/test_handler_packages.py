@@ -144,3 +144,25 @@ def test_run_handler_shows_the_follow_ups_a_handler_asked_for() -> None:
     assert run_handler(crawl, {"links": ["/a", "/b"]}, context=context) == 2
     assert [(f.key, f.type, f.payload) for f in context.follow_ups] == [
         ("page:/a", "quick", {"url": "/a"}), ("page:/b", "quick", {"url": "/b"})]
+
+
+def test_the_example_crawl_refuses_a_request_for_an_unbounded_crawl() -> None:
+    from coworker.engine.examples import MAX_CRAWL_DEPTH, MAX_CRAWL_FANOUT
+
+    with pytest.raises(TaskFailed, match="fanout is 0-10") as refused:
+        run_handler("crawl", {"fanout": 1000, "max_depth": 50})
+    assert refused.value.retryable is False
+    context = make_context("crawl:seed")
+    run_handler("crawl", {"fanout": MAX_CRAWL_FANOUT, "max_depth": MAX_CRAWL_DEPTH}, context=context)
+    assert len(context.follow_ups) == MAX_CRAWL_FANOUT + 2  # its links, the home page and its parent
+
+
+def test_the_priority_is_any_32_bit_signed_integer() -> None:
+    from coworker.engine.tasks import NewTask
+    from pydantic import ValidationError
+
+    assert NewTask(type="quick", priority=-(2**31)).priority == -(2**31)
+    assert NewTask(type="quick", priority=2**31 - 1).priority == 2**31 - 1
+    for outside in (-(2**31) - 1, 2**31):
+        with pytest.raises(ValidationError):
+            NewTask(type="quick", priority=outside)

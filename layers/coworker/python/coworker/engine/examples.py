@@ -51,6 +51,11 @@ def always_fail(payload: dict[str, Any] | None, context: TaskContext) -> None:
     raise TaskFailed((payload or {}).get("reason", "the order references an unknown product"))
 
 
+# The example crawl's bounds: at most 10,000 pages from one seed.
+MAX_CRAWL_FANOUT = 10
+MAX_CRAWL_DEPTH = 4
+
+
 def crawl_key(url: str, prefix: str = "crawl") -> str:
     """The task key of a page of the example crawl: one key per URL (give the seed this key)."""
     return f"{prefix}:{hashlib.sha256(url.encode()).hexdigest()[:20]}"
@@ -71,6 +76,10 @@ def crawl(payload: dict[str, Any] | None, context: TaskContext) -> dict[str, Any
     depth = int(payload.get("depth", 0))
     max_depth = int(payload.get("max_depth", 3))
     fanout = int(payload.get("fanout", 10))
+    if not (0 <= max_depth <= MAX_CRAWL_DEPTH and 0 <= fanout <= MAX_CRAWL_FANOUT):
+        # One request must not ask for fanout ** max_depth pages: refused, not retried.
+        raise TaskFailed(f"crawl: fanout is 0-{MAX_CRAWL_FANOUT} and max_depth 0-{MAX_CRAWL_DEPTH} "
+                         f"(a crawl of at most {MAX_CRAWL_FANOUT ** MAX_CRAWL_DEPTH:,} pages)", retryable=False)
     prefix = str(payload.get("key_prefix", "crawl"))
     parent = url.rsplit("/", 1)[0] or "/"
     links = [url.rstrip("/") + f"/{n}" for n in range(fanout)] if depth < max_depth else []

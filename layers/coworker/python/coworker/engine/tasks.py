@@ -121,7 +121,7 @@ class NewTask(BaseModel):
                                            description="Attempt ceiling; default COWORKER_MAX_ATTEMPTS.")
     run_at: datetime | None = Field(None, description="ISO-8601 time before which the task is not run "
                                                       "(no zone means UTC).")
-    priority: StrictInt | None = Field(None, ge=-MAX_PRIORITY, le=MAX_PRIORITY,
+    priority: StrictInt | None = Field(None, ge=-MAX_PRIORITY - 1, le=MAX_PRIORITY,
                                        description="Seconds of head start in the oldest-first queue "
                                                    "(negative: held back that long); ignored when run_at is set.")
     concurrency_key: str | None = Field(
