@@ -3,6 +3,7 @@ text, unbounded numbers and amplified errors are refused with a 4xx, and change 
 
 from __future__ import annotations
 
+import json
 from urllib.parse import quote
 
 import pytest
@@ -98,3 +99,28 @@ def test_a_422_lists_a_bounded_number_of_problems_and_says_how_many(api) -> None
     assert "1000 problems; the first 100 are listed" in body["message"]
     assert "50 bad entries" in body["message"]
     assert len(response["body"]) < 50_000
+
+
+def test_a_re_sent_batch_whose_tasks_all_exist_is_answered_as_documented(api) -> None:
+    body = {"batch_id": "again", "tasks": [{"key": "a", "type": "quick"}]}
+    assert api.call("POST", "/tasks", body)[0] == 201
+    status, answer, _ = api.call("POST", "/tasks", body)
+    assert status == 200 and answer["existing"] == 1
+    documented = json.loads(api.app.get_openapi_json_schema())
+    shapes = documented["paths"]["/tasks"]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert {"$ref": "#/components/schemas/SubmitBatchOut"} in shapes["oneOf"]
+
+
+def test_a_503_tells_the_client_what_to_do_not_what_dynamodb_said(api, monkeypatch) -> None:
+    from coworker.engine import lifecycle
+    from coworker.errors import StorageError
+
+    def refused(*args, **kwargs):
+        raise StorageError("could not get task 'x': User: arn:aws:sts::123456789012:assumed-role/internal is "
+                           "not authorized to perform: dynamodb:GetItem on resource: arn:aws:dynamodb:table/secret")
+
+    monkeypatch.setattr(lifecycle, "get_task", refused)
+    status, answer, _ = api.call("GET", "/tasks/x")
+    assert (status, answer["error"]) == (503, "storage_unavailable")
+    assert "retry later" in answer["message"]
+    assert "arn:" not in answer["message"] and "not authorized" not in answer["message"]

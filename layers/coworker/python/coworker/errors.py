@@ -22,11 +22,14 @@ class RecordTooLargeError(StorageError):
 
 class PartialPutError(StorageError):
     """Storage failed part-way through putting a batch: ``stored`` are the keys that went in,
-    the others did not."""
+    the others did not; ``reason`` says why in words fit for a client (the message may hold
+    DynamoDB's own)."""
 
-    def __init__(self, message: str, stored: list[str]) -> None:
+    def __init__(self, message: str, stored: list[str], reason: str = "DynamoDB refused or failed some puts"
+                 ) -> None:
         super().__init__(message)
         self.stored = stored
+        self.reason = reason
 
 
 class GuardFailedError(CoworkerError):

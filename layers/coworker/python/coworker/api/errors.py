@@ -155,8 +155,8 @@ def partly_stored_response(exc: PartialPutError) -> Response:
     """503 for a batch stored part-way, naming the keys stored: re-sending completes it."""
     logger.exception("batch partly stored", extra={"stored": len(exc.stored)})
     body = ErrorOut(statusCode=503, error="storage_unavailable",
-                    message=f"{exc}: re-send the same request to store the rest (tasks already stored are "
-                            "reported as existing, and the batch total counts each task once)",
+                    message=f"{exc.reason}: re-send the same request to store the rest (tasks already stored are "
+                            f"reported as existing, and the batch total counts each task once){_request_id()}",
                     stored=exc.stored)
     return Response(status_code=503, content_type=content_types.APPLICATION_JSON,
                     body=body.model_dump_json(exclude_none=True))
@@ -170,9 +170,23 @@ def domain_error_response(exc: CoworkerError) -> Response:
             break
     else:
         status, name = HTTPStatus.INTERNAL_SERVER_ERROR, "internal_error"
-    if status >= 500:
-        logger.exception("request failed", extra={"error": name})
-    return error_response(status, name, str(exc))
+    if status < 500:
+        return error_response(status, name, str(exc))
+    # What DynamoDB, S3 or the code said stays in the log: the client is told what to do.
+    logger.exception("request failed", extra={"error": name})
+    message = (SERVICE_UNAVAILABLE_MESSAGE if status == HTTPStatus.SERVICE_UNAVAILABLE
+               else "the request failed inside the API")
+    return error_response(status, name, message + _request_id())
+
+
+SERVICE_UNAVAILABLE_MESSAGE = ("DynamoDB or the object store refused or failed the request (throttling or an "
+                               "outage): retry later")
+
+
+def _request_id() -> str:
+    """``; request id <id>`` (API Gateway's, which the logs carry too), when there is one."""
+    request_id = logger.get_correlation_id()
+    return f"; request id {request_id}" if request_id else ""
 
 
 def install_error_handlers(app: APIGatewayRestResolver) -> None:

@@ -60,13 +60,12 @@ FINISHED_NOT_LISTED = (
     "count with GET /batches/{id}"
 )
 
+# A task or a batch, either answer: the batch's shape also when every task of a re-sent batch existed.
+_SUBMIT_ANSWER = {"application/json": {"schema": {"oneOf": [
+    {"$ref": "#/components/schemas/SubmitTaskOut"}, {"$ref": "#/components/schemas/SubmitBatchOut"}]}}}
 SUBMIT_RESPONSES: dict[int, Any] = {
-    201: {"description": "Created (at least one task)", "content": {
-        "application/json": {"schema": {"oneOf": [
-            {"$ref": "#/components/schemas/SubmitTaskOut"},
-            {"$ref": "#/components/schemas/SubmitBatchOut"}]}}}},
-    200: {"description": "Every task existed already (left untouched)",
-          "content": {"application/json": {"model": SubmitTaskOut}}},
+    201: {"description": "Created (at least one task)", "content": _SUBMIT_ANSWER},
+    200: {"description": "Every task existed already (left untouched)", "content": _SUBMIT_ANSWER},
     **ERROR_RESPONSES,
 }
 

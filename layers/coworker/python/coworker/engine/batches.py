@@ -162,10 +162,11 @@ def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = 
     _open(batch_id, now, tolerance)
     created = [False] * len(tasks)
     failures: list[StorageError] = []
+    late = f"the batch's puts took over {PUT_WINDOW_SECONDS} s"
 
     def put(index: int) -> None:
         if time.monotonic() > deadline:  # past the promise: the client sends the rest again
-            failures.append(StorageError(f"the batch's puts took over {PUT_WINDOW_SECONDS} s"))
+            failures.append(StorageError(late))
             return
         try:
             created[index] = _put_if_new(tasks[index])
@@ -182,7 +183,9 @@ def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = 
         _close(batch_id)
     if failures:
         stored = [task.key for task, made in zip(tasks, created, strict=True) if made]
-        raise PartialPutError(f"{failures[0]}; {len(stored)} of {len(tasks)} tasks were stored", stored)
+        reason = late if str(failures[0]) == late else "DynamoDB refused or failed some puts"
+        raise PartialPutError(f"{failures[0]}; {len(stored)} of {len(tasks)} tasks were stored", stored,
+                              f"{reason}; {len(stored)} of {len(tasks)} tasks were stored")
     return created
 
 
