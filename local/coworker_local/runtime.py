@@ -123,7 +123,9 @@ class CoordinatorTimer:
         self.interval = settings.tick_seconds
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.history: collections.deque[TickRecord] = collections.deque(maxlen=120)
+        self.history: collections.deque[TickRecord] = collections.deque(maxlen=120)  # the latest ticks
+        self.tick_count = 0  # every tick since the start (the history keeps only the latest)
+        self.holds_lease = False  # a supervisor run of this timer holds the coordinator lease now
 
     def start(self) -> CoordinatorTimer:
         self._thread = threading.Thread(target=self._loop, name="coordinator", daemon=True)
@@ -132,6 +134,8 @@ class CoordinatorTimer:
 
     def _record(self, report: dispatch.TickReport | None, error: str | None) -> None:
         self.history.append(TickRecord(time.time(), report, error))
+        self.tick_count += 1
+        self.holds_lease = True  # a supervisor ticks only while it holds the lease
         # Lambda flushes metrics at the end of each invocation; locally they are dropped.
         metrics.clear_metrics()
 
@@ -144,6 +148,7 @@ class CoordinatorTimer:
             except Exception as exc:  # noqa: BLE001 - logged; the schedule starts another run
                 logger.exception("coordinator run failed")
                 self._record(None, f"{type(exc).__name__}: {exc}")
+            self.holds_lease = False  # the run ended: it released the lease (or lost it)
             self._stop.wait(self.interval)
 
     def stop(self) -> None:
@@ -335,8 +340,10 @@ class LocalRuntime:
             "settings": {k: v for k, v in self.settings.model_dump().items()},
             "effective_lock_seconds": self.settings.effective_lock_seconds,
             "workers": self.pool.stats() if self.pool else {},
-            "ticks": len(ticks),
+            "ticks": self.coordinator.tick_count if self.coordinator else 0,
             "last_tick": dataclasses.asdict(last.report) | {"at": last.at} if last and last.report else None,
+            "last_tick_age_seconds": round(time.time() - last.at, 1) if last else None,
+            "coordinator_holds_lease": self.coordinator.holds_lease if self.coordinator else False,
             "backlog": self._last_backlog(ticks),
             "tick_errors": [t.error for t in ticks if t.error][-5:],
             "batches": self.batches[-20:],

@@ -132,6 +132,16 @@ def test_dashboard_and_api_documents_are_served(runtime):
     info = runtime.get("/local/info").json()
     assert info["settings"]["tick_seconds"] == 0.5  # the environment variable reached the runtime
     assert info["settings"]["dynamodb_endpoint"].startswith("http://127.0.0.1:")
+    # the coordinator: every tick counted (not the 120 the history keeps), how long ago the last
+    # was, and whether it holds the lease
+    deadline = time.monotonic() + 60
+    while (info := runtime.get("/local/info").json())["ticks"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    first = info["ticks"]
+    assert info["coordinator_holds_lease"] is True and 0 <= info["last_tick_age_seconds"] < 30
+    while runtime.get("/local/info").json()["ticks"] <= first and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert runtime.get("/local/info").json()["ticks"] > first
 
 
 def test_ctrl_c_interrupts_running_workers_and_they_record_their_tasks(start_runtime):
