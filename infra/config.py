@@ -108,6 +108,9 @@ class StackConfig:
     warm_write_units: int | None = None  # pre-warmed throughput of the table and its index
     warm_read_units: int | None = None
     lambda_concurrency_quota: int = c.DEFAULT_LAMBDA_CONCURRENCY_QUOTA  # the account's, as the deployer says
+    # The ``service`` dimension of the functions' metrics (POWERTOOLS_SERVICE_NAME): one per
+    # deployment (TaskSystem sets it), so two deployments in an account share no graph or alarm.
+    service_name: str = c.SERVICE_NAME
 
     @property
     def reserved_concurrency(self) -> int:
@@ -170,7 +173,7 @@ class StackConfig:
             # X-Ray keeps neither responses (task payloads, results) nor exception bodies.
             POWERTOOLS_TRACER_CAPTURE_RESPONSE="false",
             POWERTOOLS_TRACER_CAPTURE_ERROR="false",
-            POWERTOOLS_SERVICE_NAME=c.SERVICE_NAME,
+            POWERTOOLS_SERVICE_NAME=self.service_name,
             POWERTOOLS_METRICS_NAMESPACE=c.METRICS_NAMESPACE,
             POWERTOOLS_LOG_LEVEL=self.log_level,
         )

@@ -15,10 +15,11 @@ the construct is created: an unknown name or a bad value raises ConfigurationErr
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-from aws_cdk import Annotations, Aws, RemovalPolicy
+from aws_cdk import Annotations, Aws, RemovalPolicy, Stack, Token
 from constructs import Construct
 
 from infra import constants as c
@@ -54,7 +55,9 @@ class TaskSystem(Construct):
         super().__init__(scope, construct_id)
         if config is not None and options:
             raise TypeError("give TaskSystem either config or options, not both")
-        self.config = config or StackConfig.from_options(**options)
+        config = config or StackConfig.from_options(**options)
+        # Metrics, dashboard and alarms of this deployment only: its own ``service`` dimension.
+        self.config = dataclasses.replace(config, service_name=self._service_name())
         # Retained on update and delete, but not when the first create fails: a failed create
         # leaves nothing behind to clean up by hand (CloudFormation's RetainExceptOnCreate).
         removal = RemovalPolicy.DESTROY if self.config.destroy_on_removal else RemovalPolicy.RETAIN_ON_UPDATE_OR_DELETE
@@ -102,6 +105,13 @@ class TaskSystem(Construct):
             dead_letter_queue=self.processing.dead_letter_queue,
         )
         acknowledge_findings(tasks=self.tasks, processing=self.processing, api=self.api, results=self.results)
+
+    def _service_name(self) -> str:
+        """``coworker-<stack name>``, and ``-<construct id>`` for a system not named Default: the
+        metrics' ``service`` dimension of this deployment."""
+        stack_name = Stack.of(self).stack_name
+        name = c.SERVICE_NAME if Token.is_unresolved(stack_name) else f"{c.SERVICE_NAME}-{stack_name}"
+        return name if self.node.id == "Default" else f"{name}-{self.node.id}"
 
     @property
     def api_url(self) -> str:

@@ -1,8 +1,9 @@
 """Dashboard and alarms over the Powertools metrics, the functions, the DLQ and the table.
 
 The functions publish EMF metrics in namespace ``Coworker`` with the single dimension
-``service`` (POWERTOOLS_SERVICE_NAME, the same for every function), so each metric below is
-the total over all functions whichever one emits it.
+``service`` (POWERTOOLS_SERVICE_NAME: the same for every function of one deployment, and another
+for each deployment), so each metric below is the total over this deployment's functions,
+whichever one emits it, and nothing of another deployment's.
 """
 
 from __future__ import annotations
@@ -62,14 +63,14 @@ class Monitoring(Construct):
         self.dashboard = self._build_dashboard(coordinator, worker, api_handler, rest_api, dead_letter_queue)
 
     # --- metrics -----------------------------------------------------------------------------
-    @staticmethod
     def task_metric(
-        name: str, statistic: str = cloudwatch.Stats.SUM, period: Duration = _MINUTE
+        self, name: str, statistic: str = cloudwatch.Stats.SUM, period: Duration = _MINUTE
     ) -> cloudwatch.Metric:
+        """One of the functions' metrics, of this deployment only (its ``service`` dimension)."""
         return cloudwatch.Metric(
             namespace=c.METRICS_NAMESPACE,
             metric_name=name,
-            dimensions_map={"service": c.SERVICE_NAME},
+            dimensions_map={"service": self._config.service_name},
             statistic=statistic,
             period=period,
             label=name if statistic == cloudwatch.Stats.SUM else f"{name} {statistic}",

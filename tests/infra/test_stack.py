@@ -198,7 +198,7 @@ def test_environment_carries_the_settings_from_context(template: Template, funct
         assert "COWORKER_TICKS_PER_INVOCATION" not in env
         assert "COWORKER_LAMBDA_ENDPOINT" not in env
         assert env["COWORKER_EXAMPLE_HANDLERS"] == "False"  # a deployment runs the examples only when asked
-        assert env["POWERTOOLS_SERVICE_NAME"] == c.SERVICE_NAME
+        assert env["POWERTOOLS_SERVICE_NAME"] == "coworker-Coworker"  # this deployment's metric dimension
         assert env["POWERTOOLS_METRICS_NAMESPACE"] == "Coworker"
         assert env["POWERTOOLS_LOG_LEVEL"] == "INFO"
         assert "AWS_REGION" not in env and "COWORKER_DYNAMODB_ENDPOINT" not in env
@@ -500,7 +500,7 @@ def test_dashboard_shows_the_task_metrics(template: Template) -> None:
     assert "Backlog" in first_titles[0] and "Oldest due task" in first_titles[1]
     for percentile in c.DURATION_PERCENTILES:
         assert f'\\"stat\\":\\"{percentile}\\"' in body
-    assert '\\"Coworker\\",\\"TaskClaimed\\",\\"service\\",\\"coworker\\"' in body
+    assert '\\"Coworker\\",\\"TaskClaimed\\",\\"service\\",\\"coworker-Coworker\\"' in body
 
 
 def alarms_by_id(template: Template) -> dict[str, dict]:
@@ -753,6 +753,28 @@ def test_a_deployment_no_default_account_can_hold_is_refused_with_what_it_needs(
         config(maxConcurrency=10_000)
     # an account whose quota was raised says so, and may
     assert config(maxConcurrency=10_000, lambdaConcurrencyQuota=5000).reserved_concurrency == 1001
+
+
+def test_two_deployments_in_one_account_share_no_metric_graph_or_alarm() -> None:
+    from aws_cdk import App, Stack
+
+    from infra.task_system import TaskSystem
+
+    def services(stack_name: str, system_id: str = "Default") -> set[str]:
+        app = App(context={"layerDependencies": "skip"})
+        stack = Stack(app, stack_name)
+        TaskSystem(stack, system_id, handlers=None)
+        template = Template.from_stack(stack).to_json()
+        found = {fn["Properties"]["Environment"]["Variables"]["POWERTOOLS_SERVICE_NAME"]
+                 for fn in template["Resources"].values() if fn["Type"] == "AWS::Lambda::Function"
+                 and "POWERTOOLS_SERVICE_NAME" in fn["Properties"].get("Environment", {}).get("Variables", {})}
+        alarms = json.dumps([r for r in template["Resources"].values() if r["Type"] == "AWS::CloudWatch::Alarm"])
+        assert all(f'"Value": "{name}"' in alarms for name in found)
+        return found
+
+    assert services("Prod") == {"coworker-Prod"}
+    assert services("Staging") == {"coworker-Staging"}
+    assert services("Prod", "Crawls") == {"coworker-Prod-Crawls"}
 
 
 def test_a_misspelled_context_key_fails_the_synth_with_the_key_it_meant() -> None:
