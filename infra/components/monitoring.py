@@ -8,6 +8,8 @@ whichever one emits it, and nothing of another deployment's.
 
 from __future__ import annotations
 
+from typing import Any
+
 from aws_cdk import Annotations, Duration
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_cloudwatch as cloudwatch
@@ -121,27 +123,31 @@ class Monitoring(Construct):
             period=period,
         )
 
+    def _alarm(self, construct_id: str, metric: cloudwatch.IMetric, description: str, threshold: float = 1,
+               **options: Any) -> cloudwatch.Alarm:
+        """An alarm at or above ``threshold`` in one period, missing data not breaching, unless told."""
+        return cloudwatch.Alarm(
+            self,
+            construct_id,
+            metric=metric,
+            threshold=threshold,
+            evaluation_periods=options.pop("evaluation_periods", 1),
+            comparison_operator=options.pop(
+                "comparison_operator", cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD),
+            treat_missing_data=options.pop("treat_missing_data", cloudwatch.TreatMissingData.NOT_BREACHING),
+            alarm_description=description,
+            **options,
+        )
+
     def _build_alarms(
         self, coordinator: lambda_.IFunction, dead_letter_queue: sqs.IQueue, worker: lambda_.IFunction,
         rest_api: apigw.RestApi,
     ) -> list[cloudwatch.Alarm]:
-        config = self._config
+        return [*self._work_alarms(), *self._failure_alarms(coordinator, dead_letter_queue, worker, rest_api)]
 
-        def alarm(construct_id: str, metric: cloudwatch.IMetric, description: str, threshold: float = 1,
-                  **options) -> cloudwatch.Alarm:
-            return cloudwatch.Alarm(
-                self,
-                construct_id,
-                metric=metric,
-                threshold=threshold,
-                evaluation_periods=options.pop("evaluation_periods", 1),
-                comparison_operator=options.pop(
-                    "comparison_operator", cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD),
-                treat_missing_data=options.pop("treat_missing_data", cloudwatch.TreatMissingData.NOT_BREACHING),
-                alarm_description=description,
-                **options,
-            )
-
+    def _work_alarms(self) -> list[cloudwatch.Alarm]:
+        """The work itself: the coordinator ticks, due tasks start, few end ignored."""
+        config, alarm = self._config, self._alarm
         silence = config.coordinator_silence_alarm_minutes
         return [
             alarm(
@@ -176,6 +182,15 @@ class Monitoring(Construct):
                 evaluation_periods=c.IGNORED_ALARM_PERIODS,
                 datapoints_to_alarm=1,
             ),
+        ]
+
+    def _failure_alarms(
+        self, coordinator: lambda_.IFunction, dead_letter_queue: sqs.IQueue, worker: lambda_.IFunction,
+        rest_api: apigw.RestApi,
+    ) -> list[cloudwatch.Alarm]:
+        """What fails around the work: the functions, the API, the dead-letter queue, the table."""
+        alarm = self._alarm
+        return [
             alarm(
                 "CoordinatorErrorsAlarm",
                 coordinator.metric_errors(period=_ALARM_PERIOD),
