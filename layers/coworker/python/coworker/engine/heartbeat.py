@@ -113,7 +113,7 @@ class Heartbeat:
         running = Running(claim, context, locked_at=locked_at if locked_at is not None else time.monotonic())
         with self._lock:
             self._running[claim.key] = running
-        self._wake.set()
+        # (Its first extension is due an interval from now: the loop looks at least every half one.)
         return running
 
     def unwatch(self, key: str) -> None:
