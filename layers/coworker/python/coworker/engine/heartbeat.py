@@ -212,15 +212,16 @@ class Heartbeat:
 
     def _extend_slot(self, sent: float) -> None:
         try:
-            taken = slots.extend(self._slot or "", self._token or "", self._settings.effective_lock_seconds)
-        except Exception:  # noqa: BLE001 - sent again on schedule
+            taken: bool | None = slots.extend(self._slot or "", self._token or "",
+                                              self._settings.effective_lock_seconds)
+        except Exception:  # noqa: BLE001 - not extended: sent again on schedule
             logger.exception("could not extend the worker slot")
-            taken = True
+            taken = None
         finally:
             self._slot_in_flight = False
         if taken:
             self._slot_locked_at = max(self._slot_locked_at, sent)
-        elif not self.slot_lost.is_set():
+        elif taken is False and not self.slot_lost.is_set():
             self.slot_lost.set()
             logger.warning("worker slot was taken over; taking no more work", extra={"slot": self._slot})
 
@@ -234,7 +235,8 @@ class Heartbeat:
         late: list[Running] = []
         with self._lock:
             for task in self._running.values():
-                if task.context.lost.is_set() or task.done:
+                # (A task whose handler returned keeps its lock while its outcome is written.)
+                if task.context.lost.is_set():
                     continue
                 if now >= task.locked_at + lock_seconds - retry:
                     # Nothing landed and the lock lapses within half an interval: stop the handler
