@@ -23,7 +23,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import requests
 from coworker.engine import handlers
 
-from coworker_local.api_client import RESEND_ATTEMPTS, RESENT_STATUSES, resend_delay
+from coworker_local.api_client import ApiClient, ApiError, Unreachable
 
 if TYPE_CHECKING:
     from coworker_local.runtime import LocalRuntime
@@ -64,8 +63,7 @@ def build_workload(count: int, run_id: str, seed: int | None = None) -> dict[str
     return batches
 
 
-def submit(base_url: str, batches: dict[str, list[dict[str, Any]]], session: requests.Session,
-           sleep: Callable[[float], None] = time.sleep) -> int:
+def submit(client: ApiClient, batches: dict[str, list[dict[str, Any]]]) -> int:
     """POST every batch in chunks, the types interleaved so the work arrives mixed. Returns the count."""
     chunks = {batch_id: [tasks[i:i + CHUNK] for i in range(0, len(tasks), CHUNK)]
               for batch_id, tasks in batches.items()}
@@ -73,38 +71,24 @@ def submit(base_url: str, batches: dict[str, list[dict[str, Any]]], session: req
     for round_ in range(max((len(c) for c in chunks.values()), default=0)):
         for batch_id, parts in chunks.items():
             if round_ < len(parts):
-                body = {"batch_id": batch_id, "tasks": parts[round_]}
-                created += post_tasks(f"{base_url}/tasks", body, session, sleep)["created"]
+                created += post_tasks(client, {"batch_id": batch_id, "tasks": parts[round_]})["created"]
     return created
 
 
-def post_tasks(url: str, body: dict[str, Any], session: requests.Session,
-               sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
-    """One ``POST /tasks``, re-sent as the API advises: on 503 (storage refused; the batch's tasks
-    are keyed, so a re-send stores only what is missing) and on 429 (throttled), with growing
-    delays, at most ``RESEND_ATTEMPTS`` times; then :class:`SubmitError` saying what it tried."""
-    started = time.monotonic()
-    for attempt in range(1, RESEND_ATTEMPTS + 2):
-        response = session.post(url, json=body, timeout=60)
-        if response.status_code not in RESENT_STATUSES:
-            response.raise_for_status()
-            return response.json()
-        if attempt > RESEND_ATTEMPTS:
-            break
-        sleep(resend_delay(attempt, response.headers.get("Retry-After")))
-    raise SubmitError(f"POST /tasks answered {response.status_code} {_message(response)!r} {attempt} times over "
-                      f"{time.monotonic() - started:.0f} s; the machine or the database may be overloaded")
+def post_tasks(client: ApiClient, body: dict[str, Any]) -> dict[str, Any]:
+    """One ``POST /tasks`` through the CLI's client, which re-sends it as the API advises (503: the
+    batch's tasks are keyed, so a re-send stores only what is missing; 429: after backing off);
+    :class:`SubmitError` once it gives up."""
+    try:
+        return client.request("POST", "/tasks", body=body)
+    except ApiError as exc:
+        raise SubmitError(f"POST /tasks answered {exc.status}: {exc.message}") from None
+    except Unreachable as exc:
+        raise SubmitError(f"POST /tasks: {exc}") from None
 
 
 class SubmitError(RuntimeError):
     """The API kept refusing the demo's tasks after every re-send it advises."""
-
-
-def _message(response: requests.Response) -> str:
-    try:
-        return str(response.json().get("message", response.reason))[:300]
-    except ValueError:
-        return str(response.reason)
 
 
 @dataclasses.dataclass
@@ -256,7 +240,7 @@ def run_demo(runtime: LocalRuntime, count: int, seed: int | None = None,
 
     def submit_all() -> None:
         try:
-            submit(runtime.url, batches, requests.Session())
+            submit(ApiClient(runtime.url), batches)
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             errors.append(exc)
 

