@@ -17,35 +17,10 @@ from typing import Any
 
 import pytest
 
+from tests.rehearsal.template import asset_dir, environment_of, functions_of, layer_dir
 from tests.support.handler_packages import write_handler_package
 
 pytest.importorskip("aws_cdk")
-
-DESCRIPTION_PREFIX = {"api": "Coworker API", "coordinator": "Coworker coordinator", "worker": "Coworker worker"}
-# A stand-in for each value the template only knows at deploy time (a table or function name).
-DEPLOY_TIME = "rehearsal-{}"
-
-
-def asset_dir(assembly_dir: Path, code: dict[str, Any]) -> Path:
-    return assembly_dir / f"asset.{code['S3Key'].removesuffix('.zip')}"
-
-
-def environment_of(function: dict[str, Any]) -> dict[str, str]:
-    """The function's environment variables, deploy-time values replaced by stand-ins."""
-    variables = function["Properties"].get("Environment", {}).get("Variables", {})
-    return {name: value if isinstance(value, str) else DEPLOY_TIME.format(name.lower()) for name, value in
-            variables.items()}
-
-
-def functions_of(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    found = {}
-    for body in template["Resources"].values():
-        if body["Type"] == "AWS::Lambda::Function":
-            for role, prefix in DESCRIPTION_PREFIX.items():
-                if body["Properties"].get("Description", "").startswith(prefix):
-                    found[role] = body
-    return found
-
 
 def start(function: dict[str, Any], assembly_dir: Path, layer_dir: Path) -> subprocess.CompletedProcess[str]:
     """Import the function's handler module as Lambda does (its start-up runs at import)."""
@@ -75,13 +50,12 @@ def test_each_function_starts_from_its_asset_with_its_environment(synthesize, tm
     options = {"handlersDir": str(package), **{k: v.format(package=name) for k, v in context.items()}}
     stack, assembly = synthesize(options)
     template = assembly.get_stack_by_name(stack.stack_name).template
-    (layer,) = [body for body in template["Resources"].values() if body["Type"] == "AWS::Lambda::LayerVersion"]
-    layer_dir = asset_dir(Path(assembly.directory), layer["Properties"]["Content"])
+    layer = layer_dir(template, Path(assembly.directory))
     functions = functions_of(template)
     assert sorted(functions) == ["api", "coordinator", "worker"]
 
     # When each function's module is imported from its own asset, with its own environment
-    failed = {role: start(function, Path(assembly.directory), layer_dir) for role, function in functions.items()}
+    failed = {role: start(function, Path(assembly.directory), layer) for role, function in functions.items()}
 
     # Then each one starts
     errors = {role: run.stderr.strip().splitlines()[-1] for role, run in failed.items() if run.returncode != 0}

@@ -16,7 +16,6 @@ import fnmatch
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import botocore.client
@@ -28,13 +27,11 @@ from coworker.engine.handlers import TaskContext, task_handler
 from coworker.engine.offload import FolderObjectStore
 from coworker.engine.worker import WorkerRequest, run_invocation
 
+from tests.rehearsal.template import ROLES, Grants, Targets, logical_id, needs, role_grants
 from tests.support.doubles import Api
 
 pytest.importorskip("aws_cdk")
 
-ROLES = ("api", "coordinator", "worker")
-# The functions' descriptions in the template name their role.
-DESCRIPTION_PREFIX = {"api": "Coworker API", "coordinator": "Coworker coordinator", "worker": "Coworker worker"}
 BIG = "x" * 20_000  # over the 16 KB a payload may take on the record
 # Grants no request of the code needs: Lambda's service uses them with the function's role
 # (X-Ray tracing; the worker's failed asynchronous events sent to its dead-letter queue).
@@ -64,102 +61,7 @@ def _beat(payload: Any, context: TaskContext) -> dict[str, Any]:
     return {"slept": payload["seconds"]}
 
 
-# -- what the template grants ------------------------------------------------------------------
-
-
-def render(value: Any) -> str:
-    """A template value as text: ``Fn::GetAtt [Id, Arn]`` -> ``Id.Arn``, joins joined, refs by id."""
-    if isinstance(value, str):
-        return value
-    if "Fn::GetAtt" in value:
-        return ".".join(value["Fn::GetAtt"])
-    if "Fn::Join" in value:
-        separator, parts = value["Fn::Join"]
-        return separator.join(render(part) for part in parts)
-    if "Ref" in value:
-        return str(value["Ref"])
-    raise AssertionError(f"an intrinsic this test does not render: {value}")
-
-
-@dataclass
-class Grants:
-    """The Allow statements of one function's role: (action patterns, resource patterns)."""
-
-    statements: list[tuple[list[str], list[str]]] = field(default_factory=list)
-
-    def allow(self, action: str, resource: str) -> bool:
-        return any(any(fnmatch.fnmatchcase(action, a) for a in actions)
-                   and any(fnmatch.fnmatchcase(resource, r) for r in resources)
-                   for actions, resources in self.statements)
-
-
-def _as_list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else [value]
-
-
-def role_grants(template: dict[str, Any]) -> dict[str, Grants]:
-    resources = template["Resources"]
-    role_of = {}
-    for body in resources.values():
-        if body["Type"] != "AWS::Lambda::Function":
-            continue
-        description = body["Properties"].get("Description", "")
-        for role, prefix in DESCRIPTION_PREFIX.items():
-            if description.startswith(prefix):
-                role_of[body["Properties"]["Role"]["Fn::GetAtt"][0]] = role
-    assert sorted(role_of.values()) == sorted(ROLES)
-    grants = {role: Grants() for role in ROLES}
-    for body in resources.values():
-        if body["Type"] != "AWS::IAM::Policy":
-            continue
-        for role_ref in body["Properties"]["Roles"]:
-            role = role_of.get(role_ref["Ref"])
-            if role is None:
-                continue
-            for statement in body["Properties"]["PolicyDocument"]["Statement"]:
-                if statement.get("Effect", "Allow") == "Allow":
-                    grants[role].statements.append(([str(a) for a in _as_list(statement["Action"])],
-                                                    [render(r) for r in _as_list(statement["Resource"])]))
-    return grants
-
-
-def logical_id(template: dict[str, Any], kind: str, description_prefix: str | None = None) -> str:
-    found = [lid for lid, body in template["Resources"].items() if body["Type"] == kind
-             and body["Properties"].get("Description", "").startswith(description_prefix or "")]
-    assert len(found) == 1, (kind, found)
-    return found[0]
-
-
 # -- what the code calls ---------------------------------------------------------------------------
-
-_TRANSACTION_ACTIONS = {"Put": "PutItem", "Update": "UpdateItem", "Delete": "DeleteItem",
-                        "ConditionCheck": "ConditionCheckItem"}
-
-
-@dataclass
-class Targets:
-    """The rendered ARNs of the resources the code touches."""
-
-    table: str
-    stream: str
-    bucket: str
-    worker: str
-
-
-def needs(service: str, operation: str, params: dict[str, Any], to: Targets) -> list[tuple[str, str]]:
-    """The IAM (action, resource) pairs one request needs."""
-    if service == "dynamodb":
-        if operation == "TransactWriteItems":
-            return [(f"dynamodb:{_TRANSACTION_ACTIONS[next(iter(item))]}", to.table)
-                    for item in params["TransactItems"]]
-        if operation == "Query" and params.get("IndexName"):
-            return [("dynamodb:Query", f"{to.table}/index/{params['IndexName']}")]
-        return [(f"dynamodb:{operation}", to.table)]
-    if service == "dynamodbstreams":
-        return [(f"dynamodb:{operation}", "*" if operation == "ListStreams" else to.stream)]
-    if service == "lambda" and operation == "Invoke":
-        return [("lambda:InvokeFunction", to.worker)]
-    raise AssertionError(f"a call this test does not know the grant of: {service}.{operation}")
 
 
 class Recorder:
@@ -296,10 +198,8 @@ def test_every_call_of_each_function_is_granted_to_its_role(make_settings, recor
     queue = logical_id(template, "AWS::SQS::Queue")
     service_grants = {role: [(a, r.format(queue=f"{queue}.Arn")) for a, r in granted]
                       for role, granted in LAMBDA_SERVICE_GRANTS.items()}
-    table = logical_id(template, "AWS::DynamoDB::GlobalTable")
-    targets = Targets(table=f"{table}.Arn", stream=f"{table}.StreamArn",
-                      bucket=f"{logical_id(template, 'AWS::S3::Bucket')}.Arn",
-                      worker=f"{logical_id(template, 'AWS::Lambda::Function', 'Coworker worker')}.Arn")
+    targets = Targets.of(template)
+    table = targets.table.removesuffix(".Arn")
     settings = make_settings(max_concurrency=4, batch_size=2, lock_seconds=3, heartbeat_seconds=0.5,
                              tick_seconds=0.3, supervise_seconds=1.0, worker_timeout_seconds=20,
                              timeout_margin_seconds=1, inline_result_bytes=1024)

@@ -1,0 +1,338 @@
+"""The AWS side of the deploy rehearsal: an endpoint that holds every request of the three
+functions to the permissions of the caller's role, and Lambda execution environments that run
+each function from its synthesized asset.
+
+Each function runs with the access key ``rehearsal<role>`` and ``AWS_ENDPOINT_URL`` pointing
+here, so its unchanged code (boto3 and pynamodb resolve the endpoint themselves, as they resolve
+AWS's) sends DynamoDB, DynamoDB Streams, S3 and Lambda requests to :class:`Gateway`. The gateway
+reads the caller's role from the request's signature, turns the request into the IAM actions and
+resources it needs (:func:`template.needs`) and checks them against that role's statements in the
+template: a request the role does not allow gets the ``AccessDenied`` answer AWS gives, and is
+recorded. Allowed requests go on to DynamoDB Local, to a moto server (S3), or, for
+``lambda:Invoke``, to the named function's pool of execution environments.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from tests.rehearsal.template import Grants, Targets, needs
+
+CONTAINER_SCRIPT = Path(__file__).with_name("lambda_container.py")
+_CREDENTIAL = re.compile(r"Credential=rehearsal([a-z]+)/[^/]+/[^/]+/([a-z0-9-]+)/")
+_INVOKE = re.compile(r"^/2015-03-31/functions/([^/]+)/invocations$")
+
+
+def access_key(role: str) -> str:
+    """The role's access key (letters only: DynamoDB Local refuses any other)."""
+    return f"rehearsal{role}"
+
+
+@dataclass
+class Names:
+    """The deployed names the template's references stand for in the rehearsal."""
+
+    table: str
+    bucket: str | None
+    worker_function: str
+
+
+@dataclass
+class Invocation:
+    """One run of a function: its event and what it answered."""
+
+    role: str
+    event: dict[str, Any]
+    answer: dict[str, Any] | None = None
+
+
+class Container:
+    """One execution environment: a process that imported the function's module and runs events."""
+
+    def __init__(self, role: str, code: Path, layer: Path, env: dict[str, str], handler: str,
+                 log: Path) -> None:
+        read, write = os.pipe()
+        self.log = log.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, str(CONTAINER_SCRIPT)], cwd=code, stdin=subprocess.PIPE, stdout=self.log,
+            stderr=subprocess.STDOUT, pass_fds=(write,), text=True,
+            env={**env, "REHEARSAL_RESULT_FD": str(write), "REHEARSAL_HANDLER": handler,
+                 "PYTHONPATH": os.pathsep.join([str(code), str(layer / "python")])})
+        os.close(write)
+        self.answers = os.fdopen(read, "r")
+        self.role = role
+        self.start = json.loads(self.answers.readline() or '{"init_error": "the process died at start-up"}')
+
+    def run(self, event: dict[str, Any], timeout_ms: int) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps({"event": event, "timeout_ms": timeout_ms}) + "\n")
+        self.process.stdin.flush()
+        line = self.answers.readline()
+        return json.loads(line) if line else {"error": "the execution environment died"}
+
+    def stop(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.answers.close()
+        self.log.close()
+
+
+@dataclass
+class FunctionPool:
+    """The warm execution environments of one function; a new one starts when all are busy."""
+
+    role: str
+    code: Path
+    layer: Path
+    env: dict[str, str]
+    handler: str
+    timeout_ms: int
+    logs: Path
+    invocations: list[Invocation] = field(default_factory=list)
+    init_errors: list[str] = field(default_factory=list)
+    _idle: list[Container] = field(default_factory=list)
+    _all: list[Container] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _running: int = 0
+
+    def invoke(self, event: dict[str, Any], timeout_ms: int | None = None) -> dict[str, Any]:
+        """Run ``event`` in an idle environment (or a new one) and return its answer."""
+        invocation = Invocation(self.role, event)
+        with self._lock:
+            self.invocations.append(invocation)
+            self._running += 1
+            container = self._idle.pop() if self._idle else None
+        try:
+            if container is None:
+                container = Container(self.role, self.code, self.layer, self.env, self.handler,
+                                      self.logs / f"{self.role}.log")
+                with self._lock:
+                    self._all.append(container)
+                if "init_error" in container.start:
+                    self.init_errors.append(container.start["init_error"])
+                    invocation.answer = {"error": container.start["init_error"]}
+                    return invocation.answer
+            invocation.answer = container.run(event, timeout_ms or self.timeout_ms)
+            with self._lock:
+                self._idle.append(container)
+            return invocation.answer
+        finally:
+            with self._lock:
+                self._running -= 1
+
+    def invoke_later(self, event: dict[str, Any]) -> None:
+        """An asynchronous (``Event``) invocation: Lambda answers at once and runs it after."""
+        threading.Thread(target=self.invoke, args=(event,), daemon=True).start()
+
+    @property
+    def busy(self) -> bool:
+        with self._lock:
+            return self._running > 0
+
+    def imported_files(self) -> list[dict[str, str]]:
+        """Where each started environment found the library and the function's module."""
+        with self._lock:
+            return [container.start["files"] for container in self._all if "files" in container.start]
+
+    def errors(self) -> list[str]:
+        return [f"{self.role}: {i.answer['error']}\n{i.answer.get('trace', '')}" for i in self.invocations
+                if i.answer and "error" in i.answer]
+
+    def stop(self) -> None:
+        for container in self._all:
+            container.stop()
+
+
+@dataclass
+class Decision:
+    role: str
+    action: str
+    resource: str
+    allowed: bool
+
+
+class Gateway:
+    """AWS's endpoints, with each role's permissions enforced (see the module's docstring)."""
+
+    def __init__(self, grants: dict[str, Grants], targets: Targets, names: Names, dynamodb_endpoint: str,
+                 s3_endpoint: str | None) -> None:
+        self.grants = grants
+        self.targets = targets
+        self.names = names
+        self.dynamodb = urlsplit(dynamodb_endpoint).netloc
+        self.s3 = urlsplit(s3_endpoint).netloc if s3_endpoint else None
+        self.functions: dict[str, FunctionPool] = {}
+        self.decisions: list[Decision] = []
+        self._lock = threading.Lock()
+        gateway = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _any(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                status, headers, answer = gateway.handle(self.command, self.path, dict(self.headers), body)
+                self.send_response(status)
+                for name, value in headers.items():
+                    if name.lower() not in ("content-length", "transfer-encoding", "connection", "date", "server"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(answer)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any  # noqa: N815
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> Gateway:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    # -- the decision -------------------------------------------------------------------------
+
+    def denied(self) -> list[Decision]:
+        with self._lock:
+            return [d for d in self.decisions if not d.allowed]
+
+    def allowed(self, role: str) -> set[tuple[str, str]]:
+        with self._lock:
+            return {(d.action, d.resource) for d in self.decisions if d.allowed and d.role == role}
+
+    def _decide(self, role: str, wanted: list[tuple[str, str]]) -> Decision | None:
+        """Record each (action, resource) the request needs; the first one denied, if any."""
+        first_denied = None
+        with self._lock:
+            for action, resource in wanted:
+                decision = Decision(role, action, resource, self.grants[role].allow(action, resource))
+                self.decisions.append(decision)
+                if not decision.allowed and first_denied is None:
+                    first_denied = decision
+        return first_denied
+
+    def handle(self, method: str, path: str, headers: dict[str, str], body: bytes
+               ) -> tuple[int, dict[str, str], bytes]:
+        found = _CREDENTIAL.search(headers.get("Authorization", ""))
+        if found is None or found.group(1) not in self.grants:
+            return 403, {}, b'{"message": "the rehearsal knows no role for this request\'s signature"}'
+        role, service = found.groups()
+        if service == "dynamodb":
+            return self._dynamodb(role, headers, body)
+        if service == "s3":
+            return self._s3(role, method, path, headers, body)
+        if service == "lambda":
+            return self._lambda(role, path, headers, body)
+        return 400, {}, f"the rehearsal does not serve {service}".encode()
+
+    # -- the services ----------------------------------------------------------------------------
+
+    def _dynamodb(self, role: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
+        prefix, _, operation = headers.get("X-Amz-Target", "").partition(".")
+        params = json.loads(body or b"{}")
+        service = "dynamodbstreams" if prefix.startswith("DynamoDBStreams") else "dynamodb"
+        targets = self.targets
+        tables = {params.get("TableName")} | {item[next(iter(item))].get("TableName")
+                                               for item in params.get("TransactItems", [])}
+        tables |= set(params.get("RequestItems", {}))
+        tables.discard(None)
+        if tables - {self.names.table}:  # another table than the deployment's: nothing grants it
+            targets = Targets(table=f"table/{sorted(tables)[0]}", stream=targets.stream, bucket=targets.bucket,
+                              worker=targets.worker)
+        denied = self._decide(role, needs(service, operation, params, targets))
+        if denied is not None:
+            return 400, {"Content-Type": "application/x-amz-json-1.0"}, json.dumps({
+                "__type": "com.amazon.coral.service#AccessDeniedException",
+                "Message": _denial(role, denied)}).encode()
+        return _forward(self.dynamodb, "POST", "/", headers, body)
+
+    def _s3(self, role: str, method: str, path: str, headers: dict[str, str], body: bytes
+            ) -> tuple[int, dict[str, str], bytes]:
+        parts = urlsplit(path)
+        bucket, _, key = unquote(parts.path).lstrip("/").partition("/")
+        resource = f"{self.targets.bucket}/{key}" if bucket == self.names.bucket else f"bucket/{bucket}/{key}"
+        action = {"GET": "s3:GetObject", "HEAD": "s3:GetObject", "PUT": "s3:PutObject",
+                  "DELETE": "s3:DeleteObject"}.get(method, f"s3:{method}")
+        if not key:
+            action, resource = "s3:ListBucket", resource.rsplit("/", 1)[0]
+        denied = self._decide(role, [(action, resource)])
+        if denied is not None or self.s3 is None:
+            message = _denial(role, denied) if denied else "no bucket in this deployment"
+            return 403, {"Content-Type": "application/xml"}, (
+                f"<Error><Code>AccessDenied</Code><Message>{message}</Message></Error>").encode()
+        return _forward(self.s3, method, path, headers, body)
+
+    def _lambda(self, role: str, path: str, headers: dict[str, str], body: bytes
+                ) -> tuple[int, dict[str, str], bytes]:
+        found = _INVOKE.match(urlsplit(path).path)
+        name = unquote(found.group(1)) if found else ""
+        resource = self.targets.worker if name.rsplit(":", 1)[-1] == self.names.worker_function \
+            else f"function/{name}"
+        denied = self._decide(role, [("lambda:InvokeFunction", resource)])
+        if denied is not None:
+            return 403, {"Content-Type": "application/json", "X-Amzn-ErrorType": "AccessDeniedException"}, \
+                json.dumps({"Type": "User", "message": _denial(role, denied)}).encode()
+        pool = self.functions["worker"]
+        event = json.loads(body or b"{}")
+        if headers.get("X-Amz-Invocation-Type") == "Event":
+            pool.invoke_later(event)
+            return 202, {}, b""
+        return 200, {"Content-Type": "application/json"}, json.dumps(pool.invoke(event)).encode()
+
+
+def _denial(role: str, decision: Decision) -> str:
+    return (f"User: arn:aws:sts::000000000000:assumed-role/{role}/rehearsal is not authorized to perform: "
+            f"{decision.action} on resource: {decision.resource}")
+
+
+def _forward(netloc: str, method: str, path: str, headers: dict[str, str], body: bytes
+             ) -> tuple[int, dict[str, str], bytes]:
+    host, _, port = netloc.partition(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=120)
+    try:
+        sent = {k: v for k, v in headers.items() if k.lower() not in ("host", "connection")}
+        connection.request(method, path, body=body, headers=sent)
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        connection.close()
+
+
+def wait_until(condition: Callable[[], bool], what: str, attempts: int = 600, pause: float = 0.2) -> None:
+    """Wait for ``condition`` a bounded number of times (not a wall-clock budget)."""
+    for _ in range(attempts):
+        if condition():
+            return
+        time.sleep(pause)
+    raise AssertionError(f"never happened: {what}")
