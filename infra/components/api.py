@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aws_cdk import Aws, RemovalPolicy
+from aws_cdk import RemovalPolicy
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
@@ -86,8 +86,7 @@ class TaskApi(Construct):
             # (dispatch on submit, COWORKER_DISPATCH_ON_SUBMIT).
             environment=self._config.function_environment(
                 with_handlers=True, table_name=table.table_name, worker_function=worker.function_name,
-                # Signs listing cursors: the stack's id (an ARN with a UUID) is unknown to API clients.
-                cursor_secret=Aws.STACK_ID,
+                # No cursor secret: the API keeps a random one in the table (control#cursor-secret).
                 result_bucket=self._results_bucket.bucket_name if self._results_bucket else None,
             ),
             timeout_seconds=c.API_TIMEOUT_SECONDS,

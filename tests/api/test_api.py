@@ -14,6 +14,9 @@ from urllib.parse import quote
 
 import pytest
 from coworker.api.models import MAX_BATCH_TASKS
+from coworker.bootstrap import configure
+from coworker.data import layout
+from coworker.data.models import SecretModel
 from coworker.engine import dispatch, lifecycle, submit
 from coworker.engine.dispatch import InProcessInvoker
 from coworker.engine.handlers import task_handler
@@ -281,6 +284,31 @@ def test_a_tampered_cursor_is_refused_before_it_reaches_the_database(api, make_s
     # Another deployment (another secret) does not take this one's cursors.
     other = Api(make_settings(cursor_secret="another deployment"))
     code, answer, _ = other.call("GET", f"/tasks?status=todo&cursor={cursor}")
+    assert code == 400 and "cursor is not valid" in answer["message"]
+
+
+def test_without_a_set_secret_cursors_are_signed_with_a_random_one_kept_in_the_table(make_settings):
+    # Given a deployment's settings without a cursor secret (as the stack gives the API)
+    settings = make_settings(cursor_secret=None)
+    api = Api(settings)
+    for i in range(3):
+        api.call("POST", "/tasks", {"key": f"t{i}", "type": "quick"})
+    cursor = api.call("GET", "/tasks?status=todo&limit=1")[1]["cursor"]
+
+    # When another process of the same deployment reads the cursor
+    code, page, _ = Api(settings).call("GET", f"/tasks?status=todo&limit=1&cursor={cursor}")
+
+    # Then it takes it: both sign with the table's secret, which is random, not derived from a name
+    assert code == 200 and page["items"], page
+    stored = SecretModel.get(layout.CURSOR_SECRET_KEY, consistent_read=True).value
+    assert len(stored) == 64 and settings.table_name not in stored
+    # and a deployment with another table (another secret) does not
+    code, answer, _ = Api(make_settings(cursor_secret=None)).call("GET", f"/tasks?status=todo&cursor={cursor}")
+    assert code == 400 and "cursor is not valid" in answer["message"]
+    # and deleting the item rotates it: cursors signed before are refused from then on
+    configure(settings)
+    SecretModel(layout.CURSOR_SECRET_KEY).delete()
+    code, answer, _ = Api(settings).call("GET", f"/tasks?status=todo&cursor={cursor}")
     assert code == 400 and "cursor is not valid" in answer["message"]
 
 

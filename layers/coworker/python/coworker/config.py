@@ -124,8 +124,9 @@ class Settings(BaseModel):
                                   description="Largest result kept in the result store; above it the record "
                                               "keeps a note and a preview.")
     cursor_secret: str | None = Field(None, alias="COWORKER_CURSOR_SECRET",
-                                      description="Key that signs listing cursors (the stack sets one per "
-                                                  "deployment; the local runtime one per run).")
+                                      description="Key that signs listing cursors; unset, the API makes a random "
+                                                  "one on first use and keeps it in the table "
+                                                  "(control#cursor-secret). The local runtime sets one per run.")
     validate_task_types: bool = Field(True, alias="COWORKER_VALIDATE_TASK_TYPES",
                                       description="The API refuses a task whose type has no registered handler "
                                                   "(422, listing the known types); the worker still guards "

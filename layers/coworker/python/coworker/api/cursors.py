@@ -12,14 +12,16 @@ import binascii
 import hashlib
 import hmac
 import json
+import secrets
 import zlib
 from collections.abc import Sequence
 from typing import Any
 
 from coworker.api.errors import BadRequestError
 from coworker.config import Settings
-from coworker.data import index, layout
-from coworker.data.models import TaskModel, status_shards
+from coworker.data import index, layout, writes
+from coworker.data.models import SecretModel, TaskModel, status_shards, utcnow
+from coworker.errors import StorageError
 
 # Index entries one listing or redrive request may read, whatever filters drop: bounds the
 # cost and the latency of a request (API Gateway gives up after 29 s).
@@ -79,9 +81,26 @@ def _b64(data: bytes) -> str:
 
 
 def cursor_secret(settings: Settings) -> str:
-    """The cursor signing secret: the setting (the stack sets one per deployment), else one
-    derived from the table name (tamper-evident, not secret)."""
-    return settings.cursor_secret or f"table:{settings.table_name}"
+    """The cursor signing secret: the setting when given (the local runtime makes one per run),
+    else the deployment's own, kept in its table (see :func:`stored_secret`)."""
+    return settings.cursor_secret or stored_secret()
+
+
+def stored_secret() -> str:
+    """The table's ``control#cursor-secret``, made at random by the first process that needs it.
+
+    Only those who may read the table's items can read it (and they can read the tasks anyway).
+    Deleting the item rotates it: processes started after that sign with a new one, and cursors
+    signed with the old one are refused (400) from then on.
+    """
+    for _ in range(3):
+        try:
+            return SecretModel.get(layout.CURSOR_SECRET_KEY, consistent_read=True).value
+        except SecretModel.DoesNotExist:
+            made = SecretModel(layout.CURSOR_SECRET_KEY, value=secrets.token_hex(32), created_at=utcnow())
+            if writes.put_if_new(made, "store the cursor secret"):
+                return made.value
+    raise StorageError("the cursor secret could not be read or made")  # deleted and remade meanwhile
 
 
 # -- index reads (bounded) ---------------------------------------------------------------------

@@ -28,6 +28,7 @@ start with any of them; :func:`reserved_prefix`)::
 
     batch#<id>, batch#<id>#<shard>   a batch's head and its stream counters  (engine.batches)
     control#types                    paused types, type limits, stopped batches (engine.control)
+    control#cursor-secret            the key that signs listing cursors       (api.cursors)
     slot#NNNN                        worker slots: capacity accounting       (engine.slots)
     lease#coordinator                the coordinator's single-flight lease   (engine.slots)
     gate#<group>                     a concurrency group's places            (engine.gates)
@@ -65,6 +66,7 @@ TTL_ATTRIBUTE: Final = "delete_after_epoch"
 BATCH_KEY_PREFIX: Final = "batch#"
 CONTROL_KEY_PREFIX: Final = "control#"
 CONTROL_KEY: Final = CONTROL_KEY_PREFIX + "types"
+CURSOR_SECRET_KEY: Final = CONTROL_KEY_PREFIX + "cursor-secret"
 SLOT_KEY_PREFIX: Final = "slot#"
 LEASE_KEY_PREFIX: Final = "lease#"
 COORDINATOR_LEASE: Final = LEASE_KEY_PREFIX + "coordinator"

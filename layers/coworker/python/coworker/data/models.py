@@ -314,6 +314,19 @@ class ControlModel(Model):
     updated_at = UTCDateTimeAttribute(null=True)
 
 
+class SecretModel(Model):
+    """A secret of the deployment kept in its table (``control#cursor-secret``): readable only by
+    those who may read the tasks themselves."""
+
+    class Meta:
+        table_name = layout.DEFAULT_TABLE_NAME
+        region = "us-east-1"
+
+    key = UnicodeAttribute(hash_key=True, attr_name=layout.PARTITION_KEY)
+    value = UnicodeAttribute()
+    created_at = UTCDateTimeAttribute()
+
+
 class GateIndex(GlobalSecondaryIndex["GateModel"]):
     """The tasks' status index, read for the ``gates#waiting`` partition only."""
 
@@ -345,4 +358,4 @@ class GateModel(Model):
 
 # Every model of the table: bound together (``connection.bind``), sharing one client.
 ALL_MODELS: tuple[type[Model], ...] = (TaskModel, BatchModel, LeaseModel, ControlModel, GateModel,
-                                       StreamCheckpointModel)
+                                       StreamCheckpointModel, SecretModel)
