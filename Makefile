@@ -1,4 +1,4 @@
-.PHONY: test run bench synth lint bill
+.PHONY: test run bench synth lint bill lock
 
 test:  ## install what is needed, run every test
 	scripts/test.sh
@@ -19,3 +19,6 @@ synth:  ## synthesize the CloudFormation template offline
 
 lint:  ## ruff on everything; mypy on the production package (the Lambda layer)
 	scripts/bootstrap.sh && .venv/bin/ruff check . && .venv/bin/mypy
+
+lock:  ## resolve requirements.txt for Lambda's platform into the layer's lock (commit cdk/coworker_cdk/layer.lock)
+	scripts/bootstrap.sh && PYTHONPATH=cdk:layers/coworker/python .venv/bin/python -m coworker_cdk.lock requirements.txt

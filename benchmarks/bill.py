@@ -109,7 +109,8 @@ def _log_bytes(endpoint: str, tasks: int = 40) -> tuple[float, float]:
     create_table(settings)
     os.environ.update(settings.as_environment())
     spec = importlib.util.spec_from_file_location(
-        "worker_handler", Path(__file__).resolve().parents[1] / "functions" / "worker" / "handler.py")
+        "worker_handler",
+        Path(__file__).resolve().parents[1] / "cdk" / "coworker_cdk" / "functions" / "worker" / "handler.py")
     module = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     spec.loader.exec_module(module)

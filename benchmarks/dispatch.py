@@ -113,9 +113,9 @@ class Bench:
         """A started :class:`LocalRuntime` with ``overrides``, stopped on the way out."""
         os.environ.clear()
         os.environ.update(self.environ)
-        # functions/api/handler.py reads its settings (and the Lambda endpoint) at import: a new
+        # the API function's handler.py reads its settings (and the Lambda endpoint) at import: a new
         # runtime needs a fresh import.
-        sys.modules.pop("functions.api.handler", None)
+        sys.modules.pop("coworker_cdk.functions.api.handler", None)
         settings = local_settings(handler_modules=HANDLER_MODULES, **overrides)
         runtime = LocalRuntime(settings, log=self.log, database=self.args.db, drain_seconds=drain_seconds,
                                prewarm=self.args.prewarm_workers)

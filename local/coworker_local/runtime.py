@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import importlib
+import importlib.util
 import math
 import os
 import secrets
@@ -159,14 +160,14 @@ class CoordinatorTimer:
 
 
 def load_api_handler() -> Any:
-    """The API Lambda's handler (``functions/api/handler.py``), imported as Lambda would.
+    """The API Lambda's handler (``coworker_cdk/functions/api/handler.py``), imported as Lambda would.
 
     It reads its settings from the environment at import, like on Lambda, so call this after
     the settings are in ``os.environ``.
     """
-    if str(REPO_ROOT) not in sys.path and (REPO_ROOT / "functions").is_dir():
-        sys.path.append(str(REPO_ROOT))
-    return importlib.import_module("functions.api.handler").handler
+    if importlib.util.find_spec("coworker_cdk") is None and (REPO_ROOT / "cdk").is_dir():
+        sys.path.append(str(REPO_ROOT / "cdk"))  # a checkout run without installing it
+    return importlib.import_module("coworker_cdk.functions.api.handler").handler
 
 
 class LocalRuntime:

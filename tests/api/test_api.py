@@ -411,10 +411,11 @@ def test_openapi_document_and_swagger_ui(api):
 
 @pytest.mark.filterwarnings("ignore:No application metrics to publish")
 def test_lambda_handler_module(settings, monkeypatch):
-    """functions/api/handler.py as Lambda runs it: settings from the environment."""
+    """The API function's handler module as Lambda runs it: settings from the environment."""
     for name, value in settings.as_environment().items():
         monkeypatch.setenv(name, value)
-    spec = importlib.util.spec_from_file_location("api_handler_under_test", ROOT / "functions/api/handler.py")
+    spec = importlib.util.spec_from_file_location("api_handler_under_test",
+                                                  ROOT / "cdk/coworker_cdk/functions/api/handler.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     event = build_proxy_event("POST", "/tasks", {"Content-Type": "application/json"},

@@ -20,9 +20,9 @@ from aws_cdk import (  # noqa: E402
     Validations,
     cx_api,  # noqa: E402
 )
+from coworker_cdk import constants as c  # noqa: E402
+from coworker_cdk.stack import CoworkerStack  # noqa: E402
 
-from infra import constants as c  # noqa: E402
-from infra.stack import CoworkerStack  # noqa: E402
 from tests.infra.support import FUNCTION_DIRS, missing_function_code  # noqa: E402
 
 

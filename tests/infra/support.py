@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra import constants as c
+from coworker_cdk import constants as c
 
 FUNCTION_DIRS = (c.COORDINATOR_DIR_NAME, c.WORKER_DIR_NAME, c.API_DIR_NAME)
 

@@ -13,11 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from coworker_cdk import constants as c
 
-from infra import constants as c
 from tests.infra.support import missing_function_code
 
-CDK_BIN = c.REPO_ROOT / "node_modules" / ".bin" / "cdk"
+ROOT = Path(__file__).resolve().parents[2]
+CDK_BIN = ROOT / "node_modules" / ".bin" / "cdk"
 # CDK gives every function's role a DependsOn that its GetAtt already implies; harmless.
 CFN_LINT_IGNORED = ("W3005",)
 
@@ -52,7 +53,7 @@ def test_cdk_synth_offline_and_cfn_lint(tmp_path: Path) -> None:
             # A boolean setting as the command line passes it: the string "false".
             "-c", "dispatchOnSubmit=false",
         ],
-        cwd=c.REPO_ROOT,
+        cwd=ROOT,
         env=offline_environment(),
         capture_output=True,
         text=True,

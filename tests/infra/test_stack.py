@@ -12,11 +12,14 @@ from aws_cdk.assertions import Match, Template
 from coworker.data import layout
 from coworker.errors import ConfigurationError
 from coworker.observability import MetricName
+from coworker_cdk import constants as c
+from coworker_cdk.bundling import function_bundling, layer_bundling
+from coworker_cdk.config import StackConfig
 
-from infra import constants as c
-from infra.bundling import layer_bundling
-from infra.config import StackConfig
 from tests.infra.support import missing_function_code
+from tests.support.handler_packages import write_handler_package
+
+ROOT = Path(__file__).resolve().parents[2]
 
 CONTEXT = {
     "maxConcurrency": 12,
@@ -583,12 +586,13 @@ def test_alarm_thresholds_are_options(synthesize) -> None:
 
 def test_the_heartbeat_alarm_allows_for_the_gaps_of_a_sparse_schedule() -> None:
     # A 60 s supervision every 10 minutes leaves the coordinator silent 9 minutes in 10
-    config = StackConfig.from_options(schedule_minutes=10, supervise_seconds=60)
+    config = StackConfig.from_options(handlers="examples", schedule_minutes=10, supervise_seconds=60)
     assert config.coordinator_silence_alarm_minutes == 11
     with pytest.raises(ConfigurationError, match="coordinator_silence_alarm_minutes.*at least 11"):
-        StackConfig.from_options(schedule_minutes=10, supervise_seconds=60, coordinator_silence_alarm_minutes=5)
+        StackConfig.from_options(handlers="examples", schedule_minutes=10, supervise_seconds=60,
+                                  coordinator_silence_alarm_minutes=5)
     with pytest.raises(ConfigurationError, match="ignored_alarm_percent must be 1-100"):
-        StackConfig.from_options(ignored_alarm_percent=101)
+        StackConfig.from_options(handlers="examples", ignored_alarm_percent=101)
 
 
 def test_without_a_notification_target_synth_warns_that_alarms_notify_nobody(synthesize, synthesized) -> None:
@@ -636,12 +640,18 @@ def fake_pip(calls: list):
     return run
 
 
-def test_layer_dependencies_are_wheels_for_lambda_arm64_installed_once(tmp_path, monkeypatch) -> None:
+def test_layer_dependencies_are_the_locked_wheels_for_lambda_arm64_installed_once(tmp_path, monkeypatch) -> None:
     calls: list = []
-    monkeypatch.setattr("infra.bundling.subprocess.run", fake_pip(calls))
+    locks: list = []
+
+    def pip(command, **kwargs):
+        locks.append(Path(command[command.index("--requirement") + 1]).read_text())
+        fake_pip(calls)(command, **kwargs)
+
+    monkeypatch.setattr("coworker_cdk.bundling.subprocess.run", pip)
     bundler = layer_bundling(
         c.LAYER_SOURCE_DIR,
-        c.LAYER_REQUIREMENTS,
+        c.LAYER_LOCK,
         install_dependencies=True,
         dependency_cache=tmp_path / "cache",
     )
@@ -654,13 +664,47 @@ def test_layer_dependencies_are_wheels_for_lambda_arm64_installed_once(tmp_path,
     assert platforms == ["manylinux_2_34_aarch64", "manylinux_2_28_aarch64", "manylinux2014_aarch64"]
     assert command[command.index("--python-version") + 1] == c.PYTHON_VERSION
     assert command[command.index("--implementation") + 1] == "cp"
-    assert "--only-binary=:all:" in command
-    assert command[command.index("--requirement") + 1] == str(c.LAYER_REQUIREMENTS)
+    assert {"--only-binary=:all:", "--no-deps", "--require-hashes"} <= set(command)  # exactly the lock
+    assert locks == [c.LAYER_LOCK.read_text()]
+
+
+def test_the_layer_lock_pins_every_requirement_of_the_library_with_a_hash() -> None:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pinned = {}
+    for line in c.LAYER_LOCK.read_text().splitlines():
+        if line and not line.startswith("#"):
+            requirement, _, digest = line.partition(" --hash=sha256:")
+            name, _, version = requirement.partition("==")
+            assert len(digest) == 64, line
+            pinned[canonicalize_name(name)] = version
+    wanted = [Requirement(line) for line in (ROOT / "requirements.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
+    for requirement in wanted:
+        name = canonicalize_name(requirement.name)
+        assert name in pinned, f"{name} is not in the lock: run make lock"
+        assert requirement.specifier.contains(pinned[name]), f"{name}=={pinned[name]} is not {requirement}"
+
+
+def test_the_asset_hash_follows_the_resolved_versions_not_the_requirements_text(tmp_path, monkeypatch) -> None:
+    # Given a handlers package whose requirements.txt never changes
+    package, _, _ = write_handler_package(tmp_path, requirements="markupsafe>=2\n")
+    resolutions = iter(["markupsafe==3.0.2 --hash=sha256:" + "a" * 64 + "\n",
+                        "markupsafe==3.0.3 --hash=sha256:" + "b" * 64 + "\n"])
+    monkeypatch.setattr("coworker_cdk.bundling.resolve", lambda text: next(resolutions))
+
+    # When it is bundled before and after a new release of its dependency
+    before = function_bundling(c.FUNCTIONS_DIR / c.WORKER_DIR_NAME, package, install_dependencies=True)
+    after = function_bundling(c.FUNCTIONS_DIR / c.WORKER_DIR_NAME, package, install_dependencies=True)
+
+    # Then the asset changes with it (the text alone would have kept the old asset)
+    assert before.asset_hash() != after.asset_hash()
 
 
 def test_layer_hash_changes_with_the_dependency_mode() -> None:
-    install = layer_bundling(c.LAYER_SOURCE_DIR, c.LAYER_REQUIREMENTS, install_dependencies=True)
-    skip = layer_bundling(c.LAYER_SOURCE_DIR, c.LAYER_REQUIREMENTS, install_dependencies=False)
+    install = layer_bundling(c.LAYER_SOURCE_DIR, c.LAYER_LOCK, install_dependencies=True)
+    skip = layer_bundling(c.LAYER_SOURCE_DIR, c.LAYER_LOCK, install_dependencies=False)
     assert install.asset_hash() != skip.asset_hash()
 
 
@@ -757,13 +801,12 @@ def test_a_deployment_no_default_account_can_hold_is_refused_with_what_it_needs(
 
 def test_two_deployments_in_one_account_share_no_metric_graph_or_alarm() -> None:
     from aws_cdk import App, Stack
-
-    from infra.task_system import TaskSystem
+    from coworker_cdk.task_system import TaskSystem
 
     def services(stack_name: str, system_id: str = "Default") -> set[str]:
         app = App(context={"layerDependencies": "skip"})
         stack = Stack(app, stack_name)
-        TaskSystem(stack, system_id, handlers=None)
+        TaskSystem(stack, system_id, handlers="examples")
         template = Template.from_stack(stack).to_json()
         found = {fn["Properties"]["Environment"]["Variables"]["POWERTOOLS_SERVICE_NAME"]
                  for fn in template["Resources"].values() if fn["Type"] == "AWS::Lambda::Function"

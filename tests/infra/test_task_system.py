@@ -9,11 +9,11 @@ import pytest
 from aws_cdk import App, Stack
 from aws_cdk.assertions import Template
 from coworker.errors import ConfigurationError
+from coworker_cdk import constants as c
+from coworker_cdk.bundling import function_bundling
+from coworker_cdk.config import StackConfig
+from coworker_cdk.task_system import TaskSystem
 
-from infra import constants as c
-from infra.bundling import function_bundling
-from infra.config import StackConfig
-from infra.task_system import TaskSystem
 from tests.infra.test_stack import fake_pip, functions_by_role
 from tests.support.handler_packages import write_handler_package
 
@@ -36,7 +36,7 @@ def worker_asset(assembly_dir: str, template: dict) -> Path:
 def synth_system(tmp_path: Path, **options) -> tuple[Template, dict, Path]:
     app = App(outdir=str(tmp_path / "cdk.out"))
     stack = Stack(app, "TeamStack")
-    TaskSystem(stack, "Tasks", layer_dependencies="skip", **options)
+    TaskSystem(stack, "Tasks", layer_dependencies="skip", **{"handlers": "examples", **options})
     assembly = app.synth()
     template = assembly.get_stack_by_name("TeamStack").template
     return Template.from_json(template), template, worker_asset(assembly.directory, template)
@@ -62,11 +62,29 @@ def test_your_handlers_package_is_in_the_function_code_and_imported_by_it(tmp_pa
     assert functions["worker"]["ReservedConcurrentExecutions"] == 4  # options reach the settings
 
 
-def test_examples_can_be_turned_off_and_the_package_left_out(tmp_path) -> None:
-    template, _, asset = synth_system(tmp_path, handlers=None, example_handlers=False)
+def test_the_examples_alone_are_deployed_only_when_asked_for_by_name(tmp_path) -> None:
+    template, _, asset = synth_system(tmp_path, handlers="examples")
     assert sorted(p.name for p in asset.iterdir()) == ["handler.py"]
     env = functions_by_role(template)["worker"]["Environment"]["Variables"]
-    assert env["COWORKER_EXAMPLE_HANDLERS"] == "False" and env["COWORKER_HANDLER_MODULES"] == ""
+    assert env["COWORKER_EXAMPLE_HANDLERS"] == "True" and env["COWORKER_HANDLER_MODULES"] == ""
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({}, "option handlers is required: the folder of your handlers package"),
+    ({"handlers": None}, "option handlers is required"),
+    ({"handlers": "none"}, "would deploy nothing to run"),
+    ({"handlers": "examples", "example_handlers": False}, "there would be nothing to run"),
+])
+def test_a_system_without_handlers_is_refused_rather_than_deploying_someone_elses(options, message) -> None:
+    # (an installed construct has no handlers of this repository to fall back on)
+    with pytest.raises(ConfigurationError, match=_literal(message)):
+        TaskSystem(Stack(App(), "NoHandlers"), "Tasks", **options)
+
+
+def test_the_stack_without_a_handlers_folder_says_how_to_name_one(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # an app folder with no handlers/
+    with pytest.raises(ConfigurationError, match="-c handlersDir=path/to/your_package, or -c handlersDir=examples"):
+        StackConfig.from_context(App().node)
 
 
 def test_the_stack_bundles_the_handlers_dir_from_context(synthesize, tmp_path) -> None:
@@ -90,14 +108,22 @@ def test_the_stack_keeps_the_logical_ids_it_had_before_the_construct(synthesize)
 
 def test_handler_requirements_are_installed_as_lambda_wheels_next_to_the_package(tmp_path, monkeypatch) -> None:
     calls: list = []
-    monkeypatch.setattr("infra.bundling.subprocess.run", fake_pip(calls))
+    locks: list = []
+
+    def pip(command, **kwargs):
+        locks.append(Path(command[command.index("--requirement") + 1]).read_text())
+        fake_pip(calls)(command, **kwargs)
+
+    monkeypatch.setattr("coworker_cdk.bundling.subprocess.run", pip)
+    resolved = "lxml==5.3.0 --hash=sha256:" + "c" * 64 + "\n"
+    monkeypatch.setattr("coworker_cdk.bundling.resolve", lambda text: resolved if "lxml==5.3.0" in text else "")
     package, name, _ = write_handler_package(tmp_path, requirements="# parsing\nlxml==5.3.0\n")
     bundler = function_bundling(c.FUNCTIONS_DIR / c.WORKER_DIR_NAME, package, install_dependencies=True,
                               dependency_cache=tmp_path / "cache")
     out = tmp_path / "out"
     assert bundler.try_bundle(str(out), image=None) is True
     (command,) = calls
-    assert command[command.index("--requirement") + 1] == str(package / "requirements.txt")
+    assert locks == [resolved]  # the requirements as resolved at synth, installed exactly
     assert [command[i + 1] for i, word in enumerate(command) if word == "--platform"] == list(c.PIP_PLATFORMS)
     assert "--only-binary=:all:" in command
     assert (out / "pynamodb").is_dir()  # what pip installed sits at the root of the function's code
@@ -106,7 +132,7 @@ def test_handler_requirements_are_installed_as_lambda_wheels_next_to_the_package
 
 def test_requirements_with_only_comments_run_no_pip(tmp_path, monkeypatch) -> None:
     calls: list = []
-    monkeypatch.setattr("infra.bundling.subprocess.run", fake_pip(calls))
+    monkeypatch.setattr("coworker_cdk.bundling.subprocess.run", fake_pip(calls))
     package, _, _ = write_handler_package(tmp_path, requirements="# nothing yet\n\n")
     bundler = function_bundling(c.FUNCTIONS_DIR / c.WORKER_DIR_NAME, package, install_dependencies=True,
                               dependency_cache=tmp_path / "cache")
@@ -139,7 +165,7 @@ def test_the_asset_hash_follows_the_handlers_code(tmp_path) -> None:
 )
 def test_bad_options_fail_at_synth_with_a_clear_error(options: dict, message: str) -> None:
     with pytest.raises(ConfigurationError, match=_literal(message)):
-        TaskSystem(Stack(App(), "Bad"), "Tasks", **options)
+        TaskSystem(Stack(App(), "Bad"), "Tasks", **{"handlers": "examples", **options})
 
 
 def test_a_folder_without_init_is_refused_with_the_fix(tmp_path) -> None:
@@ -150,13 +176,14 @@ def test_a_folder_without_init_is_refused_with_the_fix(tmp_path) -> None:
 
 def test_config_and_options_are_not_mixed() -> None:
     with pytest.raises(TypeError):
-        TaskSystem(Stack(App(), "Both"), "Tasks", config=StackConfig.from_options(), max_concurrency=5)
+        TaskSystem(Stack(App(), "Both"), "Tasks", config=StackConfig.from_options(handlers="examples"),
+                   max_concurrency=5)
 
 
 def test_every_option_is_documented_in_deploy_md() -> None:
-    from infra.config import CONTEXT_OPTIONS
+    from coworker_cdk.config import CONTEXT_OPTIONS
 
-    documented = (c.REPO_ROOT / "docs" / "deploy.md").read_text()
+    documented = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text()
     missing = [f"{key}/{name}" for key, name in CONTEXT_OPTIONS.items()
                if f"`{key}`" not in documented or f"`{name}`" not in documented]
     assert missing == []
@@ -236,7 +263,7 @@ def test_api_keys_are_the_default(synthesize) -> None:
 
 def test_an_unknown_auth_mode_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="api_auth must be api-key or iam"):
-        StackConfig.from_options(api_auth="cognito")
+        StackConfig.from_options(handlers="examples", api_auth="cognito")
 
 
 def _table(template: dict) -> dict:

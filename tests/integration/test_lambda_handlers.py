@@ -13,6 +13,7 @@ from coworker.engine.dispatch import InProcessInvoker
 from coworker.engine.tasks import TaskSpec
 
 ROOT = Path(__file__).resolve().parents[2]
+FUNCTIONS = ROOT / "cdk" / "coworker_cdk" / "functions"
 
 
 @dataclass
@@ -34,7 +35,7 @@ def _load(name: str, settings, monkeypatch):
     for key, value in settings.as_environment().items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("COWORKER_WORKER_FUNCTION", "coworker-worker")
-    spec = importlib.util.spec_from_file_location(f"{name}_handler", ROOT / "functions" / name / "handler.py")
+    spec = importlib.util.spec_from_file_location(f"{name}_handler", FUNCTIONS / name / "handler.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -83,7 +84,7 @@ def test_coordinator_refuses_to_start_without_a_worker_function(settings, monkey
     for key, value in settings.as_environment().items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("COWORKER_WORKER_FUNCTION")
-    spec = importlib.util.spec_from_file_location("coord_bad", ROOT / "functions" / "coordinator" / "handler.py")
+    spec = importlib.util.spec_from_file_location("coord_bad", FUNCTIONS / "coordinator" / "handler.py")
     module = importlib.util.module_from_spec(spec)
     with pytest.raises(ConfigurationError, match="COWORKER_WORKER_FUNCTION"):
         spec.loader.exec_module(module)

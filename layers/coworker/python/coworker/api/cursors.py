@@ -14,7 +14,7 @@ import hmac
 import json
 import secrets
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from coworker.api.errors import BadRequestError
@@ -39,10 +39,15 @@ class CursorCodec:
     another listing (status, filters, order, shard count) is refused with 400 before it reaches
     DynamoDB."""
 
-    def __init__(self, secret: str) -> None:
-        self._key = hashlib.sha256(b"coworker-cursor|" + secret.encode()).digest()
+    def __init__(self, secret: str | Callable[[], str]) -> None:
+        """``secret``, or what gives it when a cursor is first made or read (not at start-up)."""
+        self._secret = secret
+        self._key: bytes | None = None
 
     def _sign(self, data: bytes) -> str:
+        if self._key is None:
+            secret = self._secret if isinstance(self._secret, str) else self._secret()
+            self._key = hashlib.sha256(b"coworker-cursor|" + secret.encode()).digest()
         return _b64(hmac.new(self._key, data, hashlib.sha256).digest()[:16])
 
     def encode(self, state: Any, listing: Sequence[Any]) -> str | None:
@@ -80,10 +85,10 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).decode().rstrip("=")
 
 
-def cursor_secret(settings: Settings) -> str:
+def cursor_secret(settings: Settings) -> str | Callable[[], str]:
     """The cursor signing secret: the setting when given (the local runtime makes one per run),
-    else the deployment's own, kept in its table (see :func:`stored_secret`)."""
-    return settings.cursor_secret or stored_secret()
+    else the deployment's own, kept in its table and read when first needed (:func:`stored_secret`)."""
+    return settings.cursor_secret or stored_secret
 
 
 def stored_secret() -> str:

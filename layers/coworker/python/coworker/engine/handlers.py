@@ -112,7 +112,7 @@ def task_handler(task_type: str) -> Callable[[Handler], Handler]:
 
 # Names a handlers package may not take: they would shadow the library, the functions' own
 # ``handler`` module in the Lambda code, or this repository's packages in a local run.
-RESERVED_PACKAGE_NAMES = frozenset({"coworker", "coworker_local", "handler", "functions", "infra", "tests"})
+RESERVED_PACKAGE_NAMES = frozenset({"coworker", "coworker_local", "coworker_cdk", "handler", "functions", "tests"})
 
 
 def _is_test_module(name: str) -> bool:

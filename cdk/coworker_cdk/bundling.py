@@ -4,12 +4,18 @@ The layer is the ``coworker`` package plus its runtime dependencies, laid out un
 ``python/`` so Lambda puts it on ``sys.path``. The worker's code is its handler module plus your
 handlers package and that package's own requirements, at the root of the function's code.
 Dependencies are fetched as binary wheels for the Lambda platform (Linux, arm64, the runtime's
-Python), whatever machine runs the synth, and cached by what pip was asked for.
+Python), whatever machine runs the synth, and installed from a lock: exact versions and wheel
+hashes. The layer's lock is committed (``layer.lock``, made by ``python -m coworker_cdk.lock``);
+a handlers package's ``requirements.txt`` is resolved at synth. The asset hash and the wheel
+cache follow the lock, not the requirements' text: a new release of a dependency makes a new
+asset, and two machines that resolve alike build the same one.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import shutil
 import subprocess
 import sys
@@ -21,7 +27,36 @@ import jsii
 from aws_cdk import AssetHashType, BundlingOptions, DockerImage, ILocalBundling
 from aws_cdk import aws_lambda as lambda_
 
-from infra import constants as c
+from coworker_cdk import constants as c
+
+LOCK_SUFFIX = ".lock"
+_PIP = (sys.executable, "-m", "pip", "--disable-pip-version-check")
+
+
+def _platform_flags() -> list[str]:
+    """pip's flags for Lambda's platform: every wheel tag its runtime takes, its Python, wheels only."""
+    return [*(flag for platform in c.PIP_PLATFORMS for flag in ("--platform", platform)),
+            "--implementation", c.PIP_IMPLEMENTATION, "--python-version", c.PYTHON_VERSION, "--only-binary=:all:"]
+
+
+@functools.lru_cache(maxsize=16)
+def resolve(requirements: str) -> str:
+    """``requirements`` resolved for Lambda's platform, as a lock: one ``name==version
+    --hash=sha256:...`` line per wheel pip would install, sorted by name."""
+    with tempfile.TemporaryDirectory(prefix="coworker-resolve-") as work:
+        folder = Path(work)
+        (folder / "requirements.txt").write_text(requirements)
+        subprocess.run([*_PIP, "install", "--quiet", "--dry-run", "--ignore-installed", "--report",
+                        str(folder / "report.json"), "--target", str(folder / "target"), *_platform_flags(),
+                        "--requirement", str(folder / "requirements.txt")], check=True, stdout=sys.stderr)
+        report = json.loads((folder / "report.json").read_text())
+    lines = []
+    for item in report["install"]:
+        metadata, hashes = item["metadata"], item["download_info"].get("archive_info", {}).get("hashes", {})
+        if "sha256" not in hashes:
+            raise RuntimeError(f"pip resolved {metadata['name']} without a sha256 hash: it cannot be locked")
+        lines.append(f"{metadata['name']}=={metadata['version']} --hash=sha256:{hashes['sha256']}")
+    return "".join(f"{line}\n" for line in sorted(lines, key=str.lower))
 
 
 def has_requirements(requirements: Path | None) -> bool:
@@ -52,34 +87,38 @@ class LocalBundling:
         self._parts = list(parts)
         self._requirements = requirements if has_requirements(requirements) else None
         self._install_dependencies = install_dependencies
+        # What pip installs: a committed lock as it is, else the requirements resolved now.
+        self._lock: str | None = None
+        if install_dependencies and self._requirements is not None:
+            self._lock = (self._requirements.read_text() if self._requirements.suffix == LOCK_SUFFIX
+                          else resolve(self._requirements.read_text()))
         self._dependencies_dir = dependencies_dir
         self._dependency_cache = dependency_cache
 
     def try_bundle(self, output_dir: str, *, image: DockerImage, **_: object) -> bool:  # noqa: ARG002
         output = Path(output_dir)
-        if self._install_dependencies and self._requirements is not None:
+        if self._lock is not None:
             target = output / self._dependencies_dir
             target.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(self._dependencies(self._requirements), target, dirs_exist_ok=True)
+            shutil.copytree(self._dependencies(self._lock), target, dirs_exist_ok=True)
         for source, inside in self._parts:
             shutil.copytree(source, output / inside, ignore=shutil.ignore_patterns(*c.ASSET_EXCLUDES),
                             dirs_exist_ok=True)
         return True
 
-    def _dependencies(self, requirements: Path) -> Path:
-        """The installed requirements, from a local cache keyed by what pip was asked for.
+    def _dependencies(self, lock: str) -> Path:
+        """The installed lock, from a local cache keyed by the lock, the platform and the Python.
 
-        Editing the code re-bundles the asset, but pip only runs when the requirements, the
-        platform or the Python version change.
+        Editing the code re-bundles the asset, but pip only runs when what it installs changes.
         """
-        digest = hashlib.sha256(self._pip_key().encode() + requirements.read_bytes()).hexdigest()
+        digest = hashlib.sha256(self._pip_key().encode() + lock.encode()).hexdigest()
         cached = self._dependency_cache / digest[:32]
         if cached.is_dir():
             return cached
         self._dependency_cache.mkdir(parents=True, exist_ok=True)
         partial = Path(tempfile.mkdtemp(prefix="partial-", dir=self._dependency_cache))
         try:
-            self._pip_install(requirements, partial)
+            self._pip_install(lock, partial)
             partial.rename(cached)  # atomic: a half-done install is never reused
         except OSError:
             if not cached.is_dir():  # not merely another synth finishing first
@@ -93,28 +132,17 @@ class LocalBundling:
         return f"{','.join(c.PIP_PLATFORMS)}|{c.PIP_IMPLEMENTATION}|{c.PYTHON_VERSION}"
 
     @staticmethod
-    def _pip_install(requirements: Path, target: Path) -> None:
-        command = [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--no-compile",
-            "--requirement",
-            str(requirements),
-            "--target",
-            str(target),
-            *(flag for platform in c.PIP_PLATFORMS for flag in ("--platform", platform)),
-            "--implementation",
-            c.PIP_IMPLEMENTATION,
-            "--python-version",
-            c.PYTHON_VERSION,
-            "--only-binary=:all:",
-        ]
-        # pip's own output goes to stderr so that it never mixes with the assembly on stdout.
-        subprocess.run(command, check=True, stdout=sys.stderr)
+    def _pip_install(lock: str, target: Path) -> None:
+        """Exactly the lock's wheels (no resolution: ``--no-deps``; each checked against its hash)."""
+        lock_file = target.with_suffix(LOCK_SUFFIX)
+        lock_file.write_text(lock)
+        try:
+            command = [*_PIP, "install", "--quiet", "--no-compile", "--no-deps", "--require-hashes",
+                       "--requirement", str(lock_file), "--target", str(target), *_platform_flags()]
+            # pip's own output goes to stderr so that it never mixes with the assembly on stdout.
+            subprocess.run(command, check=True, stdout=sys.stderr)
+        finally:
+            lock_file.unlink(missing_ok=True)
 
     def asset_hash(self) -> str:
         """Hash of everything that goes into the asset, so an unchanged one is not rebuilt.
@@ -124,8 +152,8 @@ class LocalBundling:
         """
         digest = hashlib.sha256()
         digest.update(f"{self._install_dependencies}|{self._pip_key()}|{self._dependencies_dir}".encode())
-        if self._requirements is not None:
-            digest.update(self._requirements.read_bytes())
+        if self._lock is not None:
+            digest.update(self._lock.encode())
         for source, inside in self._parts:
             digest.update(f"part:{inside}".encode())
             for path in sorted(source.rglob("*")):

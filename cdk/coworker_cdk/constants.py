@@ -6,21 +6,29 @@ is particular to the AWS deployment (context keys and their defaults, paths, nam
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Final
 
-REPO_ROOT: Final = Path(__file__).resolve().parent.parent
+import coworker
+
+PACKAGE_DIR: Final = Path(__file__).resolve().parent
 
 # --- paths -------------------------------------------------------------------------------
-LAYER_SOURCE_DIR: Final = REPO_ROOT / "layers" / "coworker" / "python"
+# The folder holding the installed ``coworker`` package (the layer's python/ gets a copy of it).
+LAYER_SOURCE_DIR: Final = Path(coworker.__file__).resolve().parent.parent
 LAYER_PACKAGE: Final = "coworker"
-LAYER_REQUIREMENTS: Final = REPO_ROOT / "requirements.txt"
-# pip's output for the layer, reused across synths while requirements.txt is unchanged
-# (build/ is git-ignored; delete it to force a fresh download).
-LAYER_DEPENDENCY_CACHE: Final = REPO_ROOT / "build" / "layer-dependencies"
-FUNCTIONS_DIR: Final = REPO_ROOT / "functions"
-# Your task handlers: a package bundled into the worker (context handlersDir; see handlers/).
-DEFAULT_HANDLERS_DIR: Final = REPO_ROOT / "handlers"
+# The layer's dependencies: exact versions and wheel hashes for Lambda's platform, resolved from
+# the library's requirements.txt by ``python -m coworker_cdk.lock`` (see bundling).
+LAYER_LOCK: Final = PACKAGE_DIR / "layer.lock"
+# pip's installs, reused across synths and apps while a lock is unchanged (delete to refetch).
+LAYER_DEPENDENCY_CACHE: Final = (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                                 / "coworker-cdk" / "dependencies")
+# The three functions' handler modules, shipped inside this package.
+FUNCTIONS_DIR: Final = PACKAGE_DIR / "functions"
+# Your task handlers: a package bundled into the worker. The stack (context handlersDir) takes
+# the app folder's handlers/ when not told otherwise; the TaskSystem construct must be told.
+DEFAULT_HANDLERS_DIR_NAME: Final = "handlers"
 HANDLER_REQUIREMENTS: Final = "requirements.txt"  # inside the handlers package
 COORDINATOR_DIR_NAME: Final = "coordinator"
 WORKER_DIR_NAME: Final = "worker"
@@ -68,7 +76,7 @@ CTX_SUPERVISE_SECONDS: Final = "superviseSeconds"
 CTX_DISPATCH_ON_SUBMIT: Final = "dispatchOnSubmit"  # "true" | "false"
 CTX_RETENTION_DAYS: Final = "retentionDays"
 CTX_HANDLER_MODULES: Final = "handlerModules"
-CTX_HANDLERS_DIR: Final = "handlersDir"  # a path, or "none" for no handlers package
+CTX_HANDLERS_DIR: Final = "handlersDir"  # a path, or "examples" for the example task types only
 CTX_EXAMPLE_HANDLERS: Final = "exampleHandlers"  # "true" | "false"
 CTX_RESULTS_BUCKET: Final = "resultsBucket"  # "true" | "false"
 CTX_API_AUTH: Final = "apiAuth"  # "api-key" | "iam"

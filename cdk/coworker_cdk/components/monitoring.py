@@ -23,8 +23,8 @@ from constructs import Construct
 from coworker.data import layout
 from coworker.observability import MetricName
 
-from infra import constants as c
-from infra.config import StackConfig
+from coworker_cdk import constants as c
+from coworker_cdk.config import StackConfig
 
 _MINUTE = Duration.minutes(c.METRIC_PERIOD_MINUTES)
 _ALARM_PERIOD = Duration.minutes(c.ALARM_PERIOD_MINUTES)

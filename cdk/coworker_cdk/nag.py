@@ -12,10 +12,10 @@ from aws_cdk import Acknowledgment, Stack, Validations
 from constructs import IConstruct
 
 if TYPE_CHECKING:
-    from infra.components.api import TaskApi
-    from infra.components.processing import Processing
-    from infra.components.results import ResultsBucket
-    from infra.components.table import TaskTable
+    from coworker_cdk.components.api import TaskApi
+    from coworker_cdk.components.processing import Processing
+    from coworker_cdk.components.results import ResultsBucket
+    from coworker_cdk.components.table import TaskTable
 
 PACK = "AwsSolutions"
 BASIC_EXECUTION_POLICY = (
@@ -40,7 +40,7 @@ def _arn_of(construct: IConstruct) -> str:
 def acknowledge_findings(
     *, tasks: TaskTable, processing: Processing, api: TaskApi, results: ResultsBucket | None
 ) -> None:
-    """Record the accepted findings of a Coworker task system (the parts ``infra.task_system.TaskSystem`` builds)."""
+    """Record the accepted findings of a Coworker task system (the parts ``TaskSystem`` builds)."""
     _acknowledge_functions(tasks, processing, api)
     _acknowledge_processing(processing, api)
     _acknowledge_rest_api(api)
@@ -71,7 +71,7 @@ def _acknowledge_functions(tasks: TaskTable, processing: Processing, api: TaskAp
             fn,
             "AwsSolutions-L1",
             "The runtime is pinned to the Python version the layer's wheels are built for "
-            "(infra/constants.py PYTHON_VERSION); both move together.",
+            "(coworker_cdk/constants.py PYTHON_VERSION); both move together.",
         )
 
 

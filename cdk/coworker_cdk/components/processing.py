@@ -13,12 +13,12 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from infra import constants as c
-from infra.bundling import function_code
-from infra.components.function import CoworkerFunction
-from infra.components.grants import SendToQueue, grant_invoke, grant_stream_read, grant_table
-from infra.components.results import PAYLOAD_PREFIX, RESULT_PREFIX, grant_objects
-from infra.config import StackConfig
+from coworker_cdk import constants as c
+from coworker_cdk.bundling import function_code
+from coworker_cdk.components.function import CoworkerFunction
+from coworker_cdk.components.grants import SendToQueue, grant_invoke, grant_stream_read, grant_table
+from coworker_cdk.components.results import PAYLOAD_PREFIX, RESULT_PREFIX, grant_objects
+from coworker_cdk.config import StackConfig
 
 # Least privilege on the table (no wildcards): what each role's library code calls.
 # Workers claim, heartbeat and record tasks and their slot lease by UpdateItem and feed
@@ -55,7 +55,7 @@ class Processing(Construct):
 
     Each scheduled run ticks every ``tick_seconds`` for ``supervise_seconds``; the API (dispatch
     on submit) and the workers themselves (self-feeding) start work in between. The API gets
-    invoke rights on the worker from :class:`infra.components.api.TaskApi`.
+    invoke rights on the worker from :class:`coworker_cdk.components.api.TaskApi`.
     """
 
     def __init__(

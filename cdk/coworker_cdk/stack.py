@@ -1,4 +1,4 @@
-"""The Coworker stack: a thin wrapper around :class:`infra.task_system.TaskSystem` configured from
+"""The Coworker stack: a thin wrapper around :class:`coworker_cdk.task_system.TaskSystem` configured from
 CDK context (see docs/deploy.md), with the outputs an operator needs."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
-from infra import constants as c
-from infra.config import StackConfig
-from infra.task_system import TaskSystem
+from coworker_cdk import constants as c
+from coworker_cdk.config import StackConfig
+from coworker_cdk.task_system import TaskSystem
 
 
 class CoworkerStack(Stack):

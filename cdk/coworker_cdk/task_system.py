@@ -1,6 +1,6 @@
 """Coworker as one construct, to put into your own CDK app::
 
-    from infra.task_system import TaskSystem
+    from coworker_cdk.task_system import TaskSystem
 
     class MyStack(Stack):
         def __init__(self, scope, construct_id, **kwargs):
@@ -22,15 +22,15 @@ from typing import Any
 from aws_cdk import Annotations, Aws, RemovalPolicy, Stack, Token
 from constructs import Construct
 
-from infra import constants as c
-from infra.components.api import TaskApi
-from infra.components.layer import CoworkerLayer
-from infra.components.monitoring import Monitoring
-from infra.components.processing import Processing
-from infra.components.results import ResultsBucket
-from infra.components.table import TaskTable
-from infra.config import StackConfig
-from infra.nag import acknowledge_findings
+from coworker_cdk import constants as c
+from coworker_cdk.components.api import TaskApi
+from coworker_cdk.components.layer import CoworkerLayer
+from coworker_cdk.components.monitoring import Monitoring
+from coworker_cdk.components.processing import Processing
+from coworker_cdk.components.results import ResultsBucket
+from coworker_cdk.components.table import TaskTable
+from coworker_cdk.config import StackConfig
+from coworker_cdk.nag import acknowledge_findings
 
 
 class TaskSystem(Construct):
@@ -80,7 +80,7 @@ class TaskSystem(Construct):
             self,
             "Library",
             source_dir=c.LAYER_SOURCE_DIR,
-            requirements=c.LAYER_REQUIREMENTS,
+            requirements=c.LAYER_LOCK,
             install_dependencies=self.config.install_layer_dependencies,
         )
         shared = dict(

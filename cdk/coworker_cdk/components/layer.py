@@ -8,8 +8,8 @@ from aws_cdk import RemovalPolicy
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
-from infra.bundling import layer_code
-from infra.components.function import ARCHITECTURE, RUNTIME
+from coworker_cdk.bundling import layer_code
+from coworker_cdk.components.function import ARCHITECTURE, RUNTIME
 
 
 class CoworkerLayer(Construct):

@@ -19,12 +19,12 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from infra import constants as c
-from infra.bundling import function_code
-from infra.components.function import LOG_RETENTION, CoworkerFunction
-from infra.components.grants import grant_invoke, grant_table
-from infra.components.results import PAYLOAD_PREFIX, RESULT_PREFIX, grant_objects
-from infra.config import StackConfig
+from coworker_cdk import constants as c
+from coworker_cdk.bundling import function_code
+from coworker_cdk.components.function import LOG_RETENTION, CoworkerFunction
+from coworker_cdk.components.grants import grant_invoke, grant_table
+from coworker_cdk.components.results import PAYLOAD_PREFIX, RESULT_PREFIX, grant_objects
+from coworker_cdk.config import StackConfig
 
 # What the API's library code calls on the table, nothing more: tasks are put (PutItem; a batch's
 # head item is opened first, UpdateItem), read (GetItem; a batch's progress is its head and its

@@ -1,4 +1,4 @@
-"""Deployment settings: the options of :class:`infra.task_system.TaskSystem`, or the stack's CDK
+"""Deployment settings: the options of :class:`coworker_cdk.task_system.TaskSystem`, or the stack's CDK
 context, validated once and passed inward as values.
 
 Library settings (concurrency, batch size, timeouts...) are validated by the library's own
@@ -19,7 +19,7 @@ from coworker.engine.handlers import handler_package
 from coworker.errors import ConfigurationError
 from pydantic import ValidationError
 
-from infra import constants as c
+from coworker_cdk import constants as c
 
 # Library settings a deployment may set: each is an option of TaskSystem under the Settings
 # field's name, and a context key of the stack.
@@ -77,8 +77,11 @@ _RETIRED_CONTEXT: dict[str, str] = {
 _CDK_CONTEXT = frozenset({"acknowledged-issue-numbers"})
 # Environment variables that Lambda reserves or that make no sense in AWS.
 _NOT_IN_LAMBDA_ENV = {"AWS_REGION", "COWORKER_DYNAMODB_ENDPOINT", "COWORKER_LAMBDA_ENDPOINT"}
-# The default of the ``handlers`` option: the repository's handlers/ folder, if there is one.
-DEFAULT_HANDLERS = "default"
+# The ``handlers`` value that deploys no handlers package, only the example task types.
+EXAMPLES = "examples"
+_HANDLERS_REQUIRED = ("option handlers is required: the folder of your handlers package (a folder with "
+                      "__init__.py whose modules register task handlers), or 'examples' to deploy only the "
+                      "example task types")
 
 
 @dataclass(frozen=True)
@@ -192,11 +195,18 @@ class StackConfig:
                 raise ConfigurationError(f"context {key} was removed; use {replacement}")
         _refuse_unknown_context(node.get_all_context())
         options = {name: get(key) for key, name in CONTEXT_OPTIONS.items()}
+        if options["handlers"] is None:  # the app's own handlers/ folder, as `make run` takes it
+            if not Path(c.DEFAULT_HANDLERS_DIR_NAME).is_dir():
+                raise ConfigurationError(
+                    f"no handlers package: the stack deploys ./{c.DEFAULT_HANDLERS_DIR_NAME} by default and there "
+                    f"is no such folder here ({Path.cwd()}); pass -c {c.CTX_HANDLERS_DIR}=path/to/your_package, "
+                    f"or -c {c.CTX_HANDLERS_DIR}={EXAMPLES} for the example task types only")
+            options["handlers"] = c.DEFAULT_HANDLERS_DIR_NAME
         return cls.from_options(**{name: value for name, value in options.items() if value is not None})
 
     @classmethod
     def from_options(cls, **options: Any) -> StackConfig:
-        """Validate the options of :class:`infra.task_system.TaskSystem` (raises ConfigurationError
+        """Validate the options of :class:`coworker_cdk.task_system.TaskSystem` (raises ConfigurationError
         naming the option and what it accepts); unset options take their defaults."""
         unknown = sorted(set(options) - OPTION_NAMES)
         if unknown:
@@ -204,6 +214,14 @@ class StackConfig:
             raise ConfigurationError(f"unknown Coworker option {', '.join(hints)}; options are "
                                      f"{', '.join(sorted(OPTION_NAMES))}")
         settings = _settings_from_options(options)
+        if options.get("handlers") is None:
+            raise ConfigurationError(_HANDLERS_REQUIRED)
+        handlers_dir = _handlers_dir(options["handlers"])
+        if handlers_dir is None:  # the examples, asked for by name
+            if options.get("example_handlers") is not None and not settings.example_handlers:
+                raise ConfigurationError("handlers='examples' deploys the example task types: with "
+                                         "example_handlers off there would be nothing to run")
+            settings = settings.model_copy(update={"example_handlers": True})
 
         def choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
             value = str(options.get(name) or default).lower()
@@ -253,7 +271,7 @@ class StackConfig:
             coordinator_silence_alarm_minutes=silence,
             oldest_task_alarm_seconds=number("oldest_task_alarm_seconds", c.DEFAULT_OLDEST_TASK_ALARM_SECONDS),
             ignored_alarm_percent=ignored_percent,
-            handlers_dir=_handlers_dir(options.get("handlers", DEFAULT_HANDLERS)),
+            handlers_dir=handlers_dir,
             results_bucket=_as_bool(options.get("results_bucket", True)),
             api_auth=choice("api_auth", c.API_AUTH_KEY, (c.API_AUTH_KEY, c.API_AUTH_IAM)),
             legacy_status_index=_as_bool(options.get("legacy_status_index", False)),
@@ -298,14 +316,12 @@ def _settings_from_options(options: dict[str, Any]) -> Settings:
 
 
 def _handlers_dir(value: Any) -> Path | None:
-    """The handlers package folder: the repository's handlers/ by default (when it exists),
-    none for ``None`` / ``"none"``, else the given path, which must be a package."""
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "off", "false")):
+    """The handlers package folder (it must be a package), or ``None`` for ``"examples"``."""
+    if isinstance(value, str) and value.strip().lower() == EXAMPLES:
         return None
-    if value == DEFAULT_HANDLERS:
-        if not c.DEFAULT_HANDLERS_DIR.is_dir():
-            return None
-        value = c.DEFAULT_HANDLERS_DIR
+    if isinstance(value, str) and value.strip().lower() in ("none", "off", "false"):
+        raise ConfigurationError(f"handlers {value!r} would deploy nothing to run: give the folder of your "
+                                 f"handlers package, or {EXAMPLES!r} for the example task types")
     parent, name = handler_package(value)
     return parent / name
 

@@ -9,7 +9,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from infra import constants as c
+from coworker_cdk import constants as c
 
 RUNTIME = lambda_.Runtime.PYTHON_3_13  # must match constants.PYTHON_VERSION (layer wheels)
 ARCHITECTURE = lambda_.Architecture.ARM_64  # must match constants.PIP_PLATFORMS
