@@ -1,6 +1,6 @@
 """Coworker as one construct, to put into your own CDK app::
 
-    from coworker_cdk.task_system import TaskSystem
+    from coworker_cdk import TaskSystem
 
     class MyStack(Stack):
         def __init__(self, scope, construct_id, **kwargs):
@@ -37,9 +37,9 @@ class TaskSystem(Construct):
     """The task table, the library layer, coordinator and workers (with your handlers), the API
     and its monitoring.
 
-    ``handlers`` is your handlers package: a folder with ``__init__.py`` (and optionally
-    ``requirements.txt``), bundled into the worker without Docker. By default it is this
-    repository's ``handlers/``; ``None`` deploys the example task types only.
+    ``handlers`` (required) is your handlers package: a folder with ``__init__.py`` (and
+    optionally ``requirements.txt``, resolved for Lambda's platform at synth), bundled into the
+    worker and the API without Docker; ``"examples"`` deploys the example task types only.
     ``config`` takes an already validated :class:`StackConfig` instead of ``options``.
     """
 

@@ -48,7 +48,10 @@ def main() -> None:
                                   "trace": traceback.format_exc()}) + "\n")
         return
     imported = {name: getattr(sys.modules.get(name), "__file__", None) for name in ("coworker", module_name)}
-    answers.write(json.dumps({"ready": True, "files": imported}) + "\n")
+    code = os.getcwd() + os.sep
+    from_code = sorted(name for name, module in list(sys.modules.items())
+                       if "." not in name and (getattr(module, "__file__", None) or "").startswith(code))
+    answers.write(json.dumps({"ready": True, "files": imported, "from_code": from_code}) + "\n")
     for line in sys.stdin:
         request = json.loads(line)
         context = Context(os.environ["AWS_LAMBDA_FUNCTION_NAME"], request["timeout_ms"],

@@ -32,13 +32,13 @@ SCHEDULED_EVENT = {"version": "0", "id": "rehearsal", "detail-type": "Scheduled 
                    "resources": [], "detail": {}}
 
 
-def write_rehearsal_handlers(root: Path, requirements: str = "") -> tuple[Path, str]:
-    """A team's handlers package: the task types the rehearsal's scenario runs, and
-    ``requirements``."""
+def write_rehearsal_handlers(root: Path, requirements: str = "", init: str = "") -> tuple[Path, str]:
+    """A team's handlers package: the task types the rehearsal's scenario runs, its
+    ``requirements`` and the package's ``__init__`` code (``init``)."""
     name = f"rehearsal_tasks_{uuid.uuid4().hex[:8]}"
     package = root / name
     (package / "reports").mkdir(parents=True)
-    (package / "__init__.py").write_text("")
+    (package / "__init__.py").write_text(init)
     (package / "tasks.py").write_text(textwrap.dedent('''
         import time
         from coworker import task_handler

@@ -152,6 +152,11 @@ class FunctionPool:
         with self._lock:
             return [container.start["files"] for container in self._all if "files" in container.start]
 
+    def modules_from_code(self) -> set[str]:
+        """The top-level modules the started environments imported from the function's code."""
+        with self._lock:
+            return {name for container in self._all for name in container.start.get("from_code", [])}
+
     def errors(self) -> list[str]:
         return [f"{self.role}: {i.answer['error']}\n{i.answer.get('trace', '')}" for i in self.invocations
                 if i.answer and "error" in i.answer]
