@@ -22,6 +22,8 @@ from tests.rehearsal.template import asset_dir, functions_of, layer_dir
 pytest.importorskip("aws_cdk")
 
 ROOT = Path(__file__).resolve().parents[2]
+# What the wheel is built from (pyproject.toml's packages and dependencies).
+PROJECT_FILES = ("pyproject.toml", "requirements.txt", "README.md", "layers", "cdk", "local")
 # A dependency with a compiled extension and a pure-Python fallback: its Lambda wheel is proven
 # by the file it holds, and the rehearsal (on this machine's CPU) still imports it.
 COMPILED_REQUIREMENT = "markupsafe==3.0.2"
@@ -35,9 +37,16 @@ def _snake(name: str) -> str:
 def install_construct(tmp_path: Path) -> Path:
     """Build this repository's wheel and install it (without its dependencies, which the test
     environment has) into a folder of its own, as ``pip install`` would into the team's."""
-    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    wheels, site, source = tmp_path / "wheels", tmp_path / "site", tmp_path / "source"
+    source.mkdir()
+    # built from a copy, so that the build's leftovers (build/, *.egg-info) stay out of the checkout
+    for name in PROJECT_FILES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                    "--wheel-dir", str(wheels), str(ROOT)], check=True, cwd=tmp_path)
+                    "--wheel-dir", str(wheels), str(source)], check=True, cwd=tmp_path)
     (wheel,) = wheels.glob("coworker-*.whl")
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
                     str(wheel)], check=True, cwd=tmp_path)
