@@ -93,7 +93,7 @@ def publish_metrics() -> None:
 
 
 class MetricName:
-    """Metric names, shared with the CloudWatch dashboard in infra/."""
+    """Metric names, shared with the CloudWatch dashboard of coworker_cdk."""
 
     CLAIMED = "TaskClaimed"
     NOT_CLAIMED = "TaskNotClaimed"
