@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from coworker.observability import invocation_scope
+
 # API Gateway refuses request bodies over 10 MB with 413.
 MAX_REQUEST_BYTES = 10 * 1024 * 1024
 # What the API's proxy resource accepts (API Gateway's ANY method).
@@ -283,11 +285,14 @@ class LocalGateway:
     def _invoke(self, event: dict[str, Any]) -> GatewayResponse:
         context = self.context_factory()
         try:
-            if self._lock is None:
-                result = self.handler(event, context)
-            else:
-                with self._lock:
+            # Logger keys of this request only (the API's handler sets its request and correlation
+            # ids on the logger the whole process shares with the coordinator's thread).
+            with invocation_scope():
+                if self._lock is None:
                     result = self.handler(event, context)
+                else:
+                    with self._lock:
+                        result = self.handler(event, context)
         except Exception:  # a crashed Lambda: API Gateway answers 502, so do we
             traceback.print_exc()
             return GatewayResponse(502, {"Content-Type": "application/json"},

@@ -37,7 +37,7 @@ from coworker.bootstrap import configure
 from coworker.config import Settings
 from coworker.engine import dispatch
 from coworker.engine.handlers import handler_package
-from coworker.observability import logger, metrics
+from coworker.observability import invocation_scope, logger, metrics
 
 from coworker_local import migration
 from coworker_local.database import FAKE_CREDENTIALS, EmbeddedDatabase, create_table, start_database
@@ -141,6 +141,10 @@ class CoordinatorTimer:
         metrics.clear_metrics()
 
     def _loop(self) -> None:
+        with invocation_scope():  # the API's request ids, set in the same process, are not ours
+            self._run_until_stopped()
+
+    def _run_until_stopped(self) -> None:
         while not self._stop.is_set():
             supervisor = dispatch.Supervisor(self._settings, self._invoker)
             supervisor.on_tick = self._record

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
@@ -44,8 +47,29 @@ def _clip_all(value: Any, limit: int) -> Any:
     return clip(str(value), limit)  # e.g. the exception object in a stack trace
 
 
+# The logger's keys of the invocation running in this thread, where several functions share a
+# process (the local runtime); unset, every thread shares the process's keys, as on Lambda.
+_INVOCATION_KEYS: ContextVar[dict[str, Any] | None] = ContextVar("coworker_invocation_log_keys", default=None)
+
+
 class ClippingFormatter(LambdaPowertoolsFormatter):
-    """Powertools' JSON log format, with every text field clipped (see MAX_LOG_FIELD_CHARS)."""
+    """Powertools' JSON log format, with every text field clipped (see MAX_LOG_FIELD_CHARS), and
+    its keys (``log_format``: service, the Lambda context, the correlation id) kept per invocation
+    inside :func:`invocation_scope`."""
+
+    _process_keys: dict[str, Any]
+
+    @property  # type: ignore[override]
+    def log_format(self) -> dict[str, Any]:
+        keys = _INVOCATION_KEYS.get()
+        return self._process_keys if keys is None else keys
+
+    @log_format.setter
+    def log_format(self, value: dict[str, Any]) -> None:
+        if _INVOCATION_KEYS.get() is None:
+            self._process_keys = value
+        else:
+            _INVOCATION_KEYS.set(value)
 
     def serialize(self, log: dict[str, Any] | PowertoolsLogRecord) -> str:
         clipped = {
@@ -80,6 +104,21 @@ class ThreadSafeMetrics(Metrics):
 
 
 logger = Logger(service=SERVICE, logger_formatter=ClippingFormatter())
+
+
+@contextmanager
+def invocation_scope() -> Iterator[None]:
+    """Run one function's invocation (or a long-running loop) in this thread with logger keys of
+    its own: what ``inject_lambda_context`` sets inside (request id, correlation id) is seen by
+    this thread's log lines only, and gone afterwards. For processes that host several functions
+    (the local runtime); on Lambda each function has its process and needs none."""
+    formatter = logger.registered_formatter
+    assert isinstance(formatter, ClippingFormatter)
+    token = _INVOCATION_KEYS.set(dict(formatter.log_format))
+    try:
+        yield
+    finally:
+        _INVOCATION_KEYS.reset(token)
 metrics = ThreadSafeMetrics(service=SERVICE, namespace=NAMESPACE)
 tracer = Tracer(service=SERVICE)
 
