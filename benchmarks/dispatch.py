@@ -64,7 +64,7 @@ from coworker.data.models import TaskModel  # noqa: E402
 from coworker_local.runtime import LocalRuntime, local_settings  # noqa: E402
 
 HANDLER_MODULES = "coworker.engine.examples,bench_handlers"
-SECTIONS = ("latency", "utilisation", "kill")
+SECTIONS = ("latency", "utilisation", "kill", "kill-busy")
 SUBMIT_CHUNK = min(500, MAX_BATCH_TASKS)
 LATENCY_PAUSE = 0.2
 # After the window ends, time for the tasks that ran into it to finish and be recorded.
@@ -410,6 +410,62 @@ def run_kill(bench: Bench) -> None:
     say(f"  {summary} (a killed environment shows as crashed; the next invocation starts a cold one)")
 
 
+def run_kill_busy(bench: Bench) -> None:
+    """Every worker slot runs a long task and as many again wait: a killed worker's task can only
+    come back through slots that turn over, and the dead invocation's own."""
+    lock, rounds, slots = bench.args.lock_seconds, bench.args.kill_rounds, bench.args.kill_busy_slots
+    say("\n== 4b. Worker SIGKILL with every slot busy and a backlog waiting -> its task claimed again ==")
+    with bench.runtime(lock_seconds=lock, max_concurrency=slots, batch_size=1) as runtime:
+        say(describe(runtime, f"{rounds} rounds; {2 * slots} bench-long tasks, each running to its worker's deadline"))
+        assert runtime.pool is not None
+        run = uuid.uuid4().hex[:6]
+        keys = [f"busy-{run}-{n}" for n in range(2 * slots)]
+        bench.post(runtime, {"tasks": [{"key": key, "type": "bench-long", "payload": {"seconds": 3600}}
+                                       for key in keys]})
+
+        def running() -> dict[str, int]:
+            """Each running task's worker process: the invocation that holds its lock."""
+            pids = {item["owner"]: item["pid"] for item in runtime.pool.running() if item["pid"] and item["owner"]}
+            found = {}
+            for key in keys:
+                task = TaskModel.get(key)
+                owner = task.lock_owner or ""
+                if task.status == "processing" and int(task.attempts) == 1:
+                    for holder, pid in pids.items():
+                        if owner.startswith(holder):
+                            found[key] = pid
+            return found
+
+        wait_until(lambda: len(running()) >= slots, timeout=120, interval=0.2, what="every slot busy")
+        results: list[float] = []
+        killed_keys: set[str] = set()
+        for number in range(rounds):
+            key, pid = next((k, p) for k, p in running().items() if k not in killed_keys)
+            killed_keys.add(key)
+            expires = TaskModel.get(key).lock_expires_at
+            os.kill(pid, signal.SIGKILL)
+            killed = time.time()
+
+            def again(key: str = key) -> bool:
+                return int(TaskModel.get(key).attempts) >= 2
+
+            try:
+                wait_until(again, timeout=20 * lock, interval=0.1, what=f"{key} to be claimed again")
+            except TimeoutError:
+                say(f"  {key}: {TaskModel.get(key).to_simple_dict()}")
+                raise
+            seconds = time.time() - killed
+            results.append(seconds)
+            lock_left = expires.timestamp() - killed if expires else math.nan
+            say(f"  round {number + 1}: killed pid {pid}; {key} claimed again after {seconds:.2f} s "
+                f"({seconds - lock_left:.2f} s after its lock expired)")
+        for status in ("todo", "processing"):
+            bench.session.post(f"{runtime.url}/bulk", json={"action": "cancel", "status": status}, timeout=60)
+    worst = max(results)
+    say(f"kill -> re-claim, every slot busy: median {statistics.median(results):.2f} s, max {worst:.2f} s "
+        f"over {len(results)} rounds; 2 x lock_seconds = {2 * lock} s (target < 2 x L: {verdict(worst < 2 * lock)})")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency-tasks", type=int, default=60, help="single tasks in the latency run")
@@ -417,7 +473,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=60.0, help="steady-state window (s) of the utilisation run")
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds after the first start before the window")
     parser.add_argument("--lock-seconds", type=int, default=10, help="lock_seconds of the kill run")
-    parser.add_argument("--kill-rounds", type=int, default=3, help="rounds of the kill run")
+    parser.add_argument("--kill-rounds", type=int, default=3, help="rounds of the kill runs")
+    parser.add_argument("--kill-busy-slots", type=int, default=4, help="worker slots of the busy kill run")
     parser.add_argument("--db", choices=("auto", "dynamodb-local", "moto"), default="auto", help="embedded database")
     parser.add_argument("--only", action="append", choices=SECTIONS,
                         help="run only this section (repeat for several); default all")
@@ -443,6 +500,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             report_duplicates(bench)
             if "kill" in sections:
                 run_kill(bench)
+            if "kill-busy" in sections:
+                run_kill_busy(bench)
     say(f"\n({time.monotonic() - started:.0f} s in all)")
     return 0
 
