@@ -18,9 +18,6 @@ if TYPE_CHECKING:
     from coworker_cdk.components.table import TaskTable
 
 PACK = "AwsSolutions"
-BASIC_EXECUTION_POLICY = (
-    "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"
-)
 API_GATEWAY_LOGS_POLICY = (
     "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AmazonAPIGatewayPushToCloudWatchLogs"
 )
@@ -49,14 +46,9 @@ def acknowledge_findings(
 
 
 def _acknowledge_functions(tasks: TaskTable, processing: Processing, api: TaskApi) -> None:
-    """What every function's role holds: logs, tracing, the status index; the pinned runtime."""
+    """What every function's role holds: tracing, the status index; the pinned runtime."""
     table_index_arns = f"Resource::{_arn_of(tasks.table)}/index/*"
     for fn in (processing.worker, processing.coordinator, api.handler):
-        acknowledge(
-            fn,
-            f"AwsSolutions-IAM4[{BASIC_EXECUTION_POLICY}]",
-            "AWSLambdaBasicExecutionRole only lets the function write its own logs.",
-        )
         acknowledge(
             fn,
             "AwsSolutions-IAM5[Resource::*]",

@@ -379,6 +379,20 @@ def test_least_privilege_on_the_table(template: Template, functions) -> None:
         "dynamodb:BatchGetItem"}  # a batch's progress: its head and counter items
 
 
+def test_each_function_writes_logs_to_its_own_log_group_only(template: Template, functions) -> None:
+    roles = template.find_resources("AWS::IAM::Role")
+    for name, fn in functions.items():
+        # no managed policy (AWSLambdaBasicExecutionRole: any log group in the account)
+        assert not roles[role_of(fn)]["Properties"].get("ManagedPolicyArns"), name
+        own = fn["LoggingConfig"]["LogGroup"]["Ref"]
+        log_statements = [st for st in policy_statements(template).get(role_of(fn), [])
+                          if any(action.startswith("logs:") for action in actions_of(st))]
+        assert log_statements, name
+        for statement in log_statements:
+            assert set(actions_of(statement)) == {"logs:CreateLogStream", "logs:PutLogEvents"}, name
+            assert statement["Resource"] == {"Fn::GetAtt": [own, "Arn"]}, name
+
+
 def test_no_function_is_given_a_cursor_secret_anyone_may_read(functions) -> None:
     # The stack's id is readable by anyone allowed DescribeStacks: the API keeps its own in the table.
     for role in ("api", "worker", "coordinator"):

@@ -27,17 +27,19 @@ from coworker.engine.handlers import TaskContext, task_handler
 from coworker.engine.offload import FolderObjectStore
 from coworker.engine.worker import WorkerRequest, run_invocation
 
-from tests.rehearsal.template import ROLES, Grants, Targets, logical_id, needs, role_grants
+from tests.rehearsal.template import ROLES, Grants, Targets, functions_of, logical_id, needs, role_grants
 from tests.support.doubles import Api
 
 pytest.importorskip("aws_cdk")
 
 BIG = "x" * 20_000  # over the 16 KB a payload may take on the record
 # Grants no request of the code needs: Lambda's service uses them with the function's role
-# (X-Ray tracing; the worker's failed asynchronous events sent to its dead-letter queue).
-_XRAY = [("xray:PutTelemetryRecords", "*"), ("xray:PutTraceSegments", "*")]
-LAMBDA_SERVICE_GRANTS = {"api": _XRAY, "coordinator": sorted([("sqs:SendMessage", "{queue}"), *_XRAY]),
-                         "worker": sorted([("sqs:SendMessage", "{queue}"), *_XRAY])}
+# (its log lines, to the function's own log group only; X-Ray tracing; the worker's and the
+# coordinator's failed asynchronous events sent to the dead-letter queue).
+_SERVICE = [("logs:CreateLogStream", "{logs}"), ("logs:PutLogEvents", "{logs}"),
+            ("xray:PutTelemetryRecords", "*"), ("xray:PutTraceSegments", "*")]
+LAMBDA_SERVICE_GRANTS = {"api": sorted(_SERVICE), "coordinator": sorted([("sqs:SendMessage", "{queue}"), *_SERVICE]),
+                         "worker": sorted([("sqs:SendMessage", "{queue}"), *_SERVICE])}
 
 
 @task_handler("rehearsal-spawn")
@@ -196,7 +198,10 @@ def test_every_call_of_each_function_is_granted_to_its_role(make_settings, recor
     template = assembly.get_stack_by_name(stack.stack_name).template
     grants = role_grants(template)
     queue = logical_id(template, "AWS::SQS::Queue")
-    service_grants = {role: [(a, r.format(queue=f"{queue}.Arn")) for a, r in granted]
+    log_group = {role: function["Properties"]["LoggingConfig"]["LogGroup"]["Ref"]
+                 for role, function in functions_of(template).items()}
+    service_grants = {role: sorted((a, r.format(queue=f"{queue}.Arn", logs=f"{log_group[role]}.Arn"))
+                                   for a, r in granted)
                       for role, granted in LAMBDA_SERVICE_GRANTS.items()}
     targets = Targets.of(template)
     table = targets.table.removesuffix(".Arn")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
@@ -37,6 +38,11 @@ class CoworkerFunction(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         self.log_group = self._build_log_group(removal_policy)
+        # A role of its own with no managed policy: AWSLambdaBasicExecutionRole would let it
+        # create and write any log group in the account; it writes only to its own.
+        self.role = iam.Role(self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+                             description=f"{description}: its own log group, and what its code calls")
+        self.log_group.grant_write(self.role)  # CreateLogStream, PutLogEvents on this group
         code = code or lambda_.Code.from_asset(str(code_dir), exclude=list(c.ASSET_EXCLUDES))
         self.function = self._build_function(
             code, layer, environment, timeout_seconds, memory_mb, description, reserved_concurrency
@@ -69,5 +75,6 @@ class CoworkerFunction(Construct):
             memory_size=memory_mb,
             tracing=lambda_.Tracing.ACTIVE,
             log_group=self.log_group,
+            role=self.role,
             reserved_concurrent_executions=reserved_concurrency,
         )
