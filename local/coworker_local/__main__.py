@@ -122,8 +122,26 @@ def _route_logs(path: Path) -> Any:
     return open(path, "ab", buffering=0)  # noqa: SIM115
 
 
+def _stop_with_parent(stop: threading.Event, interval: float = 0.5) -> None:
+    """Set ``stop`` when the process that started this one dies (it is re-parented), so a
+    runtime started by a test, a script or an editor never outlives what started it."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while not stop.wait(interval):
+            if os.getppid() != parent:
+                print("the process that started the runtime is gone: stopping", file=sys.stderr, flush=True)
+                stop.set()  # as SIGTERM does: the demo and the serving loop end, then the orderly stop
+                return
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Ctrl-C stops the runtime even when whatever started it ignores SIGINT (a background job of
+    # a script does): Python leaves an inherited SIG_IGN in place otherwise.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from coworker_local import demo as demo_module
     from coworker_local.runtime import LocalRuntime, default_handlers_dir, local_settings, with_handlers_package
 
@@ -144,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    _stop_with_parent(stop)
     runtime = LocalRuntime(settings, host=args.host, port=args.api_port,
                            max_invocations=args.max_invocations, log=log, drain_seconds=args.drain_seconds,
                            prewarm=args.prewarm_workers,

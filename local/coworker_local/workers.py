@@ -431,6 +431,19 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     os._exit(143)
 
 
+def _terminate_with_parent(interval: float = 0.5) -> None:
+    """SIGTERM this worker (its tasks recorded as interrupted) when the runtime that started it
+    dies without stopping it: a worker never outlives its runtime."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def child_main() -> None:
     """Entry point of a worker process: serve invocations read from stdin until EOF."""
     global _CURRENT
@@ -440,6 +453,7 @@ def child_main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     warnings.filterwarnings("ignore", message="No application metrics to publish")
     signal.signal(signal.SIGTERM, _on_sigterm)
+    _terminate_with_parent()
 
     from coworker.bootstrap import configure
     from coworker.engine.worker import Invocation as WorkerInvocation

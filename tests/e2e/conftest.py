@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -37,19 +38,20 @@ FAST_SETTINGS = {
 class LocalRuntimeProcess:
     """A running ``python -m coworker_local``; its output is collected in :attr:`output`."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log_file: Path) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], log_file: Path, **popen: Any) -> None:
         self.log_file = log_file
         self.process = subprocess.Popen(
             [sys.executable, "-m", "coworker_local", "--api-port", "0", "--log-file", str(log_file), *args],
             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True,  # its own process group, so a test can kill it with its children
+            **popen,
         )
         self.output: list[str] = []
         self.url: str | None = None
         self._ready = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
         if not self._ready.wait(START_TIMEOUT) or self.url is None:
-            self.process.kill()
+            self.kill_group()  # the database and workers it started too
             raise RuntimeError("the local runtime did not start:\n" + "".join(self.output))
 
     def _read(self) -> None:
@@ -95,14 +97,14 @@ class LocalRuntimeProcess:
             try:
                 self.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                self.kill_group()
                 pytest.fail(f"the local runtime did not stop within {timeout} s:\n{self.text()}")
         return self.process.returncode
 
     def kill_group(self) -> None:
-        """SIGKILL the runtime and every process of its group (workers, database): a power cut."""
-        with contextlib.suppress(ProcessLookupError):
+        """SIGKILL the runtime and every process of its group (database; workers have sessions of
+        their own, and end when the runtime is gone): a power cut."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(timeout=30)
 
@@ -132,8 +134,16 @@ def start_runtime(tmp_path_factory) -> Iterator:
         return runtime
 
     yield start
+    failures = []
     for runtime in started:
-        runtime.stop()
+        try:
+            runtime.stop()
+        except BaseException as exc:  # noqa: BLE001 - every runtime is stopped, whatever one did
+            failures.append(exc)
+        finally:
+            runtime.kill_group()  # anything of its group still running (a no-op after a clean stop)
+    if failures:
+        raise failures[0]
 
 
 @pytest.fixture(scope="module")

@@ -3,13 +3,19 @@ and end in the states, attempts and error histories the lifecycle promises."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 import uuid
 
 import pytest
+
+from tests.e2e.conftest import READY_PATTERN, REPO_ROOT, LocalRuntimeProcess, runtime_env
 
 pytestmark = pytest.mark.slow
 
@@ -171,17 +177,24 @@ def _alive(pid: int) -> bool:
 
 def test_the_default_database_is_dynamodb_local_and_dies_with_a_killed_runtime(start_runtime):
     """Given the runtime on its default database, when the runtime alone is SIGKILLed, then its
-    DynamoDB Local (a Java child process) does not outlive it."""
-    runtime = start_runtime("--no-demo")
+    DynamoDB Local (a Java child process) and its worker processes do not outlive it."""
+    runtime = start_runtime("--no-demo", COWORKER_WORKER_TIMEOUT_SECONDS="300")
     database = runtime.get("/local/info").json()["database"]
     if database["backend"] != "dynamodb-local":
         pytest.skip(f"DynamoDB Local cannot run here: {database['description']}")
     assert database["pid"] and _alive(database["pid"])
     assert "DynamoDB Local (in memory)" in runtime.text()
+    # a worker busy with a long task (an idle one would end anyway, at the end of its input)
+    _submit(runtime, [{"key": "orphaned-1", "type": "slow", "payload": {"seconds": 240}}])
+    runtime.wait_for(lambda: runtime.task("orphaned-1")["status"] == "processing", 30, "the task to start")
+    workers = [pid for pid in _children(runtime.process.pid) if pid != database["pid"]]
+    assert workers, "the runtime's worker processes"
 
     os.kill(runtime.process.pid, signal.SIGKILL)
     runtime.process.wait(timeout=10)
     runtime.wait_for(lambda: not _alive(database["pid"]), 15, "DynamoDB Local to exit with its parent")
+    # and its worker processes (sessions of their own) end too
+    runtime.wait_for(lambda: not any(_alive(pid) for pid in workers), 120, "the workers to exit with their runtime")
 
 
 def test_data_dir_keeps_tasks_across_a_hard_stop_and_expired_locks_are_taken_over(start_runtime, tmp_path):
@@ -263,3 +276,71 @@ def test_a_handlers_folder_that_is_not_a_package_is_refused_before_anything_star
     assert "has no __init__.py; add an empty one" in result.stderr
     result = run_local("--example-handlers", "false", "--tasks", "5")
     assert result.returncode == 2 and "the demo submits the example task types" in result.stderr
+
+
+def test_a_runtime_started_with_ctrl_c_ignored_still_stops_on_it(tmp_path):
+    """Given a runtime started by something that ignores SIGINT (a script's background job),
+    when it gets Ctrl-C, then it stops in order as usual."""
+    runtime = LocalRuntimeProcess(["--no-demo"], runtime_env(), tmp_path / "coworker.log",
+                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        assert runtime.stop(signal.SIGINT, timeout=60) == 0
+        assert "Stopped." in runtime.text()
+    finally:
+        runtime.kill_group()
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    if int(stat.read().split(") ", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def test_a_runtime_whose_parent_dies_stops_with_its_workers_and_database(tmp_path):
+    """Given a runtime started by a process (a test, a script, an editor) with its workers and
+    its database running, when that process is SIGKILLed, then the runtime, its workers and its
+    database all end: nothing it started is left behind."""
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import subprocess, sys, time
+            runtime = subprocess.Popen([sys.executable, "-m", "coworker_local", "--no-demo", "--api-port", "0",
+                                        "--log-file", {str(tmp_path / "coworker.log")!r}])
+            print("runtime", runtime.pid, flush=True)
+            time.sleep(3600)
+        """)],
+        cwd=REPO_ROOT, env=runtime_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+    assert launcher.stdout is not None
+    runtime_pid = None
+    try:
+        for line in launcher.stdout:
+            if line.startswith("runtime "):
+                runtime_pid = int(line.split()[1])
+            if READY_PATTERN.search(line):
+                break
+        assert runtime_pid is not None
+        started = [runtime_pid, *_children(runtime_pid)]
+        assert len(started) >= 2, "the runtime's workers and database"
+
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait(timeout=30)
+
+        end = time.monotonic() + 120
+        while time.monotonic() < end and any(_alive(pid) for pid in started):
+            time.sleep(0.2)
+        assert not [pid for pid in started if _alive(pid)], "left behind by a runtime whose parent died"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+        for pid in _children(runtime_pid or -1) + ([runtime_pid] if runtime_pid else []):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
