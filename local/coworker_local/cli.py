@@ -18,7 +18,8 @@ key from ``--api-key`` or ``COWORKER_API_KEY`` is sent as ``x-api-key``. ``--iam
 with SigV4 (service ``execute-api``) using the usual AWS credentials instead.
 
 Exit codes: 0 success, 1 the API refused or failed the request (its message is printed as
-worded), 2 bad command line, 3 the API could not be reached.
+worded), 2 bad command line, 3 the API could not be reached, 141 the output's reader went away
+(`coworker list | head`; nothing is printed about it).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from coworker_local.commands import (
     BULK_PAGE,
     CHUNK_TASKS,
     EXIT_API_ERROR,
+    EXIT_BROKEN_PIPE,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
     UsageError,
@@ -221,7 +223,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     args = parser.parse_args(argv)
     client = ApiClient(args.url, api_key=args.api_key, iam=args.iam, region=args.region)
     try:
-        return args.run(client, args, out, err)
+        code: int = args.run(client, args, out, err)
+        out.flush()  # a reader that went away is found here, not in Python's flush at exit
+        return code
     except UsageError as exc:
         err.write(f"coworker: error: {exc}\n")
         return EXIT_USAGE
@@ -235,6 +239,12 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     except Unreachable as exc:
         err.write(f"error: {exc}\n")
         return EXIT_UNREACHABLE
+    except BrokenPipeError:
+        # The reader went away (`coworker list | head`): stop quietly, as other command-line tools
+        # do. Python would otherwise fail again flushing stdout at exit.
+        if out is sys.stdout:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

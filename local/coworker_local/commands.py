@@ -24,6 +24,7 @@ CHUNK_TASKS = 1000
 CHUNK_BYTES = 5 * 1024 * 1024
 
 EXIT_OK, EXIT_API_ERROR, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+EXIT_BROKEN_PIPE = 141  # the shell's code for a command stopped by SIGPIPE
 
 
 class UsageError(Exception):

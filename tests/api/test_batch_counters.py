@@ -77,7 +77,7 @@ def test_complete_fail_cancel_retry_and_reap_move_the_counters(settings, counted
     assert lifecycle.reap_lost("lost", 1, settings) is False
     assert counted() == (5, 1, 3, 1, False)
 
-    retried = lifecycle.retry("bad")
+    retried = lifecycle.retry("bad", settings)
     assert retried.status == "todo" and retried.attempts == 0 and retried.errors
     assert counted() == (5, 1, 2, 2, False)
 
@@ -112,7 +112,7 @@ def test_a_redriven_attempt_1_is_not_the_old_attempt_1(settings, counted):
     old = lifecycle.claim("g", "same-owner", settings)
     timeout = lifecycle.error_record(1, ErrorKind.TIMEOUT, "too slow", utcnow())
     assert lifecycle.fail(old, settings, timeout) is RecordOutcome.IGNORED  # its handler still runs
-    lifecycle.retry("g")
+    lifecycle.retry("g", settings)
     new = lifecycle.claim("g", "same-owner", settings)
     assert (new.attempt, new.generation, old.attempt, old.generation) == (1, 1, 1, 0)
     assert new.fencing_token == "same-owner:1.r1" and old.fencing_token == "same-owner:1"
@@ -282,7 +282,7 @@ def test_a_redrive_keeps_its_batch_from_reading_done_until_it_is_counted(setting
     _put_batch(settings, "again", ["a"])
     lifecycle.cancel("a", settings)
     assert counted("again") == (1, 0, 1, 0, True)
-    assert lifecycle.retry("a") is not None
+    assert lifecycle.retry("a", settings) is not None
     batches.settle("again")  # as the API's redrive routes do
     stale = batches.get_batch("again")
     assert (stale.ignored, stale.open, stale.done) == (1, 0, False)  # the redrive is not counted yet

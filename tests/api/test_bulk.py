@@ -117,7 +117,7 @@ def test_skipped_counts_tasks_that_changed_state_before_the_action(settings):
     _ignored(settings, ["gone", "stays"])
     filter_ = bulk.TaskFilter(status="ignored")
     tasks = [lifecycle.get_task("gone"), lifecycle.get_task("stays")]
-    assert lifecycle.retry("gone") is not None  # someone else redrove it after the read
+    assert lifecycle.retry("gone", settings) is not None  # someone else redrove it after the read
     outcome = bulk.apply(bulk.BulkAction.RETRY, tasks, filter_, settings)
     # "gone" is todo now: retry refuses it (only failed or ignored tasks can be retried)
     assert (outcome.matched, outcome.changed, outcome.skipped) == (2, 1, 1)

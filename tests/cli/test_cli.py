@@ -280,3 +280,21 @@ def test_limit_a_type_and_submit_with_a_concurrency_key(served):
     assert result.returncode == 0, result.stderr
     record = json.loads(served.run("status", "c1", "--json").stdout)
     assert (record["concurrency_key"], record["concurrency_limit"]) == ("example.com", 3)
+
+
+def test_a_reader_that_goes_away_stops_the_output_quietly(served):
+    # Given output piped to a reader that has already gone (`coworker stats | head -0`)
+    served.run("submit", "--type", "quick", "--key", "piped/1")
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    environ = {**os.environ, "COWORKER_API_URL": served.url,
+               "PYTHONPATH": f"{LIBRARY}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    try:
+        # When the command prints
+        done = subprocess.run([*_command(), "stats"], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                              env=environ, timeout=60)
+    finally:
+        os.close(write_end)
+    # Then it stops with the shell's code for it, and no traceback
+    assert done.returncode == 141, done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr

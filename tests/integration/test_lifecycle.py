@@ -317,10 +317,10 @@ def test_every_writer_of_the_error_history_keeps_it_at_the_limit(make_settings):
     _put(settings, key="cycled", type_="always-fail", max_attempts=1)
     process_task("cycled", "w", settings, _deadline())
     for _ in range(4):
-        lifecycle.retry("cycled")
+        lifecycle.retry("cycled", settings)
         assert lifecycle.cancel("cycled", settings, "again") is not None
     errors = lifecycle.get_task("cycled").errors
-    assert [(e.kind, e.message) for e in errors] == [("cancelled", "again"), ("cancelled", "again")]
+    assert [(e.kind, e.message) for e in errors] == [("redriven", "on request"), ("cancelled", "again")]
 
     _put(settings, key="lost", type_="always-fail", max_attempts=3)
     process_task("lost", "w", settings, _deadline())
@@ -350,17 +350,26 @@ def test_cancel_while_running_is_not_hidden_by_the_late_result(settings):
     worker.join(timeout=30)
     task = lifecycle.get_task("c")
     assert task.status == "ignored" and task.result is None
-    assert task.errors[-1].kind == "cancelled"
+    # the cancellation is numbered with the attempt it stopped
+    assert (task.errors[-1].kind, task.errors[-1].attempt, task.attempts) == ("cancelled", 1, 1)
     assert lifecycle.claim("c", "w2", settings) is None
+
+
+def test_a_task_cancelled_before_it_ran_is_numbered_attempt_0(settings):
+    _put(settings, key="never-ran", type_="quick")
+    assert lifecycle.cancel("never-ran", settings) is not None
+    assert [(e.kind, e.attempt) for e in lifecycle.get_task("never-ran").errors] == [("cancelled", 0)]
 
 
 def test_retry_redrives_an_ignored_task_keeping_its_history(settings):
     submit.put_task(TaskSpec(key="i", type="always-fail", max_attempts=1), settings)
     process_task("i", "w", settings, _deadline())
-    assert lifecycle.retry("i") is not None
+    assert lifecycle.retry("i", settings) is not None
     task = lifecycle.get_task("i")
-    assert (task.status, task.attempts, len(task.errors)) == ("todo", 0, 1)
-    assert lifecycle.retry("i") is None  # todo is not retryable
+    assert (task.status, task.attempts) == ("todo", 0)
+    # the history marks where the attempts start again, and with how many before
+    assert [(e.kind, e.attempt) for e in task.errors] == [("business", 1), ("redriven", 1)]
+    assert lifecycle.retry("i", settings) is None  # todo is not retryable
 
 
 def test_finished_task_gets_a_ttl_only_when_retention_is_set(make_settings):

@@ -90,7 +90,7 @@ def matching(tasks: Sequence[TaskModel], task_filter: TaskFilter) -> list[TaskMo
 
 
 def apply(action: BulkAction, tasks: Sequence[TaskModel], task_filter: TaskFilter, settings: Settings,
-          *, dry_run: bool = False, reason: str = "cancelled in bulk") -> PageOutcome:
+          *, dry_run: bool = False, reason: str = "in bulk") -> PageOutcome:
     """Apply ``action`` to the entries of one page that match ``task_filter``; ``dry_run`` only
     counts them."""
     check_action(action, task_filter.status)
@@ -99,7 +99,7 @@ def apply(action: BulkAction, tasks: Sequence[TaskModel], task_filter: TaskFilte
         return PageOutcome(matched=len(matched), changed=0, skipped=0)
 
     if action is BulkAction.RETRY:
-        changed = len(redrive.retry_all([task.key for task in matched]))
+        changed = len(redrive.retry_all([task.key for task in matched], settings))
     else:
         def cancel(task: TaskModel) -> bool:
             return lifecycle.cancel(task.key, settings, reason=reason) is not None

@@ -14,6 +14,7 @@ from coworker.api.cursors import CursorCodec, read_index
 from coworker.api.errors import responses
 from coworker.api.models import MAX_CURSOR_CHARS, MAX_REDRIVE_PER_REQUEST, BatchOut, RedriveOut, RedriveStatus
 from coworker.api.services import Services
+from coworker.config import Settings
 from coworker.data.models import status_shards
 from coworker.engine import batches, redrive
 from coworker.engine.tasks import BATCH_ID_PATTERN
@@ -38,7 +39,8 @@ def router(services: Services) -> APIGatewayRouter:
         limit: Annotated[int, Query(ge=1, le=MAX_REDRIVE_PER_REQUEST)] = 100,
         cursor: Annotated[str | None, Query(max_length=MAX_CURSOR_CHARS)] = None,
     ) -> RedriveOut:
-        return redrive_slice(services.cursors, batch_id_of(batch_id), status, limit=limit, cursor=cursor)
+        return redrive_slice(services.cursors, services.settings, batch_id_of(batch_id), status, limit=limit,
+                             cursor=cursor)
 
     return routes
 
@@ -53,7 +55,7 @@ def batch_id_of(raw: str) -> str:
     return batch_id
 
 
-def redrive_slice(cursors: CursorCodec, batch_id: str, status: RedriveStatus, *, limit: int,
+def redrive_slice(cursors: CursorCodec, settings: Settings, batch_id: str, status: RedriveStatus, *, limit: int,
                   cursor: str | None) -> RedriveOut:
     """Redrive one page of the batch's tasks in ``status``; a stopped batch is reopened first
     (404 for a batch that does not exist)."""
@@ -63,7 +65,7 @@ def redrive_slice(cursors: CursorCodec, batch_id: str, status: RedriveStatus, *,
     listing = ("redrive", status.value, batch_id, status_shards())
     start = cursors.decode(cursor, listing)
     tasks, last_key, scanned = read_index(status.value, want=limit, start=start, batch_id=batch_id)
-    redriven = len(redrive.retry_all([task.key for task in tasks]))
+    redriven = len(redrive.retry_all([task.key for task in tasks], settings, reason="with its batch through the API"))
     logger.info("batch redrive", extra={"batch_id": batch_id, "status": status.value,
                                         "redriven": redriven})
     return RedriveOut(batch_id=batch_id, status=status, redriven=redriven, skipped=len(tasks) - redriven,

@@ -121,7 +121,7 @@ def router(services: Services) -> APIGatewayRouter:
     @routes.post("/tasks/<key>/retry", summary="Redrive a failed or ignored task", tags=["tasks"],
                  responses=responses("The redriven task"))
     def retry_task(key: str) -> TaskOut:
-        return redrive_one(task_key(key))
+        return redrive_one(task_key(key), settings)
 
     @routes.post("/tasks/<key>/cancel", summary="Cancel a task that is not finished", tags=["tasks"],
                  responses=responses("The cancelled task"))
@@ -266,9 +266,9 @@ def _summary(task: TaskModel) -> dict[str, Any]:
 
 # -- retry and cancel --------------------------------------------------------------------------
 
-def redrive_one(key: str) -> TaskOut:
+def redrive_one(key: str, settings: Settings) -> TaskOut:
     """Redrive a failed or ignored task; 409 for a task in another state, 404 for none."""
-    task = redrive.retry(key)
+    task = redrive.retry(key, settings)
     if task is None:
         current = lifecycle.get_task(key)  # TaskNotFoundError -> 404
         raise TaskStateConflictError(f"task {key!r} is {current.status}; "
@@ -278,7 +278,7 @@ def redrive_one(key: str) -> TaskOut:
 
 def cancel_one(key: str, settings: Settings) -> TaskOut:
     """Cancel a task that is not finished or ignored; 409 for one that is, 404 for none."""
-    task = lifecycle.cancel(key, settings, reason="cancelled through the API")
+    task = lifecycle.cancel(key, settings, reason="through the API")
     if task is None:
         current = lifecycle.get_task(key)
         raise TaskStateConflictError(f"task {key!r} is already {current.status}; "
@@ -296,7 +296,7 @@ def bulk_page(body: BulkIn, services: Services) -> BulkOut:
     tasks, last_key, scanned = read_index(body.status.value, want=body.limit, start=start,
                                           batch_id=body.batch_id, task_type=body.type)
     outcome = bulk.apply(body.action, tasks, task_filter, services.settings, dry_run=body.dry_run,
-                         reason="cancelled in bulk through the API")
+                         reason="in bulk through the API")
     if not body.dry_run:
         logger.info("bulk action", extra={"action": body.action.value, "filter": dataclasses.asdict(task_filter),
                                           "changed": outcome.changed, "skipped": outcome.skipped})

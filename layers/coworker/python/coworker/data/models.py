@@ -46,7 +46,8 @@ class TaskStatus(str, enum.Enum):
 
 
 class ErrorKind(str, enum.Enum):
-    """Why an attempt did not finish."""
+    """Why an attempt did not finish; and ``redriven``, which marks in the same history where a
+    task was run again from its first attempt."""
 
     BUSINESS = "business"  # the handler raised TaskFailedError
     SYSTEM = "system"  # any other exception
@@ -55,6 +56,7 @@ class ErrorKind(str, enum.Enum):
     UNKNOWN_TYPE = "unknown_type"  # no handler registered for the task type
     CANCELLED = "cancelled"  # cancelled through the API
     RECORD_TOO_LARGE = "record_too_large"  # the record hit DynamoDB's 400 KB item limit: ended
+    REDRIVEN = "redriven"  # not an error: run again from attempt 1 (the entry has the attempts before)
 
 
 def utcnow() -> datetime:

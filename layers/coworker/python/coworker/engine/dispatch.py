@@ -54,7 +54,7 @@ FAN_OUT_THREADS = 16
 # resumed types it puts back, at most (each is one conditional write, FAN_OUT_THREADS at a time).
 PARK_BUDGET = 1000
 RELEASE_BUDGET = 1000
-STOPPED_BATCH_REASON = "its batch stopped at its failure threshold"
+STOPPED_BATCH_REASON = "because its batch stopped at its failure threshold"
 # The coordinator's lease outlives this many missed ticks before another may take over.
 LEASE_TICKS = 3
 MIN_LEASE_SECONDS = 10.0

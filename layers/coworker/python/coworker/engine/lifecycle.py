@@ -28,7 +28,7 @@ import dataclasses
 import enum
 import random
 import traceback as tb
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -463,10 +463,11 @@ def fail(
 RACE_RETRIES = 5
 
 
-def _write_with_error(task: TaskModel, entry: ErrorRecord, settings: Settings, actions: list[Any],
-                      condition: Condition, what: str, refresh: bool = False) -> bool:
+def _write_with_error(task: TaskModel, entry: ErrorRecord | Callable[[TaskModel], ErrorRecord], settings: Settings,
+                      actions: list[Any], condition: Condition, what: str, refresh: bool = False) -> bool:
     """A state change that adds ``entry`` to the task's error history, kept at the last
-    ``error_history`` entries like every other writer of it.
+    ``error_history`` entries like every other writer of it (``entry`` may be made from the
+    record as read: its errors, attempts and ``updated_at``).
 
     Reads the history (consistent), writes the trimmed list under ``condition`` and on the
     record being unchanged since the read (``updated_at``); if the record changed in between,
@@ -474,16 +475,18 @@ def _write_with_error(task: TaskModel, entry: ErrorRecord, settings: Settings, a
     """
     for _ in range(RACE_RETRIES):
         try:
-            current = TaskModel.get(task.key, consistent_read=True, attributes_to_get=["errors", "updated_at"])
+            current = TaskModel.get(task.key, consistent_read=True,
+                                    attributes_to_get=["errors", "updated_at", "attempts"])
         except DoesNotExist:
             return False
-        history = [*(current.errors or []), entry][-settings.error_history:]
+        added = entry(current) if callable(entry) else entry
+        history = [*(current.errors or []), added][-settings.error_history:]
         unchanged = TaskModel.updated_at == current.updated_at
         try:
             if _write(task, [*actions, TaskModel.errors.set(history)], condition & unchanged, what, refresh=refresh):
                 return True
         except RecordTooLargeError:
-            if _end_too_large(task, condition & unchanged, entry, utcnow()):
+            if _end_too_large(task, condition & unchanged, added, utcnow()):
                 if refresh:
                     task.refresh(consistent_read=True)
                 return True
@@ -522,33 +525,45 @@ def reap_lost(key: str, attempt: int, settings: Settings, now: datetime | None =
 REDRIVABLE = (TaskStatus.FAILED.value, TaskStatus.IGNORED.value)
 
 
-def retry(key: str, now: datetime | None = None) -> TaskModel | None:
+def retry(key: str, settings: Settings, reason: str = "on request", now: datetime | None = None
+          ) -> TaskModel | None:
     """Redrive a failed or ignored task: todo now, attempts reset (in a new generation, so the
-    fencing token of the next attempts is new too), history kept. One conditional UpdateItem;
-    returns the updated task, or ``None`` if it is not failed or ignored.
+    fencing token of the next attempts is new too), history kept with a ``redriven`` entry that
+    marks where the attempts start again (numbered with the attempts before; ``reason`` follows
+    the kind when read). Returns the updated task, or ``None`` if it is not failed or ignored.
     """
     now = now or utcnow()
     task = TaskModel(key)
+
+    def entry(current: TaskModel) -> ErrorRecord:
+        return error_record(int(current.attempts or 0), ErrorKind.REDRIVEN, reason, now)
+
     actions = [
         *TaskModel.status_actions(key, TaskStatus.TODO.value),
         TaskModel.due_at.set(now),
         TaskModel.attempts.set(0),
         TaskModel.generation.add(1),
-        TaskModel.updated_at.set(now),
     ]
-    return task if _write(task, actions, TaskModel.status.is_in(*REDRIVABLE), "retry", refresh=True) else None
+    changed = _write_with_error(task, entry, settings, actions, TaskModel.status.is_in(*REDRIVABLE), "retry",
+                                refresh=True)
+    return task if changed else None
 
 
-def cancel(key: str, settings: Settings, reason: str = "cancelled", now: datetime | None = None
+def cancel(key: str, settings: Settings, reason: str = "on request", now: datetime | None = None
            ) -> TaskModel | None:
-    """Stop handing out a task that is not finished: it becomes ignored with a ``cancelled`` error.
+    """Stop handing out a task that is not finished: it becomes ignored with a ``cancelled`` error
+    (``reason`` follows the kind when read: "cancelled through the API"), numbered with the
+    task's latest attempt (the one running, if any; 0 if it never ran).
 
     A worker still running it loses its fencing condition, so its late result cannot hide the
     cancellation. Returns the updated task, or ``None`` if it was already finished or ignored.
     """
     now = now or utcnow()
     task = TaskModel(key)
-    entry = error_record(0, ErrorKind.CANCELLED, reason, now)
+
+    def entry(current: TaskModel) -> ErrorRecord:
+        return error_record(int(current.attempts or 0), ErrorKind.CANCELLED, reason, now)
+
     actions = [
         *TaskModel.status_actions(key, TaskStatus.IGNORED.value),
         TaskModel.due_at.set(now),
