@@ -202,7 +202,27 @@ def cmd_list(client: ApiClient, args: argparse.Namespace, out: TextIO, err: Text
         out.write("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() + "\n")
     if query["cursor"]:
         out.write(f"more: coworker list --status {args.status} --cursor {query['cursor']}  (or --all)\n")
+    if args.status in ("todo", "failed"):
+        for note in _out_of_queue_notes(client, args.type):
+            err.write(f"note: {note}\n")
     return EXIT_OK
+
+
+def _out_of_queue_notes(client: ApiClient, task_type: str | None) -> list[str]:
+    """What waits outside the status index, and so is not listed: tasks of paused types (held)
+    and tasks waiting for a concurrency place (blocked)."""
+    notes = []
+    for entry in client.request("GET", "/types")["types"]:
+        name = entry["type"]
+        if task_type is not None and name != task_type:
+            continue
+        if entry.get("held"):
+            notes.append(f"{entry['held']} task(s) of type {name!r} are held out of the queue while it is paused, "
+                         f"and not listed here (coworker resume {shlex.quote(name)})")
+        if entry.get("blocked"):
+            notes.append(f"{entry['blocked']} task(s) of type {name!r} wait for a place under its concurrency limit "
+                         f"of {entry.get('limit')}, and are not listed here (coworker limit {shlex.quote(name)} N)")
+    return notes
 
 
 def _batch_line(batch: dict[str, Any]) -> str:

@@ -298,3 +298,20 @@ def test_a_reader_that_goes_away_stops_the_output_quietly(served):
     # Then it stops with the shell's code for it, and no traceback
     assert done.returncode == 141, done.stderr
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
+
+def test_listing_the_queue_says_what_waits_outside_it(served):
+    # Given tasks of a paused type, parked out of the queue by the coordinator
+    for number in range(3):
+        served.run("submit", "--type", "slow", "--key", f"held/{number}", "--payload", '{"seconds": 0}')
+    assert served.run("pause", "slow").returncode == 0
+    served.work()
+
+    # When the queue is listed for that type
+    result = served.run("list", "--status", "todo", "--type", "slow")
+
+    # Then no task is listed, and the listing says where they are and what lets them run
+    assert result.returncode == 0, result.stderr
+    assert "held/" not in result.stdout
+    assert "3 task(s) of type 'slow' are held out of the queue while it is paused" in result.stderr
+    assert "coworker resume slow" in result.stderr
