@@ -15,6 +15,7 @@ bill:  ## the bill for 1,000,000 tasks beside SQS + Lambda and Distributed Map (
 
 synth:  ## synthesize the CloudFormation template offline
 	scripts/bootstrap.sh && AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x AWS_DEFAULT_REGION=us-east-1 \
+		JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=18,20 JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION=1 \
 		CDK_DISABLE_VERSION_CHECK=1 PATH="$(CURDIR)/.venv/bin:$$PATH" npx cdk synth --quiet
 
 lint:  ## ruff on everything; mypy on the production package (the Lambda layer)

@@ -31,6 +31,7 @@ def offline_environment() -> dict[str, str]:
         AWS_DEFAULT_REGION="us-east-1",
         CDK_DISABLE_VERSION_CHECK="1",
         JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION="1",
+        JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="18,20,22",
         # cdk.json runs `python3 app.py`: make that the interpreter running the tests.
         PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
     )
