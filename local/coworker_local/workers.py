@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import coworker
+from coworker.engine.outcomes import TaskReport
 from coworker.engine.worker import WorkerRequest
 
 import coworker_local
@@ -289,7 +290,10 @@ class ProcessWorkerPool:
         try:
             environment.send({"owner": invocation.owner, "event": invocation.event,
                               "timeout": self.timeout_seconds})
-            reply = environment.read_reply(time.monotonic() + self.timeout_seconds + KILL_GRACE_SECONDS)
+            deadline = time.monotonic() + self.timeout_seconds + KILL_GRACE_SECONDS
+            # Outcomes arrive one by one as tasks end, then the invocation's end with any left.
+            while (reply := environment.read_reply(deadline)) is not None and "report" in reply:
+                self._record_reports(invocation, [reply["report"]])
         except TimeoutError:
             # Lambda's hard timeout: the environment is killed whatever it was doing.
             environment.signal(signal.SIGKILL)
@@ -302,10 +306,7 @@ class ProcessWorkerPool:
                 invocation.result = "interrupted" if code == -signal.SIGTERM or code == 143 else "crashed"
             else:
                 invocation.result = "ok"
-                reports = reply["reports"]
-                invocation.outcomes = {key: outcome for key, outcome, *_ in reports}
-                self._count_outcomes([outcome for _key, outcome, *_ in reports],
-                                     [source for *_, source in reports])
+                self._record_reports(invocation, reply["reports"])
                 keep = not reply.get("retire")
         finally:
             invocation.finished_at = time.time()
@@ -317,6 +318,10 @@ class ProcessWorkerPool:
                     environment = None  # type: ignore[assignment]
             if environment is not None:
                 environment.close(wait=0.5)
+
+    def _record_reports(self, invocation: Invocation, reports: Sequence[Sequence[Any]]) -> None:
+        invocation.outcomes.update({key: outcome for key, outcome, *_ in reports})
+        self._count_outcomes([outcome for _key, outcome, *_ in reports], [source for *_, source in reports])
 
     def _count_outcomes(self, outcomes: Sequence[str], sources: Sequence[str]) -> None:
         second = int(time.time())
@@ -444,6 +449,10 @@ def _terminate_with_parent(interval: float = 0.5) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+def _report_fields(report: TaskReport) -> list[Any]:
+    return [report.key, report.outcome.value, report.attempt, round(report.seconds, 3), report.source.value]
+
+
 def child_main() -> None:
     """Entry point of a worker process: serve invocations read from stdin until EOF."""
     global _CURRENT
@@ -462,13 +471,22 @@ def child_main() -> None:
     settings = configure()
     replies.write(json.dumps({"ready": os.getpid()}) + "\n")
     baseline = threading.active_count()
+    write_lock = threading.Lock()
     for line in sys.stdin:
         message = json.loads(line)
         deadline = time.monotonic() + float(message["timeout"])
         reports = []
+        sent: set[int] = set()
+
+        def send_report(report: TaskReport, sent: set[int] = sent) -> None:
+            """Each outcome as it happens, so the runtime counts it then, not at the invocation's end."""
+            with write_lock:
+                replies.write(json.dumps({"report": _report_fields(report)}) + "\n")
+                sent.add(id(report))
+
         try:
             request = WorkerRequest.from_event(message["event"])
-            _CURRENT = WorkerInvocation(request, message["owner"], settings, deadline)
+            _CURRENT = WorkerInvocation(request, message["owner"], settings, deadline, on_report=send_report)
             reports = _CURRENT.run()
         except Exception:  # noqa: BLE001 - as on Lambda: the invocation fails, the process lives
             logger.exception("worker invocation failed")
@@ -479,11 +497,11 @@ def child_main() -> None:
             metrics.clear_metrics()
         # A timed-out handler's thread is still running: retire this environment.
         retire = threading.active_count() > baseline
-        replies.write(json.dumps({
-            "reports": [[r.key, r.outcome.value, r.attempt, round(r.seconds, 3), r.source.value]
-                        for r in reports],
-            "retire": retire,
-        }) + "\n")
+        with write_lock:  # the outcomes not sent yet (timeouts the heartbeat recorded), and the end
+            replies.write(json.dumps({
+                "reports": [_report_fields(r) for r in reports if id(r) not in sent],
+                "retire": retire,
+            }) + "\n")
         if retire:
             break
 

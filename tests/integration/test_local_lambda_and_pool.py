@@ -10,7 +10,9 @@ import time
 import boto3
 import pytest
 from botocore.exceptions import ClientError
+from coworker.engine import lifecycle, submit
 from coworker.engine.dispatch import LambdaInvoker
+from coworker.engine.tasks import TaskSpec
 from coworker.engine.worker import WorkerRequest
 from coworker_local.database import FAKE_CREDENTIALS
 from coworker_local.lambda_service import LOCAL_WORKER_FUNCTION, LocalLambdaService
@@ -83,3 +85,33 @@ def test_prewarmed_environments_serve_the_first_invocations_warm(tmp_path):
     finally:
         pool.shutdown(drain_seconds=1)
     assert json.dumps(pool.stats())  # still readable after shutdown
+
+
+def test_each_outcome_is_counted_when_its_task_ends_not_when_its_invocation_does(make_settings):
+    # Given a quick and a slow task, handed to one worker invocation (a thread each)
+    settings = make_settings(example_handlers=True, worker_timeout_seconds=60)
+    submit.put_task(TaskSpec(key="quick", type="quick"), settings)
+    submit.put_task(TaskSpec(key="slow", type="slow", payload={"seconds": 10}), settings)
+    environ = {**FAKE_CREDENTIALS, "PATH": "/usr/bin:/bin", "POWERTOOLS_METRICS_DISABLED": "true",
+               **settings.as_environment()}
+    pool = ProcessWorkerPool(environ, timeout_seconds=60, max_invocations=1, log=subprocess.DEVNULL)
+    try:
+        pool.invoke({"keys": ["quick", "slow"]})
+
+        # When the quick task has finished
+        for _ in range(1200):
+            if pool.outcomes["finished"] >= 1 or lifecycle.get_task("slow").status == "finished":
+                break
+            time.sleep(0.05)
+
+        # Then its outcome is counted (and on the throughput series) while the invocation still runs
+        assert pool.outcomes["finished"] == 1
+        assert lifecycle.get_task("slow").status == "processing" and pool.running()
+        assert sum(finished for _second, finished, *_ in pool.series()) == 1
+        (running,) = pool.running()
+        assert running["outcomes"] == {"quick": "finished"}
+    finally:
+        pool.shutdown(drain_seconds=15)
+    # and at the end every outcome is counted once
+    assert pool.outcomes["finished"] == 2 and pool.recent()[0]["outcomes"] == {"quick": "finished",
+                                                                               "slow": "finished"}

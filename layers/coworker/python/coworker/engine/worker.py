@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
@@ -237,11 +237,15 @@ class Invocation:
     the sandbox and the local pool retires the process).
     """
 
-    def __init__(self, request: WorkerRequest, owner: str, settings: Settings, deadline: float) -> None:
+    def __init__(self, request: WorkerRequest, owner: str, settings: Settings, deadline: float,
+                 on_report: Callable[[TaskReport], None] | None = None) -> None:
         self.request = request
         self.owner = owner
         self.settings = settings
         self.deadline = deadline
+        # Told of each task's outcome as it happens (the local runtime's live counts); the
+        # invocation's return value still lists them all.
+        self.on_report = on_report
         self.handler_deadline = deadline - settings.timeout_margin_seconds
         self.heartbeat = Heartbeat(settings, request.slot, request.token, deadline=self.handler_deadline)
 
@@ -291,6 +295,8 @@ class Invocation:
                 key, source = item
                 report = process_task(key, self.owner, self.settings, self.deadline, self.heartbeat, source)
                 reports.append(report)
+                if self.on_report is not None:
+                    self.on_report(report)
                 if report.outcome is TaskOutcome.BLOCKED:
                     feeder.forget(key)  # once woken it is due again: this invocation may take it
                 for woken in report.woken:
