@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import ipaddress
 import json
 import mimetypes
 import sys
@@ -23,7 +24,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -34,6 +35,10 @@ from coworker.observability import invocation_scope
 
 # API Gateway refuses request bodies over 10 MB with 413.
 MAX_REQUEST_BYTES = 10 * 1024 * 1024
+# A connection that sends nothing for this long is closed (an idle or stalled client).
+IDLE_TIMEOUT_SECONDS = 60.0
+# Methods that change nothing: allowed from any origin (a page can only read what CORS lets it).
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # What the API's proxy resource accepts (API Gateway's ANY method).
 ALLOWED_METHODS = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"
 PROXY_RESOURCE = "/{proxy+}"
@@ -192,6 +197,7 @@ class LocalGateway:
         stage: str = "local",
         concurrent: bool = False,
         context_factory: Callable[[], Any] = LocalLambdaContext,
+        allowed_hosts: Sequence[str] = (),
     ) -> None:
         self.handler = handler
         self.host = host
@@ -200,6 +206,9 @@ class LocalGateway:
         self.static = {prefix.rstrip("/") + "/": Path(folder) for prefix, folder in (static or {}).items()}
         self.stage = stage
         self.context_factory = context_factory
+        # Host names requests may use besides IP addresses and localhost (a name that resolves to
+        # this machine on purpose); any other name is refused: a DNS-rebinding page uses one.
+        self.allowed_hosts = {name.lower() for name in allowed_hosts}
         self._lock = None if concurrent else threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -252,9 +261,31 @@ class LocalGateway:
 
     # -- request dispatch -------------------------------------------------------------------
 
+    def refusal(self, request: GatewayRequest) -> GatewayResponse | None:
+        """Refuse what a web page the developer visits could make a browser send here: a request
+        naming this server by a foreign host name (DNS rebinding), and a state-changing request from
+        another origin (a cross-site form or fetch). The local API has no credentials to stop them."""
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        host = _host_name(headers.get("host", ""))
+        if host and not (host in self.allowed_hosts or host == "localhost" or host.endswith(".localhost")
+                         or _is_ip_address(host)):
+            return _refused(421, f"this server answers to its address or to localhost, not to {host!r}")
+        if request.method in SAFE_METHODS:
+            return None
+        origin = headers.get("origin")
+        if origin is not None and urlsplit(origin).netloc.lower() != headers.get("host", "").lower():
+            return _refused(403, f"a {request.method} from another origin ({origin}) is refused: the local "
+                                 "API changes tasks only for its own pages and for clients that send no Origin")
+        if headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+            return _refused(403, f"a {request.method} sent by another site is refused")
+        return None
+
     def dispatch(self, request: GatewayRequest, raw_path: str, header_pairs: list[tuple[str, str]],
                  source_ip: str) -> GatewayResponse:
         """Answer one request: extra route, static file, or the Lambda handler."""
+        refused = self.refusal(request)
+        if refused is not None:
+            return refused
         route = self.extra_routes.get(request.path)
         if route is not None:
             answer = route(request)
@@ -318,6 +349,39 @@ class LocalGateway:
 _CLIENT_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
 
 
+def _host_name(host: str) -> str:
+    """The name in a ``Host`` header, without its port: ``[::1]:80`` -> ``::1``."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
+def _is_ip_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _refused(status: int, message: str) -> GatewayResponse:
+    return GatewayResponse(status, {"Content-Type": "application/json"},
+                           json.dumps({"statusCode": status, "message": message}))
+
+
+def _content_length(value: str | None) -> int | None:
+    """The body's length from ``Content-Length`` (0 when absent); ``None`` when it is not a
+    plain count of bytes (``abc``, ``1e3``, ``-1``, two different values)."""
+    if value is None:
+        return 0
+    values = {part.strip() for part in value.split(",")}
+    if len(values) != 1:
+        return None
+    (text,) = values
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
 class _Server(ThreadingHTTPServer):
     """A threading HTTP server with a listen backlog for bursts of clients (the default of 5
     resets connections when a batch of clients connects at once), quiet about clients that
@@ -335,6 +399,7 @@ class _Server(ThreadingHTTPServer):
 class _RequestHandler(BaseHTTPRequestHandler):
     gateway: LocalGateway
     protocol_version = "HTTP/1.1"
+    timeout = IDLE_TIMEOUT_SECONDS  # of each read: an idle connection is closed
 
     def __getattr__(self, name: str) -> Any:
         # Methods API Gateway has no route for (TRACE, CONNECT, PROPFIND...): 405 in the API's
@@ -344,7 +409,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
         raise AttributeError(name)
 
     def _method_not_allowed(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
+        length = _content_length(self.headers.get("Content-Length")) or 0
         if 0 < length <= MAX_REQUEST_BYTES:
             self.rfile.read(length)  # the next request on this connection starts after it
         else:
@@ -357,13 +422,9 @@ class _RequestHandler(BaseHTTPRequestHandler):
         pass  # quiet: the handler logs through Powertools
 
     def _handle(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_REQUEST_BYTES:
-            self._send(GatewayResponse(413, {"Content-Type": "application/json"},
-                                       '{"message": "Request Too Long"}'))
-            self.close_connection = True
-            return
-        body = self.rfile.read(length) if length else b""
+        body = self._read_body()
+        if body is None:
+            return  # answered, and the connection closed
         parts = urlsplit(self.path)
         request = GatewayRequest(
             method=self.command,
@@ -376,6 +437,56 @@ class _RequestHandler(BaseHTTPRequestHandler):
         pairs = [(k, v) for k, v in self.headers.items() if k.lower() not in ("connection", "keep-alive")]
         response = self.gateway.dispatch(request, self.path, pairs, self.client_address[0])
         self._send(response, head=self.command == "HEAD")
+
+    def _read_body(self) -> bytes | None:
+        """The request's body, by its length or in chunks; ``None`` once a malformed or oversized
+        framing has been answered (the connection is then closed: where the next request would
+        start is unknown)."""
+        encoding = self.headers.get("Transfer-Encoding")
+        length = _content_length(self.headers.get("Content-Length"))
+        if encoding is not None:
+            if self.headers.get("Content-Length") is not None or encoding.strip().lower() != "chunked":
+                return self._refuse_framing(400, "send a body either with Content-Length or chunked, not both "
+                                                 "nor another transfer coding")
+            return self._read_chunks()
+        if length is None:
+            return self._refuse_framing(400, "Content-Length must be the body's size in bytes")
+        if length > MAX_REQUEST_BYTES:
+            return self._refuse_framing(413, "Request Too Long")
+        body = self.rfile.read(length) if length else b""
+        if len(body) < length:
+            self.close_connection = True  # the client stopped sending: nobody to answer
+            return None
+        return body
+
+    def _read_chunks(self) -> bytes | None:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            line = self.rfile.readline(1024)
+            text = line.split(b";", 1)[0].strip()
+            try:
+                chunk = int(text, 16)
+            except ValueError:
+                chunk = -1
+            if chunk < 0:
+                return self._refuse_framing(400, "malformed chunked body")
+            if chunk == 0:
+                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
+                    pass  # trailers, if any
+                return b"".join(chunks)
+            size += chunk
+            if size > MAX_REQUEST_BYTES:
+                return self._refuse_framing(413, "Request Too Long")
+            data = self.rfile.read(chunk)
+            if len(data) < chunk or self.rfile.readline(1024).strip():
+                return self._refuse_framing(400, "malformed chunked body")
+            chunks.append(data)
+
+    def _refuse_framing(self, status: int, message: str) -> bytes | None:
+        self._send(_refused(status, message))
+        self.close_connection = True
+        return None
 
     def _send(self, response: GatewayResponse, head: bool = False) -> None:
         body = response.body.encode("utf-8") if isinstance(response.body, str) else response.body

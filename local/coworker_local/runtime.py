@@ -342,7 +342,8 @@ class LocalRuntime:
                 "table_created": self.table_created,
             },
             "finished_tasks": self.finished_count(),
-            "settings": {k: v for k, v in self.settings.model_dump().items()},
+            # without secrets: the dashboard's page shows these (the cursor secret signs cursors)
+            "settings": {k: "(set)" if "secret" in k and v else v for k, v in self.settings.model_dump().items()},
             "effective_lock_seconds": self.settings.effective_lock_seconds,
             "workers": self.pool.stats() if self.pool else {},
             "ticks": self.coordinator.tick_count if self.coordinator else 0,

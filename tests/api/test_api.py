@@ -287,6 +287,29 @@ def test_a_tampered_cursor_is_refused_before_it_reaches_the_database(api, make_s
     assert code == 400 and "cursor is not valid" in answer["message"]
 
 
+@pytest.mark.parametrize("state", [
+    ["not", "a", "dict"], {"q": "x"}, "k", 7,
+], ids=["list", "no-state", "string", "number"])
+def test_a_cursor_signed_with_the_secret_but_not_made_by_the_api_is_refused(make_settings, state):
+    """Whoever holds the secret (a leaked one) still cannot make the API fail with a cursor."""
+    import base64
+    import zlib
+
+    from coworker.api.cursors import CURSOR_VERSION, CursorCodec
+
+    settings = make_settings(cursor_secret="known")
+    api = Api(settings)
+    api.call("POST", "/tasks", {"key": "t", "type": "quick"})
+    codec = CursorCodec("known")
+    listing = ["tasks", "todo", None, None, "oldest", settings.status_shards]
+    made = codec.encode([[1, 2]] * settings.status_shards, listing)  # well signed, positions not ours
+    data = zlib.compress(json.dumps(state if not isinstance(state, dict) else {**state, "q": [CURSOR_VERSION]}).encode())
+    raw = f"{base64.urlsafe_b64encode(data).decode().rstrip('=')}.{codec._sign(data)}"
+    for bad in (made, raw):
+        code, answer, _ = api.call("GET", f"/tasks?status=todo&cursor={bad}")
+        assert code == 400, (code, answer)
+
+
 def test_without_a_set_secret_cursors_are_signed_with_a_random_one_kept_in_the_table(make_settings):
     # Given a deployment's settings without a cursor secret (as the stack gives the API)
     settings = make_settings(cursor_secret=None)

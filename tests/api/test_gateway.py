@@ -90,7 +90,7 @@ def test_a_burst_of_simultaneous_clients_is_served_without_resets(echo_gateway):
         start.wait()
         try:
             with socket.create_connection((host, port), timeout=10) as sock:
-                sock.sendall(b"GET /x HTTP/1.1\r\nHost: local\r\nConnection: close\r\n\r\n")
+                sock.sendall(b"GET /x HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
                 answers.append(sock.recv(64).decode(errors="replace"))
         except OSError as exc:
             answers.append(f"error: {exc!r}")
@@ -111,7 +111,7 @@ def test_a_client_that_disconnects_leaves_no_traceback(echo_gateway, capfd):
     for _ in range(5):
         sock = socket.create_connection((host, port))
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-        sock.sendall(b"GET /x HTTP/1.1\r\nHost: local\r\n\r\n")
+        sock.sendall(b"GET /x HTTP/1.1\r\nHost: localhost\r\n\r\n")
         sock.close()  # gone (with a reset) before the answer is written
     assert requests.get(gateway.url + "/x", timeout=10).status_code == 201
     err = capfd.readouterr().err
@@ -129,3 +129,81 @@ def test_methods_without_a_route_get_405_in_the_api_error_shape(echo_gateway, me
     assert response.status == 405 and response.getheader("Allow")
     assert body == {"statusCode": 405, "error": "method_not_allowed", "message": f"method {method} is not allowed"}
     assert seen == []  # the API handler never saw it
+
+
+def _raw(gateway, request: bytes, timeout: float = 10) -> str:
+    """Send ``request`` as is on a new connection; what comes back before it closes (or the timeout)."""
+    import socket
+
+    host, port = gateway.host, int(gateway.url.rsplit(":", 1)[1])
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(request)
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+                if b"\r\n\r\n" in received and b"Connection: close" not in received and len(received) > 100:
+                    break
+        except TimeoutError:
+            pass
+    return received.decode(errors="replace")
+
+
+@pytest.mark.parametrize("headers", [
+    {"Origin": "http://evil.example"},  # a cross-site form or fetch
+    {"Origin": "null"},  # a sandboxed page or a file
+    {"Sec-Fetch-Site": "cross-site"},  # a browser that says so, without Origin
+])
+def test_a_state_changing_request_from_another_origin_is_refused_before_the_api(echo_gateway, headers):
+    gateway, seen = echo_gateway
+    response = requests.post(f"{gateway.url}/types/slow/pause", data=b"", headers=headers, timeout=10)
+    assert response.status_code == 403 and "refused" in response.json()["message"]
+    assert seen == []  # nothing reached the API
+    # while reading from anywhere, and changing from the server's own pages, still work
+    assert requests.get(f"{gateway.url}/x", headers=headers, timeout=10).status_code == 201
+    own = {"Origin": gateway.url, "Sec-Fetch-Site": "same-origin"}
+    assert requests.post(f"{gateway.url}/types/slow/pause", headers=own, timeout=10).status_code == 201
+
+
+def test_a_request_naming_the_server_by_a_foreign_host_name_is_refused(echo_gateway):
+    # DNS rebinding: a page on attacker.example whose name now resolves to 127.0.0.1
+    gateway, seen = echo_gateway
+    response = requests.get(f"{gateway.url}/tasks", headers={"Host": "attacker.example"}, timeout=10)
+    assert response.status_code == 421 and "attacker.example" in response.json()["message"]
+    assert seen == []
+    for host in ("localhost", "127.0.0.1", "[::1]", "app.localhost"):
+        port = gateway.url.rsplit(":", 1)[1]
+        assert requests.get(f"{gateway.url}/x", headers={"Host": f"{host}:{port}"}, timeout=10).status_code == 201
+
+
+@pytest.mark.parametrize("length", [b"abc", b"1e3", b"-1", b"5, 6"])
+def test_a_content_length_that_is_not_a_size_gets_400_and_the_connection_closes(echo_gateway, length):
+    gateway, seen = echo_gateway
+    answer = _raw(gateway, b"POST /tasks HTTP/1.1\r\nHost: localhost\r\nContent-Length: " + length + b"\r\n\r\n{}")
+    assert answer.startswith("HTTP/1.1 400") and "Content-Length" in answer, answer
+    assert seen == []
+
+
+def test_a_chunked_body_reaches_the_api_whole(echo_gateway):
+    gateway, seen = echo_gateway
+    answer = _raw(gateway, b"POST /tasks HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
+                           b"Connection: close\r\n\r\n4\r\n{\"k\"\r\n4\r\n: 1}\r\n0\r\n\r\n")
+    assert answer.startswith("HTTP/1.1 201"), answer
+    assert seen[-1]["body"] == '{"k": 1}'
+    # both framings at once (request smuggling) is refused
+    answer = _raw(gateway, b"POST /tasks HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
+                           b"Content-Length: 3\r\n\r\n0\r\n\r\n")
+    assert answer.startswith("HTTP/1.1 400"), answer
+
+
+def test_an_idle_connection_is_closed(echo_gateway, monkeypatch):
+    import socket
+
+    from coworker_local import gateway as gateway_module
+
+    monkeypatch.setattr(gateway_module._RequestHandler, "timeout", 0.5)
+    gateway, _ = echo_gateway
+    host, port = gateway.host, int(gateway.url.rsplit(":", 1)[1])
+    with socket.create_connection((host, port), timeout=30) as sock:
+        sock.sendall(b"GET /x HTTP/1.1\r\n")  # and then nothing more
+        assert sock.recv(1024) == b""  # the server closed it (a timeout here would fail the test)

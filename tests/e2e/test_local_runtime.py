@@ -344,3 +344,10 @@ def test_a_runtime_whose_parent_dies_stops_with_its_workers_and_database(tmp_pat
         for pid in _children(runtime_pid or -1) + ([runtime_pid] if runtime_pid else []):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_the_runtime_page_shows_no_secret(runtime):
+    """/local/info (the dashboard's data) tells that a cursor secret is set, not what it is: with it,
+    anyone could sign cursors of their own."""
+    settings = runtime.get("/local/info").json()["settings"]
+    assert settings["cursor_secret"] == "(set)"

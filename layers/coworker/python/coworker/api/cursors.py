@@ -21,6 +21,7 @@ from coworker.api.errors import BadRequestError
 from coworker.config import Settings
 from coworker.data import index, layout, writes
 from coworker.data.models import SecretModel, TaskModel, status_shards, utcnow
+from coworker.engine.tasks import MAX_KEY_CHARS
 from coworker.errors import StorageError
 
 # Index entries one listing or redrive request may read, whatever filters drop: bounds the
@@ -75,6 +76,8 @@ class CursorCodec:
             raise BadRequestError("the cursor comes from an earlier release: start again without "
                                   "a cursor") from None
         listing = [CURSOR_VERSION, *listing]
+        if not isinstance(value, dict) or "k" not in value:
+            raise BadRequestError(_BAD_CURSOR)  # signed, but not one this code made
         if value.get("q") != list(listing):
             raise BadRequestError("the cursor belongs to another listing (status, filters or order): "
                                   "start again without a cursor")
@@ -138,6 +141,13 @@ def read_index(status: str, *, want: int, start: list[Any] | None = None, forwar
     return found, state, read.scanned
 
 
+def _is_position(value: Any) -> bool:
+    """One shard's position as :func:`_pack_positions` writes it."""
+    return (value is None or (value == 0 and not isinstance(value, bool))
+            or (isinstance(value, list) and len(value) == 2 and all(isinstance(part, str) and part for part in value)
+                and len(value[0]) <= MAX_KEY_CHARS and len(value[1]) <= 64))
+
+
 def _pack_positions(positions: list[Any]) -> list[Any]:
     """Shard positions as a cursor keeps them: ``[key, due_at]``, ``None`` (from the start) or
     ``0`` (nothing left); the shard's partition key value is implied by its place."""
@@ -148,6 +158,8 @@ def _pack_positions(positions: list[Any]) -> list[Any]:
 def _unpack_positions(status: str, packed: list[Any] | None) -> list[Any] | None:
     if packed is None:
         return None
+    if not isinstance(packed, list) or not all(_is_position(p) for p in packed):
+        raise BadRequestError(_BAD_CURSOR)
     if len(packed) != status_shards():
         raise BadRequestError("the cursor was made with another number of index shards: start again "
                               "without a cursor")
