@@ -303,7 +303,8 @@ def test_a_cursor_signed_with_the_secret_but_not_made_by_the_api_is_refused(make
     codec = CursorCodec("known")
     listing = ["tasks", "todo", None, None, "oldest", settings.status_shards]
     made = codec.encode([[1, 2]] * settings.status_shards, listing)  # well signed, positions not ours
-    data = zlib.compress(json.dumps(state if not isinstance(state, dict) else {**state, "q": [CURSOR_VERSION]}).encode())
+    value = {**state, "q": [CURSOR_VERSION]} if isinstance(state, dict) else state
+    data = zlib.compress(json.dumps(value).encode())
     raw = f"{base64.urlsafe_b64encode(data).decode().rstrip('=')}.{codec._sign(data)}"
     for bad in (made, raw):
         code, answer, _ = api.call("GET", f"/tasks?status=todo&cursor={bad}")
