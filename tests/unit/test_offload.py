@@ -97,3 +97,22 @@ def test_a_large_payload_is_staged_under_its_key_and_content(tmp_path) -> None:
     _, other = offload.stage_payload("b" * 5000, settings, store, key="k")
     assert other.uri != ref.uri  # a re-submit with another payload never replaces the first one
     assert offload.stage_payload("a" * 5000, settings, None, key="k") == ("a" * 5000, None)
+
+
+def test_the_folder_store_reads_only_inside_its_folder_whatever_the_path_says(tmp_path) -> None:
+    # Given a store whose folder's path has a space, and a file beside (not inside) it
+    store = FolderObjectStore(tmp_path / "my results")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret").write_bytes(b"not yours")
+
+    # Then it reads back what it wrote
+    uri = store.put("results/k.json", b"{}")
+    assert store.get(uri) == b"{}"
+    # and refuses a path that climbs out, in words or percent-encoded, and a name that would
+    folder = (tmp_path / "my results").as_uri()
+    for escape in (f"{folder}/../outside/secret", f"{folder}/%2E%2E/outside/secret"):
+        with pytest.raises(StorageError, match="outside"):
+            store.get(escape)
+    with pytest.raises(StorageError, match="outside"):
+        store.put("../outside/planted", b"x")
+    assert not (tmp_path / "outside" / "planted").exists()

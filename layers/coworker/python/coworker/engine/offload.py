@@ -32,7 +32,7 @@ import json
 import threading
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from coworker.config import Settings
 from coworker.errors import PayloadTooLargeError, StorageError
@@ -117,7 +117,9 @@ class FolderObjectStore:
         self.folder = Path(folder).resolve()
 
     def put(self, name: str, body: bytes) -> str:
-        path = self.folder / name
+        path = (self.folder / name).resolve()
+        if self.folder not in path.parents:
+            raise StorageError(f"{name!r} would be stored outside the object store's folder")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(".partial")
@@ -128,7 +130,12 @@ class FolderObjectStore:
         return path.as_uri()
 
     def get(self, uri: str) -> bytes:
-        path = Path(urlparse(uri).path)
+        parsed = urlparse(uri)
+        if parsed.scheme != "file":
+            raise StorageError(f"not a file of the object store: {uri!r}")
+        # The URI's path is percent-encoded (a folder with a space), and resolved before the
+        # containment check, so that ``..`` or a link cannot lead outside the folder.
+        path = Path(unquote(parsed.path)).resolve()
         if self.folder not in path.parents:
             raise StorageError(f"{uri!r} is outside the object store's folder")
         try:
