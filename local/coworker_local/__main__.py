@@ -33,7 +33,8 @@ from coworker_local.dynamodb_local import DatabaseStartError  # noqa: E402
 
 # Fields that make no sense to set on the command line of a local run (the runtime serves its
 # own Lambda API and runs the coordinator for as long as it runs).
-NOT_FLAGS = {"worker_function", "lambda_endpoint", "supervise_seconds"}
+NOT_FLAGS = {"worker_function", "lambda_endpoint", "supervise_seconds",
+             "api_auth"}  # the local API checks no credentials, and declares none
 
 
 def _yes_no(text: str) -> bool:

@@ -417,6 +417,20 @@ def test_stats_counts_by_status_with_a_cap(api):
     assert capped["counts"]["todo"] == {"count": 3, "capped": True}
 
 
+@pytest.mark.parametrize(("api_auth", "scheme"), [
+    ("api-key", {"type": "apiKey", "in": "header", "name": "x-api-key"}),
+    ("iam", {"type": "apiKey", "in": "header", "name": "Authorization", "x-amazon-apigateway-authtype": "awsSigv4"}),
+])
+def test_the_openapi_document_declares_how_callers_authenticate(make_settings, api_auth, scheme):
+    document = Api(make_settings(api_auth=api_auth)).call("GET", "/openapi.json")[1]
+    (name, declared), = document["components"]["securitySchemes"].items()
+    assert scheme.items() <= declared.items()
+    assert document["security"] == [{name: []}]  # every route needs it
+    # locally, where nothing is checked, nothing is declared
+    local = Api(make_settings()).call("GET", "/openapi.json")[1]
+    assert "securitySchemes" not in local.get("components", {}) and not local.get("security")
+
+
 def test_openapi_document_and_swagger_ui(api):
     status, document, _ = api.call("GET", "/openapi.json")
     assert status == 200 and document["info"]["title"] == "Coworker task API"

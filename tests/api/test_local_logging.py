@@ -21,6 +21,7 @@ REQUEST_KEYS = ("correlation_id", "function_request_id")
 
 @pytest.fixture
 def log_lines():
+    logger.clear_state()  # what an earlier test's handler call left on the process's keys
     buffer = io.StringIO()
     streams = [(handler, handler.stream) for handler in logger.handlers if hasattr(handler, "setStream")]
     level = logger.log_level

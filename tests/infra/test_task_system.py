@@ -248,6 +248,13 @@ def test_iam_authorization_replaces_api_keys(synthesize) -> None:
     statement = policy["Properties"]["PolicyDocument"]["Statement"][0]
     assert statement["Action"] == "execute-api:Invoke"
     assert "ApiInvokePolicyArn" in artifact.template["Outputs"] and "ApiKeyId" not in artifact.template["Outputs"]
+    assert _api_environment(template)["COWORKER_API_AUTH"] == "iam"  # what its OpenAPI document declares
+
+
+def _api_environment(template: Template) -> dict:
+    (api,) = [fn for fn in template.find_resources("AWS::Lambda::Function").values()
+              if fn["Properties"]["Description"].startswith("Coworker API")]
+    return api["Properties"]["Environment"]["Variables"]
 
 
 def test_api_keys_are_the_default(synthesize) -> None:
@@ -259,6 +266,7 @@ def test_api_keys_are_the_default(synthesize) -> None:
     assert all(m["Properties"]["ApiKeyRequired"] for m in methods.values())
     assert len(template.find_resources("AWS::ApiGateway::ApiKey")) == 1
     assert "ApiKeyId" in artifact.template["Outputs"]
+    assert _api_environment(template)["COWORKER_API_AUTH"] == "api-key"
 
 
 def test_an_unknown_auth_mode_is_refused() -> None:

@@ -86,6 +86,7 @@ class TaskApi(Construct):
             # (dispatch on submit, COWORKER_DISPATCH_ON_SUBMIT).
             environment=self._config.function_environment(
                 with_handlers=True, table_name=table.table_name, worker_function=worker.function_name,
+                api_auth=self._config.api_auth,  # declared in its OpenAPI document
                 # No cursor secret: the API keeps a random one in the table (control#cursor-secret).
                 result_bucket=self._results_bucket.bucket_name if self._results_bucket else None,
             ),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -123,6 +123,11 @@ class Settings(BaseModel):
     max_result_bytes: int = Field(100 * 1024 * 1024, ge=1024, alias="COWORKER_MAX_RESULT_BYTES",
                                   description="Largest result kept in the result store; above it the record "
                                               "keeps a note and a preview.")
+    api_auth: Literal["none", "api-key", "iam"] = Field(
+        "none", alias="COWORKER_API_AUTH",
+        description="How callers authenticate, as the API's OpenAPI document declares it: none (the local "
+                    "runtime), api-key (the x-api-key header) or iam (SigV4 for execute-api). API Gateway "
+                    "checks it; the stack sets it from its apiAuth option.")
     cursor_secret: str | None = Field(None, alias="COWORKER_CURSOR_SECRET",
                                       description="Key that signs listing cursors; unset, the API makes a random "
                                                   "one on first use and keeps it in the table "

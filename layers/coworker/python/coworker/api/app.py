@@ -45,6 +45,7 @@ from typing import Any
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
 from aws_lambda_powertools.event_handler.api_gateway import ResponseBuilder
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
+from aws_lambda_powertools.event_handler.openapi.models import APIKey
 
 from coworker.api import routes_batches, routes_stats, routes_tasks, routes_types
 from coworker.api.errors import error_response, install_error_handlers
@@ -133,8 +134,10 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
     """
     app = TaskApiResolver()
     services = Services.of(settings, invoker)
+    security_schemes, security = security_of(settings.api_auth)
     app.enable_swagger(path="/docs", title=API_TITLE, version=API_VERSION,
-                       description="Submit, inspect, list, retry and cancel Coworker tasks.")
+                       description="Submit, inspect, list, retry and cancel Coworker tasks.",
+                       security_schemes=security_schemes, security=security)
     install_error_handlers(app)
 
     @app.not_found
@@ -144,11 +147,28 @@ def create_app(settings: Settings, invoker: dispatch.Invoker | None = None) -> A
     @app.get("/openapi.json", include_in_schema=False)
     def openapi_document():  # noqa: ANN202 - a bare Response annotation would be validated as a model
         return Response(status_code=200, content_type=content_types.APPLICATION_JSON,
-                        body=app.get_openapi_json_schema(title=API_TITLE, version=API_VERSION))
+                        body=app.get_openapi_json_schema(title=API_TITLE, version=API_VERSION,
+                                                         security_schemes=security_schemes, security=security))
 
     for module in ROUTE_MODULES:
         app.include_router(module.router(services))
     return app
+
+
+def security_of(api_auth: str) -> tuple[dict[str, Any] | None, list[dict[str, list[str]]] | None]:
+    """The OpenAPI security schemes of ``api_auth`` and the requirement every route has, so that
+    Swagger UI and generated clients send the credentials API Gateway checks."""
+    if api_auth == "api-key":
+        scheme = APIKey.model_validate({"type": "apiKey", "in": "header", "name": "x-api-key",
+                                        "description": "An API key of the stack's usage plan (output ApiKeyId)."})
+        return {"apiKey": scheme}, [{"apiKey": []}]
+    if api_auth == "iam":
+        scheme = APIKey.model_validate({
+            "type": "apiKey", "in": "header", "name": "Authorization", "x-amazon-apigateway-authtype": "awsSigv4",
+            "description": "AWS Signature Version 4 for service execute-api, with credentials allowed by the "
+                           "stack's ApiInvokePolicyArn."})
+        return {"sigv4": scheme}, [{"sigv4": []}]
+    return None, None
 
 
 def no_route_response(app: APIGatewayRestResolver) -> Response:
