@@ -38,13 +38,14 @@ class Api:
 
     def items(self) -> list[dict]:
         """Every task and batch item of the table, to prove a request changed nothing (worker
-        slots, which the fixture creates, and the cursor secret, which the app's start-up makes,
-        are left out)."""
+        slots, which the fixture creates, and the cursor secret and listing states, which reads
+        may make, are left out)."""
         client = dynamodb_client(self.settings)
         pages = client.get_paginator("scan").paginate(TableName=self.settings.table_name, ConsistentRead=True)
         items = (item for page in pages for item in page["Items"]
                  if not item["key"]["S"].startswith(layout.SLOT_KEY_PREFIX)
-                 and item["key"]["S"] != layout.CURSOR_SECRET_KEY)
+                 and item["key"]["S"] != layout.CURSOR_SECRET_KEY
+                 and not item["key"]["S"].startswith(layout.CURSOR_STATE_PREFIX))
         return sorted(items, key=lambda i: i["key"]["S"])
 
 

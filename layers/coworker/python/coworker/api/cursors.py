@@ -15,12 +15,14 @@ import json
 import secrets
 import zlib
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 from coworker.api.errors import BadRequestError
+from coworker.api.models import MAX_CURSOR_CHARS
 from coworker.config import Settings
 from coworker.data import index, layout, writes
-from coworker.data.models import SecretModel, TaskModel, status_shards, utcnow
+from coworker.data.models import CursorStateModel, SecretModel, TaskModel, status_shards, utcnow
 from coworker.engine.tasks import MAX_KEY_CHARS
 from coworker.errors import StorageError
 
@@ -30,6 +32,9 @@ MAX_SCANNED_PER_REQUEST = 1000
 
 # Cursors name the index layout they read: a cursor of another layout is refused, not misread.
 CURSOR_VERSION = "sharded-1"
+# A cursor that names a listing state kept in the table starts with this (never base64's alphabet).
+STORED_MARK = "~"
+KEPT_STATE_SECONDS = 24 * 3600
 _BAD_CURSOR = "the cursor is not valid: pass back the cursor of a previous answer unchanged"
 
 
@@ -40,10 +45,12 @@ class CursorCodec:
     another listing (status, filters, order, shard count) is refused with 400 before it reaches
     DynamoDB."""
 
-    def __init__(self, secret: str | Callable[[], str]) -> None:
-        """``secret``, or what gives it when a cursor is first made or read (not at start-up)."""
+    def __init__(self, secret: str | Callable[[], str], max_chars: int = MAX_CURSOR_CHARS) -> None:
+        """``secret``, or what gives it when a cursor is first made or read (not at start-up);
+        cursors are at most ``max_chars`` long."""
         self._secret = secret
         self._key: bytes | None = None
+        self.max_chars = max_chars
 
     def _sign(self, data: bytes) -> str:
         if self._key is None:
@@ -52,11 +59,18 @@ class CursorCodec:
         return _b64(hmac.new(self._key, data, hashlib.sha256).digest()[:16])
 
     def encode(self, state: Any, listing: Sequence[Any]) -> str | None:
+        """The cursor of ``state``; a state whose cursor would be longer than a request may carry
+        (long keys over many shards) is kept in the table and the cursor names it instead."""
         if state is None:
             return None
         data = zlib.compress(json.dumps({"k": state, "q": [CURSOR_VERSION, *listing]}, separators=(",", ":"),
                                         sort_keys=True, ensure_ascii=False).encode(), 9)
-        return f"{_b64(data)}.{self._sign(data)}"
+        cursor = f"{_b64(data)}.{self._sign(data)}"
+        if len(cursor) <= self.max_chars:
+            return cursor
+        reference = (STORED_MARK + hashlib.sha256(data).hexdigest()[:40]).encode()
+        keep_state(reference.decode(), data)
+        return f"{reference.decode()}.{self._sign(reference)}"
 
     def decode(self, cursor: str | None, listing: Sequence[Any]) -> Any:
         """The read state a cursor stands for; :class:`BadRequestError` if it is not one of
@@ -64,12 +78,17 @@ class CursorCodec:
         if not cursor:
             return None
         encoded, _, signature = cursor.partition(".")
-        try:
-            data = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
-        except (binascii.Error, ValueError):
-            raise BadRequestError(_BAD_CURSOR) from None
-        if not signature or not hmac.compare_digest(signature, self._sign(data)):
-            raise BadRequestError(_BAD_CURSOR)
+        if encoded.startswith(STORED_MARK):  # a state kept in the table
+            if not signature or not hmac.compare_digest(signature, self._sign(encoded.encode())):
+                raise BadRequestError(_BAD_CURSOR)
+            data = kept_state(encoded)
+        else:
+            try:
+                data = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+            except (binascii.Error, ValueError):
+                raise BadRequestError(_BAD_CURSOR) from None
+            if not signature or not hmac.compare_digest(signature, self._sign(data)):
+                raise BadRequestError(_BAD_CURSOR)
         try:
             value = json.loads(zlib.decompress(data))
         except (zlib.error, ValueError):  # signed by a release whose cursors were not deflated
@@ -92,6 +111,20 @@ def cursor_secret(settings: Settings) -> str | Callable[[], str]:
     """The cursor signing secret: the setting when given (the local runtime makes one per run),
     else the deployment's own, kept in its table and read when first needed (:func:`stored_secret`)."""
     return settings.cursor_secret or stored_secret
+
+
+def keep_state(name: str, data: bytes) -> None:
+    """Keep a listing state a cursor names (named by its content: making it again only renews it)."""
+    expires = utcnow() + timedelta(seconds=KEPT_STATE_SECONDS)
+    CursorStateModel(layout.CURSOR_STATE_PREFIX + name, state=data, delete_after_epoch=expires).save()
+
+
+def kept_state(name: str) -> bytes:
+    try:
+        return bytes(CursorStateModel.get(layout.CURSOR_STATE_PREFIX + name, consistent_read=True).state)
+    except CursorStateModel.DoesNotExist:
+        raise BadRequestError("the cursor has expired (a day after it was made): start again without "
+                              "a cursor") from None
 
 
 def stored_secret() -> str:

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pynamodb.attributes import (
+    BinaryAttribute,
     BooleanAttribute,
     JSONAttribute,
     ListAttribute,
@@ -329,6 +330,19 @@ class SecretModel(Model):
     created_at = UTCDateTimeAttribute()
 
 
+class CursorStateModel(Model):
+    """The read state of a listing cursor too long to hand out whole (``control#cursor#<digest>``,
+    named by its content): the cursor then names it. Deleted by TTL a day after it was last made."""
+
+    class Meta:
+        table_name = layout.DEFAULT_TABLE_NAME
+        region = "us-east-1"
+
+    key = UnicodeAttribute(hash_key=True, attr_name=layout.PARTITION_KEY)
+    state = BinaryAttribute(legacy_encoding=False)
+    delete_after_epoch = TTLAttribute(attr_name=layout.TTL_ATTRIBUTE)
+
+
 class GateIndex(GlobalSecondaryIndex["GateModel"]):
     """The tasks' status index, read for the ``gates#waiting`` partition only."""
 
@@ -360,4 +374,4 @@ class GateModel(Model):
 
 # Every model of the table: bound together (``connection.bind``), sharing one client.
 ALL_MODELS: tuple[type[Model], ...] = (TaskModel, BatchModel, LeaseModel, ControlModel, GateModel,
-                                       StreamCheckpointModel, SecretModel)
+                                       StreamCheckpointModel, SecretModel, CursorStateModel)
