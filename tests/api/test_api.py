@@ -595,6 +595,8 @@ HOSTILE = {
     "Infinity": (None, '{"type": "quick", "payload": [-Infinity]}', None, 422, "-Infinity is not a JSON number"),
     "1e400": (None, '{"type": "quick", "payload": 1e400}', None, 422, "too large"),
     "5,000-digit integer": (None, '{"type": "quick", "payload": ' + "9" * 5000 + "}", None, 422, "digits"),
+    "4,000-digit integer": (None, '{"type": "quick", "payload": {"n": -' + "9" * 4000 + "}}", None, 422, "digits"),
+    "310-digit integer": (None, '{"type": "quick", "payload": [' + "1" * 310 + "]}", None, 422, "at most 309"),
     "nesting 5,000 deep": (None, '{"type": "quick", "payload": ' + "[" * 5000 + "]" * 5000 + "}", None, 422,
                            "nested too deeply"),
     "text/plain": ({"type": "quick"}, None, {"Content-Type": "text/plain"}, 415, "Content-Type: application/json"),
@@ -713,3 +715,9 @@ def test_every_cursor_the_api_hands_out_is_taken_back_even_with_long_keys_on_man
     assert sorted(seen) == sorted(keys)
     assert cursors and all(len(c) <= 4096 for c in cursors)
     assert any(c.startswith("~") for c in cursors), [len(c) for c in cursors]  # some too long to carry whole
+
+
+def test_a_309_digit_integer_and_a_body_without_content_type_are_taken(api):
+    code, _, _ = api.call("POST", "/tasks", raw='{"key": "n", "type": "quick", "payload": ' + "9" * 309 + "}")
+    assert code == 201
+    assert api.call("POST", "/tasks", raw='{"key": "plain", "type": "quick"}', headers={"Content-Type": ""})[0] == 201

@@ -62,6 +62,8 @@ ROUTE_MODULES = (routes_tasks, routes_types, routes_batches, routes_stats)
 # -- the request body: JSON only, UTF-8, numbers DynamoDB and JSON can both keep -----------------
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
+# Integers longer than this are refused: past it a double (JavaScript's number) cannot hold them.
+MAX_INTEGER_DIGITS = 309
 
 
 def parse_json_strictly(text: str) -> Any:
@@ -78,8 +80,15 @@ def parse_json_strictly(text: str) -> Any:
             raise ValueError(f"the number {number[:20]} is too large")
         return value
 
+    def bounded(number: str) -> int:
+        # the same bound as for other numbers: what a double holds (1.8e308, 309 digits)
+        if len(number.lstrip("-")) > MAX_INTEGER_DIGITS:
+            raise ValueError(f"the integer {number[:20]}... has {len(number.lstrip('-'))} digits, at most "
+                             f"{MAX_INTEGER_DIGITS} are taken")
+        return int(number)
+
     try:
-        return json.loads(text, parse_constant=constant, parse_float=finite)
+        return json.loads(text, parse_constant=constant, parse_float=finite, parse_int=bounded)
     except json.JSONDecodeError:
         raise
     except RecursionError:
