@@ -144,3 +144,33 @@ def test_a_bad_threshold_is_refused_and_stores_nothing(make_settings, extra, whe
     status, answer, _ = api.call("POST", "/tasks", {"batch_id": "b", "tasks": [{"type": "quick"}], **extra})
     assert status == 422 and any(e["location"] == where for e in answer["errors"]), answer
     assert api.items() == before
+
+
+def test_stopped_batches_whose_tasks_are_not_due_yet_leave_the_control_record(make_settings):
+    """Many batches that stop while a task of theirs waits far in the future: the coordinator
+    cancels those tasks too, and each batch then leaves the control record (which would otherwise
+    grow with every stop, towards DynamoDB's 400 KB item limit)."""
+    settings = make_settings()
+    later = utcnow() + timedelta(days=365)
+    for number in range(12):
+        batch_id = f"b{number}"
+        now = utcnow() - timedelta(seconds=30)
+        items = [lifecycle.new_task(TaskSpec(key=f"{batch_id}-f", type="always-fail", batch_id=batch_id,
+                                             max_attempts=1), settings, now),
+                 lifecycle.new_task(TaskSpec(key=f"{batch_id}-later", type="quick", batch_id=batch_id,
+                                             run_at=later), settings, now)]
+        assert all(batches.put_tasks(items, batch_id, now, batches.Tolerance(count=0)))
+        run_batch([f"{batch_id}-f"], "w", settings, time.monotonic() + 30)
+    progress.catch_up(settings)
+    assert len(control.read().stopped_batches) == 12
+
+    # When the coordinator measures the backlog (and settles stopped batches) and counts
+    report = dispatch.tick(settings, RecordingInvoker(), measure_backlog=True)
+    progress.catch_up(settings)
+    dispatch.tick(settings, RecordingInvoker(), measure_backlog=True)
+
+    # Then the waiting tasks were cancelled and no stopped batch is left in the record
+    assert report.cancelled == 12
+    assert {lifecycle.get_task(f"b{n}-later").status for n in range(12)} == {"ignored"}
+    assert control.read().stopped_batches == frozenset()
+    assert {batches.get_batch(f"b{n}").state for n in range(12)} == {"failed"}

@@ -55,6 +55,8 @@ FAN_OUT_THREADS = 16
 PARK_BUDGET = 1000
 RELEASE_BUDGET = 1000
 STOPPED_BATCH_REASON = "because its batch stopped at its failure threshold"
+# Index entries read per backlog measurement for stopped batches' tasks that are not due yet.
+STOPPED_SWEEP_BUDGET = 1000
 # The coordinator's lease outlives this many missed ticks before another may take over.
 LEASE_TICKS = 3
 MIN_LEASE_SECONDS = 10.0
@@ -282,7 +284,7 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     cancelled = _each(lambda task: lifecycle.cancel(task.key, settings, reason=STOPPED_BATCH_REASON) is not None,
                       work.to_cancel)
     if measure_backlog:
-        _forget_finished_batches(view)
+        cancelled += _settle_stopped_batches(settings, view)
     released = _release_held(view)
     requests = start_workers(settings, invoker, work.keys[:free_threads], free=free, now=now) if free else []
     sent = [key for request in requests for key in request.keys]
@@ -397,15 +399,33 @@ def _count_batch_progress(settings: Settings, now: datetime) -> int:
         return 0
 
 
-def _forget_finished_batches(view: control.ControlView) -> None:
-    """Stopped batches with no open task left need no more cancelling: drop them from the
-    control record (they stay failed on their own item)."""
+def _settle_stopped_batches(settings: Settings, view: control.ControlView) -> int:
+    """Bring every stopped batch to an end, so that the control record does not keep it (and
+    grow) for ever: a batch with no open task left is dropped from the record (it stays failed
+    on its own item); one with open tasks that are not due yet (a retry's backoff, ``run_at``),
+    which the tick's queue read does not meet, has them cancelled now, reading at most
+    STOPPED_SWEEP_BUDGET index entries per call in all. Running tasks finish; if one fails, a
+    later call cancels it. Returns the tasks cancelled."""
+    budget = STOPPED_SWEEP_BUDGET
+    cancelled = 0
     for batch_id in sorted(view.stopped_batches):
         try:
             if batches.get_batch(batch_id).done:
                 control.forget_stopped_batch(batch_id)
+                continue
         except BatchNotFoundError:
             control.forget_stopped_batch(batch_id)
+            continue
+        for status in (TaskStatus.TODO, TaskStatus.FAILED):
+            if budget <= 0:
+                return cancelled
+            read = index.MergedRead(status.value, want=budget, filter_condition=TaskModel.batch_id == batch_id,
+                                    budget=budget)
+            found = list(read)
+            budget -= max(read.scanned, 1)
+            cancelled += _each(lambda task: lifecycle.cancel(task.key, settings, reason=STOPPED_BATCH_REASON)
+                               is not None, found)
+    return cancelled
 
 
 def _release_held(view: control.ControlView) -> int:
