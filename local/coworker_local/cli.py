@@ -31,9 +31,9 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from coworker_local.api_client import ApiClient, ApiError, Unreachable
+from coworker_local.client import CHUNK_TASKS
 from coworker_local.commands import (
     BULK_PAGE,
-    CHUNK_TASKS,
     EXIT_API_ERROR,
     EXIT_BROKEN_PIPE,
     EXIT_UNREACHABLE,

@@ -18,10 +18,9 @@ from typing import Any, TextIO
 from urllib.parse import quote
 
 from coworker_local.api_client import ApiClient, ApiError, Unreachable
+from coworker_local.client import Coworker, Submitted
 
 # What one POST /tasks may carry: the API's batch limit, and under Lambda's 6 MB request limit.
-CHUNK_TASKS = 1000
-CHUNK_BYTES = 5 * 1024 * 1024
 
 EXIT_OK, EXIT_API_ERROR, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 EXIT_BROKEN_PIPE = 141  # the shell's code for a command stopped by SIGPIPE
@@ -103,20 +102,6 @@ def _read_tasks(lines: Iterable[str], source: str) -> Iterator[dict[str, Any]]:
         yield task
 
 
-def _chunks(tasks: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
-    chunk: list[dict[str, Any]] = []
-    used = 0
-    for task in tasks:
-        task_bytes = len(json.dumps(task).encode("utf-8")) + 2
-        if chunk and (len(chunk) >= size or used + task_bytes > CHUNK_BYTES):
-            yield chunk
-            chunk, used = [], 0
-        chunk.append(task)
-        used += task_bytes
-    if chunk:
-        yield chunk
-
-
 def cmd_submit(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.file is None:
         if not args.type:
@@ -146,27 +131,26 @@ def cmd_submit(client: ApiClient, args: argparse.Namespace, out: TextIO, err: Te
         raise UsageError(f"{source} holds no tasks")
     # One batch id for every request: the batch counts all of them, and re-running the command
     # with --batch-id (and keyed tasks) re-submits idempotently.
-    batch_id = args.batch_id or uuid.uuid4().hex
     progress = Progress(len(tasks), err, enabled=not args.quiet)
-    created = existing = sent = 0
+    done = Submitted("", 0, 0, 0, ())
+
+    def show(so_far: Submitted) -> None:
+        nonlocal done
+        done = so_far
+        progress.show(so_far.submitted, f"created {so_far.created}, existing {so_far.existing}")
+
     try:
-        for chunk in _chunks(tasks, args.chunk_size):
-            try:
-                answer = client.request("POST", "/tasks", body={"batch_id": batch_id, "tasks": chunk})
-            except ApiError as exc:
-                # Entries are numbered within the refused request; say where that is in the input.
-                if exc.errors:
-                    exc.message += f" (entries are counted from task {sent + 1} of {source})"
-                raise
-            # Tasks stored by an attempt the API asked to re-send answer "exists" the second time.
-            again = sum(1 for result in answer["results"]
-                        if result["outcome"] == "exists" and result["key"] in client.stored_before_resend)
-            created += answer["created"] + again
-            existing += answer["existing"] - again
-            sent += len(chunk)
-            progress.show(sent, f"created {created}, existing {existing}")
+        submitted = Coworker(api=client).submit(tasks, batch_id=args.batch_id, chunk_size=args.chunk_size,
+                                                on_progress=show)
+    except ApiError as exc:
+        # Entries are numbered within the refused request; say where that is in the input.
+        if exc.errors:
+            exc.message += f" (entries are counted from task {done.submitted + 1} of {source})"
+        raise
     finally:
         progress.close()
+    batch_id, sent, created, existing = (submitted.batch_id, submitted.submitted, submitted.created,
+                                         submitted.existing)
     summary = {"batch_id": batch_id, "submitted": sent, "created": created, "existing": existing}
     if args.json:
         _print_json(summary, out)

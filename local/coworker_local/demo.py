@@ -31,6 +31,7 @@ import requests
 from coworker.engine import handlers
 
 from coworker_local.api_client import ApiClient, ApiError, Unreachable
+from coworker_local.client import Coworker, Submitted
 
 if TYPE_CHECKING:
     from coworker_local.runtime import LocalRuntime
@@ -71,16 +72,16 @@ def submit(client: ApiClient, batches: dict[str, list[dict[str, Any]]]) -> int:
     for round_ in range(max((len(c) for c in chunks.values()), default=0)):
         for batch_id, parts in chunks.items():
             if round_ < len(parts):
-                created += post_tasks(client, {"batch_id": batch_id, "tasks": parts[round_]})["created"]
+                created += post_tasks(client, batch_id, parts[round_]).created
     return created
 
 
-def post_tasks(client: ApiClient, body: dict[str, Any]) -> dict[str, Any]:
-    """One ``POST /tasks`` through the CLI's client, which re-sends it as the API advises (503: the
+def post_tasks(client: ApiClient, batch_id: str, tasks: list[dict[str, Any]]) -> Submitted:
+    """One ``POST /tasks`` through the Python client, which re-sends it as the API advises (503: the
     batch's tasks are keyed, so a re-send stores only what is missing; 429: after backing off);
     :class:`SubmitError` once it gives up."""
     try:
-        return client.request("POST", "/tasks", body=body)
+        return Coworker(api=client).submit(tasks, batch_id=batch_id, chunk_size=len(tasks))
     except ApiError as exc:
         raise SubmitError(f"POST /tasks answered {exc.status}: {exc.message}") from None
     except Unreachable as exc:

@@ -315,3 +315,33 @@ def test_listing_the_queue_says_what_waits_outside_it(served):
     assert "held/" not in result.stdout
     assert "3 task(s) of type 'slow' are held out of the queue while it is paused" in result.stderr
     assert "coworker resume slow" in result.stderr
+
+
+def test_the_python_client_submits_any_iterable_in_chunks_waits_for_the_batch_and_reads_results(served):
+    from coworker_local.client import ApiError, Coworker
+
+    client = Coworker(served.url)
+    # Given a generator of tasks without keys, sent 20 per request
+    told = []
+    submitted = client.submit(({"type": "quick", "payload": {"n": n}} for n in range(45)), chunk_size=20,
+                              on_progress=told.append)
+    assert (submitted.submitted, submitted.created, submitted.existing) == (45, 45, 0)
+    assert [p.submitted for p in told] == [20, 40, 45] and len(set(submitted.keys)) == 45
+    # and sent again with the keys it was given: nothing is stored twice
+    again = client.submit(({"key": key, "type": "quick"} for key in submitted.keys), batch_id=submitted.batch_id)
+    assert (again.created, again.existing) == (0, 45)
+
+    # When the tasks run, the batch is followed until it is done (counted between looks)
+    served.work()
+    looks = []
+    batch = client.wait(submitted.batch_id, poll_seconds=0, on_progress=looks.append, sleep=lambda _: served.count())
+    assert batch.done and (batch.total, batch.finished, batch.ignored) == (45, 45, 0) and looks[-1] == batch
+
+    # Then every result can be read, and each task
+    results = dict(client.results(submitted.keys))
+    assert len(results) == 45 and all(result is not None for result in results.values())
+    task = client.task(submitted.keys[0])
+    assert (task.status, task.attempts, task.last_error) == ("finished", 1, None)
+    # and what the API refuses comes with its own words
+    with pytest.raises(ApiError, match="only failed or ignored tasks can be retried"):
+        client.retry(submitted.keys[0])

@@ -102,16 +102,16 @@ def test_the_demo_backs_off_on_429_and_re_sends_on_503(no_waiting) -> None:
     api = ScriptedApi([(429, {"message": "Too Many Requests"}), (503, _unavailable([])), (201, created)])
     waits: list[float] = []
     try:
-        answer = demo.post_tasks(api_client.ApiClient(api.url, sleep=waits.append),
-                                 {"batch_id": "b", "tasks": [{"key": "k", "type": "quick"}]})
+        answer = demo.post_tasks(api_client.ApiClient(api.url, sleep=waits.append), "b",
+                                 [{"key": "k", "type": "quick"}])
     finally:
         api.close()
-    assert answer["created"] == 1 and len(api.bodies) == 3 and len(waits) == 2
+    assert answer.created == 1 and len(api.bodies) == 3 and len(waits) == 2
 
     always = ScriptedApi([(503, _unavailable([]))])
     try:
         with pytest.raises(demo.SubmitError, match="answered 503"):
-            demo.post_tasks(api_client.ApiClient(always.url, sleep=waits.append), {"tasks": []})
+            demo.post_tasks(api_client.ApiClient(always.url, sleep=waits.append), "b", [{"key": "k", "type": "quick"}])
     finally:
         always.close()
     assert len(always.bodies) == api_client.RESEND_ATTEMPTS + 1

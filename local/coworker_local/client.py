@@ -1,0 +1,203 @@
+"""Coworker's Python client: put many tasks, follow their batch, read their results.
+
+The ``coworker`` command, the local demo and your own code share it::
+
+    from coworker_local.client import Coworker
+
+    tasks = Coworker("https://abc.execute-api.eu-west-1.amazonaws.com/v1", api_key="...")  # or iam=True
+    submitted = tasks.submit({"key": f"page-{n}", "type": "crawl", "payload": {"url": url}}
+                             for n, url in enumerate(urls))           # any iterable, sent in chunks
+    batch = tasks.wait(submitted.batch_id, on_progress=print)        # until every task has ended
+    for key, result in tasks.results(submitted.keys):                # the finished ones' results
+        ...
+
+Every call follows the API's advice (re-sent on 503 and 429 with backoff, see
+:mod:`coworker_local.api_client`) and raises :class:`ApiError` with the API's own message when it
+refuses, or :class:`Unreachable`. Puts are idempotent by key: a task without one gets a random key
+before it is sent, so a re-sent chunk stores each task once, and re-running ``submit`` with the
+same keys and ``batch_id`` stores only what is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+from urllib.parse import quote
+
+from coworker_local.api_client import ApiClient, ApiError, Unreachable
+
+__all__ = ["ApiError", "BatchProgress", "Coworker", "Submitted", "Task", "Unreachable"]
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+# One POST /tasks carries at most this many tasks and about this many bytes (the API's limits are
+# 1,000 tasks and API Gateway's 10 MB).
+CHUNK_TASKS = 1000
+CHUNK_BYTES = 5 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Submitted:
+    """What :meth:`Coworker.submit` stored: ``created`` new tasks and ``existing`` keys that were
+    there already (a re-run), all in batch ``batch_id``."""
+
+    batch_id: str
+    submitted: int
+    created: int
+    existing: int
+    keys: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchProgress:
+    """A batch's counts (``GET /batches/{id}``): ``done`` once no task is open and every write
+    is counted; ``state`` is ``running``, ``done`` or ``failed`` (stopped at its threshold)."""
+
+    batch_id: str
+    total: int
+    finished: int
+    ignored: int
+    open: int
+    done: bool
+    state: str
+    failure_reason: str | None = None
+
+    @classmethod
+    def of(cls, answer: Mapping[str, Any]) -> BatchProgress:
+        return cls(batch_id=str(answer["batch_id"]), total=int(answer["total"]), finished=int(answer["finished"]),
+                   ignored=int(answer["ignored"]), open=int(answer["open"]), done=bool(answer["done"]),
+                   state=str(answer["state"]), failure_reason=answer.get("failure_reason"))
+
+    def __str__(self) -> str:
+        return (f"batch {self.batch_id}: {self.finished + self.ignored}/{self.total} ended "
+                f"(finished {self.finished}, ignored {self.ignored}, open {self.open}) - {self.state}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One task as ``GET /tasks/{key}`` answers it; ``raw`` has every field."""
+
+    key: str
+    type: str | None
+    status: str
+    attempts: int
+    max_attempts: int | None
+    errors: list[dict[str, Any]]
+    raw: dict[str, Any]
+
+    @classmethod
+    def of(cls, answer: Mapping[str, Any]) -> Task:
+        return cls(key=answer["key"], type=answer.get("type"), status=answer["status"],
+                   attempts=int(answer.get("attempts") or 0), max_attempts=answer.get("max_attempts"),
+                   errors=list(answer.get("errors") or []), raw=dict(answer))
+
+    @property
+    def last_error(self) -> dict[str, Any] | None:
+        return self.errors[-1] if self.errors else None
+
+
+class Coworker:
+    """A client of one deployment's task API (or of the local runtime's)."""
+
+    def __init__(self, url: str | None = None, *, api_key: str | None = None, iam: bool = False,
+                 region: str | None = None, api: ApiClient | None = None) -> None:
+        """``url`` defaults to ``COWORKER_API_URL`` (else the local runtime's), ``api_key`` to
+        ``COWORKER_API_KEY``; ``iam`` signs requests with your AWS credentials (SigV4)."""
+        self.api = api or ApiClient(url or os.environ.get("COWORKER_API_URL") or DEFAULT_URL,
+                                    api_key=api_key if api_key is not None else os.environ.get("COWORKER_API_KEY"),
+                                    iam=iam, region=region)
+
+    # -- putting tasks ---------------------------------------------------------------------
+
+    def put(self, task: Mapping[str, Any]) -> str:
+        """Put one task; ``"created"``, or ``"exists"`` when its key was there already."""
+        return str(self.api.request("POST", "/tasks", body=dict(task))["outcome"])
+
+    def submit(self, tasks: Iterable[Mapping[str, Any]], *, batch_id: str | None = None,
+               chunk_size: int = CHUNK_TASKS, on_progress: Callable[[Submitted], None] | None = None) -> Submitted:
+        """Put every task of ``tasks`` (any iterable, read once) in one batch, ``chunk_size`` per
+        request; ``on_progress`` is told after each request. A task without a key is given one."""
+        batch_id = batch_id or uuid.uuid4().hex
+        keys: list[str] = []
+        created = existing = 0
+        for chunk in chunked(tasks, chunk_size):
+            answer = self.api.request("POST", "/tasks", body={"batch_id": batch_id, "tasks": chunk})
+            # Tasks stored by an attempt the API asked to re-send answer "exists" the second time.
+            again = sum(1 for result in answer["results"]
+                        if result["outcome"] == "exists" and result["key"] in self.api.stored_before_resend)
+            created += answer["created"] + again
+            existing += answer["existing"] - again
+            keys += [task["key"] for task in chunk]
+            if on_progress is not None:
+                on_progress(Submitted(batch_id, len(keys), created, existing, ()))
+        return Submitted(batch_id, len(keys), created, existing, tuple(keys))
+
+    # -- following them --------------------------------------------------------------------
+
+    def batch(self, batch_id: str) -> BatchProgress:
+        return BatchProgress.of(self.api.request("GET", f"/batches/{_path(batch_id)}"))
+
+    def wait(self, batch_id: str, *, poll_seconds: float = 2.0, timeout: float | None = None,
+             on_progress: Callable[[BatchProgress], None] | None = None,
+             sleep: Callable[[float], None] = time.sleep) -> BatchProgress:
+        """Poll the batch until it is done or failed (stopped at its threshold); ``TimeoutError``
+        after ``timeout`` seconds, if given."""
+        started = time.monotonic()
+        while True:
+            progress = self.batch(batch_id)
+            if on_progress is not None:
+                on_progress(progress)
+            if progress.done or progress.state == "failed":
+                return progress
+            if timeout is not None and time.monotonic() - started >= timeout:
+                raise TimeoutError(f"{progress} after {timeout:g} s")
+            sleep(poll_seconds)
+
+    def task(self, key: str) -> Task:
+        return Task.of(self.api.request("GET", f"/tasks/{_path(key)}"))
+
+    def result(self, key: str) -> Any:
+        """A finished task's result (:class:`ApiError` 409 before it finishes)."""
+        return self.api.request("GET", f"/tasks/{_path(key)}/result")
+
+    def results(self, keys: Iterable[str]) -> Iterator[tuple[str, Any]]:
+        """``(key, result)`` of each finished task of ``keys``, in order; tasks that are not
+        finished (ignored, or still open) are passed over: :meth:`task` says why."""
+        for key in keys:
+            try:
+                yield key, self.result(key)
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+
+    def retry(self, key: str) -> Task:
+        return Task.of(self.api.request("POST", f"/tasks/{_path(key)}/retry"))
+
+    def cancel(self, key: str) -> Task:
+        return Task.of(self.api.request("POST", f"/tasks/{_path(key)}/cancel"))
+
+
+def chunked(tasks: Iterable[Mapping[str, Any]], size: int = CHUNK_TASKS) -> Iterator[list[dict[str, Any]]]:
+    """``tasks`` in lists of at most ``size`` tasks and about CHUNK_BYTES, each with a key."""
+    chunk: list[dict[str, Any]] = []
+    used = 0
+    for given in tasks:
+        task = dict(given)
+        if task.get("key") is None:  # a key of its own: a re-sent chunk stores each task once
+            task["key"] = str(uuid.uuid4())
+        task_bytes = len(json.dumps(task).encode("utf-8")) + 2
+        if chunk and (len(chunk) >= size or used + task_bytes > CHUNK_BYTES):
+            yield chunk
+            chunk, used = [], 0
+        chunk.append(task)
+        used += task_bytes
+    if chunk:
+        yield chunk
+
+
+def _path(key: str) -> str:
+    return quote(key, safe="")
