@@ -8,14 +8,26 @@
                        and backlog measure
 ``/local/invocations`` worker invocations in flight with their process ids (``?recent=1``
                        adds finished ones): what the crash tests kill
+``/local/failures``    the latest failed and ignored tasks with their last error, in one
+                       request (the page's failures panel)
+``/local/batches``     the progress of the batches named by ``?id=`` (repeated), in one request
 =====================  ==================================================================
+
+Each panel of the page reads one route and is drawn as soon as its answer arrives.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from coworker.data import index
+from coworker.data.models import TaskModel, TaskStatus
+from coworker.engine import batches
+from coworker.errors import BatchNotFoundError
 
 from coworker_local.gateway import ExtraRoute, GatewayRequest, GatewayResponse
 
@@ -23,6 +35,7 @@ if TYPE_CHECKING:
     from coworker_local.runtime import LocalRuntime
 
 NO_CACHE = {"Cache-Control": "no-store"}
+MAX_BATCHES_PER_REQUEST = 20
 # Two overlapping tiles in the dashboard's colours; browsers ask for /favicon.ico whatever the page says.
 FAVICON_SVG = (
     b'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">'
@@ -65,6 +78,19 @@ def dashboard_routes(runtime: LocalRuntime) -> dict[str, ExtraRoute]:
             body["recent"] = runtime.pool.recent()
         return _json(200, body)
 
+    def failures(request: GatewayRequest) -> GatewayResponse:
+        limit = _int(request.query.get("limit", ["10"])[0], 1, 50)
+        return _json(200, {"items": recent_failures(limit)})
+
+    def batch_progress(request: GatewayRequest) -> GatewayResponse:
+        found = []
+        for batch_id in list(dict.fromkeys(request.query.get("id", [])))[:MAX_BATCHES_PER_REQUEST]:
+            try:
+                found.append(batches.get_batch(batch_id).to_dict())
+            except (BatchNotFoundError, ValueError):
+                continue
+        return _json(200, {"items": found})
+
     return {
         "/": home,
         "/dashboard": dashboard,
@@ -72,4 +98,34 @@ def dashboard_routes(runtime: LocalRuntime) -> dict[str, ExtraRoute]:
         "/favicon.ico": favicon,
         "/local/info": info,
         "/local/invocations": invocations,
+        "/local/failures": failures,
+        "/local/batches": batch_progress,
     }
+
+
+def recent_failures(limit: int) -> list[dict[str, Any]]:
+    """The ``limit`` most recently changed failed and ignored tasks (newest first), each with its
+    last error: two index reads and one BatchGetItem."""
+    listed = [task for status in (TaskStatus.FAILED, TaskStatus.IGNORED)
+              for task in itertools.islice(index.MergedRead(status.value, want=limit, forward=False), limit)]
+    listed.sort(key=lambda task: task.updated_at or datetime.min.replace(tzinfo=UTC), reverse=True)
+    listed = listed[:limit]
+    errors = {task.key: task.errors for task in TaskModel.batch_get(
+        [task.key for task in listed], attributes_to_get=["key", "errors"])} if listed else {}
+    items = []
+    for task in listed:
+        history = errors.get(task.key) or []
+        last = history[-1] if history else None
+        items.append({"key": task.key, "type": task.task_type, "status": task.status,
+                      "attempts": task.attempts, "max_attempts": task.max_attempts,
+                      "updated_at": task.updated_at.isoformat() if task.updated_at else None,
+                      "batch_id": task.batch_id,
+                      "last_error": {"kind": last.kind, "message": last.message} if last else None})
+    return items
+
+
+def _int(text: str, low: int, high: int) -> int:
+    try:
+        return min(high, max(low, int(text)))
+    except ValueError:
+        return low

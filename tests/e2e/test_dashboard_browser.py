@@ -215,7 +215,7 @@ def test_limit_a_type_from_the_dashboard(browser, runtime):
     page.locator(f"{row} input.limit-input").fill("1")
     page.locator(f"{row} button[data-verb='limit']").click()
     page.wait_for_function(
-        f"document.querySelector(\"{row} td.limit-usage\").textContent.includes('of 1 running')", timeout=30_000)
+        f"document.querySelector(\"{row} .limit-usage\").textContent.includes('of 1 running')", timeout=30_000)
     assert next(t for t in runtime.get("/types").json()["types"] if t["type"] == "slow")["limit"] == 1
     time.sleep(1.5)  # claimers see a new limit within COWORKER_CONTROL_CACHE_SECONDS (1 s here)
 
@@ -230,7 +230,42 @@ def test_limit_a_type_from_the_dashboard(browser, runtime):
     page.locator(f"{row} input.limit-input").fill("")
     page.locator(f"{row} button[data-verb='limit']").click()
     page.wait_for_function(
-        f"document.querySelector(\"{row} td.limit-usage\").textContent === 'none'", timeout=30_000)
+        f"document.querySelector(\"{row} .limit-usage\").textContent === 'none'", timeout=30_000)
     assert next(t for t in runtime.get("/types").json()["types"] if t["type"] == "slow")["limit"] is None
+    assert not errors, errors
+    page.close()
+
+
+def test_each_panel_is_drawn_as_its_answer_arrives_with_one_request_per_panel(browser, runtime):
+    """Given the counts' request held back (a loaded machine makes /stats the slowest), the other
+    panels are drawn meanwhile; and a refresh sends one request per panel, not one per listed task
+    or batch."""
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    held = []
+    page.route("**/stats", lambda route: held.append(route))
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url.removeprefix(runtime.url)))
+    run = uuid.uuid4().hex[:6]
+    failing = [{"key": f"{run}-panel{i}", "type": "always-fail", "max_attempts": 1} for i in range(3)]
+    assert runtime.post("/tasks", json={"batch_id": f"panels-{run}", "tasks": failing}).status_code == 201
+    runtime.wait_for(lambda: runtime.get(f"/batches/panels-{run}").json()["done"], 60, "the failing tasks")
+
+    page.goto(runtime.url + "/dashboard")
+    # While /stats has not answered, the failures, the batches, the types and the runtime are drawn
+    page.locator(f"#failures tr[data-key='{run}-panel0']").wait_for(timeout=30_000)
+    page.locator(f"#batches [data-batch='panels-{run}']").wait_for(timeout=30_000)
+    page.locator("#types tr[data-type='slow']").wait_for(timeout=30_000)
+    page.wait_for_function("document.getElementById('runtime').textContent.includes('coordinator')")
+    assert held and page.text_content("#count-todo").strip() == "–"
+    for route in held:
+        route.continue_()
+    page.unroute("**/stats")
+    page.wait_for_function("document.getElementById('live').textContent.startsWith('updated')", timeout=30_000)
+
+    # and no refresh asked for a task or a batch one by one
+    assert not [url for url in requests if url.startswith(("/tasks/", "/batches/"))], requests
+    assert any(url.startswith("/local/failures") for url in requests)
     assert not errors, errors
     page.close()

@@ -10,7 +10,6 @@ const STATUSES = ["todo", "processing", "failed", "finished", "ignored"];
 
 const state = {
   selectedKey: null,
-  detailCache: new Map(),   // key -> {updated_at, task}
   extraBatches: new Set(),  // batch ids seen in listings
   lastOk: 0,
 };
@@ -184,9 +183,13 @@ function renderRuntime(info) {
 
 async function renderBatches(info) {
   const ids = [...new Set([...(info ? info.batches : []), ...state.extraBatches])].slice(-8);
-  if (!ids.length) return;
-  const batches = await Promise.all(ids.map(id => getJSON(`/batches/${encodeURIComponent(id)}`).catch(() => null)));
-  const html = batches.filter(Boolean).map(b => {
+  if (!ids.length) {
+    if (info) $("batches").innerHTML = '<div class="empty">no batches yet</div>';
+    return;
+  }
+  // one request for the panel, whatever the number of batches
+  const {items: batches} = await getJSON(`/local/batches?${ids.map(id => `id=${encodeURIComponent(id)}`).join("&")}`);
+  const html = batches.map(b => {
     const total = Math.max(1, b.total);
     const pct = v => (100 * v / total).toFixed(2) + "%";
     const done = b.finished + b.ignored;
@@ -204,34 +207,20 @@ async function renderBatches(info) {
 
 // ---- recent failures ----------------------------------------------------------------------
 
-async function taskDetail(key, updatedAt) {
-  const cached = state.detailCache.get(key);
-  if (cached && updatedAt && cached.updated_at === updatedAt) return cached.task;
-  const task = await getJSON(`/tasks/${encodeURIComponent(key)}`);
-  state.detailCache.set(key, {updated_at: task.updated_at, task});
-  if (state.detailCache.size > 200) state.detailCache.delete(state.detailCache.keys().next().value);
-  return task;
-}
-
 async function loadFailures() {
-  const pages = await Promise.all(["failed", "ignored"].map(status =>
-    getJSON(`/tasks?status=${status}&order=newest&limit=${FAILURE_ROWS}`).catch(() => ({items: []}))));
-  const items = pages.flatMap(p => p.items || [])
-    .sort((a, b) => String(b.updated_at).localeCompare(String(a.updated_at)))
-    .slice(0, FAILURE_ROWS);
+  // one request: the latest failed and ignored tasks with their last error
+  const {items} = await getJSON(`/local/failures?limit=${FAILURE_ROWS}`);
   for (const item of items) if (item.batch_id) state.extraBatches.add(item.batch_id);
-  const details = await Promise.all(items.map(i => taskDetail(i.key, i.updated_at).catch(() => null)));
-  return {items, details};
+  return items;
 }
 
-function renderFailures({items, details}) {
+function renderFailures(items) {
   if (!items.length) {
     $("failures").innerHTML = '<tr><td colspan="6" class="empty">none yet</td></tr>';
     return;
   }
-  $("failures").innerHTML = items.map((item, n) => {
-    const task = details[n];
-    const last = task && task.errors && task.errors.length ? task.errors[task.errors.length - 1] : null;
+  $("failures").innerHTML = items.map(item => {
+    const last = item.last_error;
     return `<tr class="clickable" data-key="${esc(item.key)}">
       <td class="kind nowrap" title="${esc(item.key)}">${esc(item.key)}</td><td class="nowrap" title="${esc(item.type)}">${esc(item.type)}</td>
       <td><span class="pill ${esc(item.status)}">${esc(item.status)}</span></td>
@@ -289,7 +278,7 @@ function renderTypes(answer, force = false) {
   // Someone typing a limit keeps their text: the periodic refresh skips the table meanwhile.
   if (!force && $("types").contains(document.activeElement) && document.activeElement.tagName === "INPUT") return;
   if (!types.length) {
-    $("types").innerHTML = '<tr><td colspan="6" class="empty">no task types</td></tr>';
+    $("types").innerHTML = '<tr><td colspan="4" class="empty">no task types</td></tr>';
     return;
   }
   $("types").innerHTML = types.map(t => {
@@ -297,13 +286,15 @@ function renderTypes(answer, force = false) {
     const verb = t.paused ? "resume" : "pause";
     const name = esc(t.type);
     const usage = t.limit == null ? "none" : `${fmt(t.running)} of ${fmt(t.limit)} running, ${fmt(t.blocked)} waiting`;
+    // each control sits in the column it changes: pause/resume by the state, the limit by its usage
     return `<tr data-type="${name}"><td class="kind">${name}${t.registered ? "" : " (no handler)"}</td>
-      <td><span class="pill ${state}">${state}</span></td><td class="num">${fmt(t.held)}</td>
-      <td class="limit-usage">${usage}</td>
-      <td><input type="number" min="1" max="1000" class="limit-input" aria-label="limit of ${name}" placeholder="none"
+      <td class="nowrap"><span class="pill ${state}">${state}</span>
+          <button type="button" data-verb="${verb}" data-type="${name}">${verb === "pause" ? "Pause" : "Resume"}</button></td>
+      <td class="num">${fmt(t.held)}</td>
+      <td><span class="limit-usage">${usage}</span>
+          <input type="number" min="1" max="1000" class="limit-input" aria-label="limit of ${name}" placeholder="none"
            value="${t.limit == null ? "" : t.limit}" data-type="${name}">
-          <button type="button" data-verb="limit" data-type="${name}">Set limit</button></td>
-      <td><button type="button" data-verb="${verb}" data-type="${name}">${verb === "pause" ? "Pause" : "Resume"}</button></td></tr>`;
+          <button type="button" data-verb="limit" data-type="${name}">Set limit</button></td></tr>`;
   }).join("");
 }
 
@@ -429,31 +420,27 @@ bulkStatuses();
 
 async function refresh() {
   const problems = [];
-  // The failures are read before the counts and everything is drawn together, so the cards never
-  // lag the table: a task listed as ignored is already in the ignored count read after it.
-  const failures = await loadFailures().catch(e => { problems.push(e.message); return {items: [], details: []}; });
-  const [stats, info, types] = await Promise.all([
-    getJSON("/stats").catch(e => { problems.push(e.message); return null; }),
-    getJSON("/local/info").catch(() => null),
-    getJSON("/types").catch(e => { problems.push(e.message); return null; }),
-  ]);
-  renderTypes(types);
-  renderFailures(failures);
-  renderCounts(stats, info);
-  renderBacklog(info);
-  renderRuntime(info);
-  drawChart(info ? info.series : []);
-  await Promise.all([
-    renderBatches(info).catch(e => problems.push(e.message)),
-    renderDetail().catch(e => problems.push(e.message)),
+  const noted = error => { problems.push(error.message); return null; };
+  // Every panel reads its own request and is drawn as soon as that answers: a slow one (the
+  // counts, on a busy machine) holds up no other.
+  const info = getJSON("/local/info").catch(() => null);
+  const stats = getJSON("/stats").catch(noted);
+  await Promise.allSettled([
+    info.then(answer => { renderBacklog(answer); renderRuntime(answer); drawChart(answer ? answer.series : []); }),
+    Promise.all([stats, info]).then(([counts, answer]) => renderCounts(counts, answer)),
+    getJSON("/types").then(answer => renderTypes(answer)).catch(noted),
+    // the batches panel shows the failures' batches too: it follows that panel's answer
+    loadFailures().then(renderFailures).catch(noted).then(() => info).then(renderBatches).catch(noted),
+    renderDetail().catch(noted),
   ]);
   const banner = $("error-banner");
   banner.style.display = problems.length ? "block" : "none";
   banner.textContent = problems.join(" · ");
-  if (stats) state.lastOk = Date.now();
+  const reached = await stats;
+  if (reached) state.lastOk = Date.now();
   const live = $("live");
   live.textContent = state.lastOk ? `updated ${new Date(state.lastOk).toLocaleTimeString()}` : "API not reachable";
-  live.classList.toggle("stale", !stats);
+  live.classList.toggle("stale", !reached);
 }
 
 async function loop() {
