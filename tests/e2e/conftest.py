@@ -20,7 +20,7 @@ import requests
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_PATTERN = re.compile(r"API\s+(http://\S+)")
-START_TIMEOUT = 60
+START_TIMEOUT = 180  # a ceiling on the wait for the "API" line, not a budget: start-up takes seconds
 
 # Short clocks so failures, retries, timeouts and lost workers all happen within seconds.
 FAST_SETTINGS = {
