@@ -174,3 +174,30 @@ def test_stopped_batches_whose_tasks_are_not_due_yet_leave_the_control_record(ma
     assert {lifecycle.get_task(f"b{n}-later").status for n in range(12)} == {"ignored"}
     assert control.read().stopped_batches == frozenset()
     assert {batches.get_batch(f"b{n}").state for n in range(12)} == {"failed"}
+
+
+def test_no_more_batches_are_listed_as_stopped_than_the_cap_and_the_rest_stop_once_there_is_room(
+        make_settings, monkeypatch):
+    settings = make_settings()
+    monkeypatch.setattr(control, "MAX_STOPPED_BATCHES", 2)
+    later = utcnow() + timedelta(days=1)
+    for number in range(3):
+        now = utcnow() - timedelta(seconds=30)
+        items = [lifecycle.new_task(TaskSpec(key=f"c{number}-f", type="always-fail", batch_id=f"c{number}",
+                                             max_attempts=1), settings, now),
+                 lifecycle.new_task(TaskSpec(key=f"c{number}-later", type="quick", batch_id=f"c{number}",
+                                             run_at=later), settings, now)]
+        assert all(batches.put_tasks(items, f"c{number}", now, batches.Tolerance(count=0)))
+        run_batch([f"c{number}-f"], "w", settings, time.monotonic() + 30)
+    progress.catch_up(settings)
+
+    # The record lists two; the third batch is not stopped yet (its tasks are not cancelled)
+    assert control.read().stopped_batches == frozenset({"c0", "c1"})
+    assert batches.get_batch("c2").state == "running"
+    # once the two have settled, the third stops at the next look
+    dispatch.tick(settings, RecordingInvoker(), measure_backlog=True)
+    progress.catch_up(settings)
+    dispatch.tick(settings, RecordingInvoker(), measure_backlog=True)
+    assert control.read().stopped_batches == frozenset()
+    assert batches.stop_if_failing("c2") is True
+    assert control.read().stopped_batches == frozenset({"c2"})

@@ -38,7 +38,7 @@ from datetime import datetime
 from typing import Any
 
 from pynamodb.exceptions import DoesNotExist
-from pynamodb.expressions.condition import Condition
+from pynamodb.expressions.condition import Condition, size
 from pynamodb.transactions import TransactWrite
 
 from coworker.data import index, layout, writes
@@ -49,6 +49,9 @@ from coworker.observability import logger
 
 # DynamoDB's IN takes at most 100 operands: the claim condition lists the paused types.
 MAX_PAUSED_TYPES = 100
+# Batches stopped at their failure threshold and still settling, at most (the control record
+# lists them; batch ids are at most 128 characters, so this stays far below DynamoDB's 400 KB).
+MAX_STOPPED_BATCHES = 1000
 
 
 @dataclass(frozen=True)
@@ -150,9 +153,14 @@ def forget_held(task_type: str) -> bool:
 
 
 def stop_batch_actions(transaction: TransactWrite, batch_id: str, now: datetime) -> None:
-    """Add ``batch_id`` to the stopped batches, inside the caller's transaction."""
+    """Add ``batch_id`` to the stopped batches, inside the caller's transaction, unless
+    MAX_STOPPED_BATCHES are stopped already (the transaction then fails: the batch is stopped
+    at a later failure, once the coordinator has settled some of the others)."""
+    room = (ControlModel.stopped_batches.does_not_exist()
+            | (size(ControlModel.stopped_batches) < MAX_STOPPED_BATCHES))
     transaction.update(ControlModel(CONTROL_KEY), actions=[
-        ControlModel.stopped_batches.add({batch_id}), ControlModel.version.add(1), ControlModel.updated_at.set(now)])
+        ControlModel.stopped_batches.add({batch_id}), ControlModel.version.add(1), ControlModel.updated_at.set(now)],
+        condition=room)
     _cache.invalidate()
 
 
