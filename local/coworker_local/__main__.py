@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "timer, worker processes, a web dashboard, and a demo workload.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
+    parser.add_argument("--allow-host", dest="allowed_hosts", action="append", default=[], metavar="NAME",
+                        help="a host name the API and dashboard answer to besides IP addresses and localhost "
+                             "(repeatable; with --host 0.0.0.0, the name others reach this machine by). Any "
+                             "other name is refused (421), against DNS rebinding")
     parser.add_argument("--api-port", type=int, default=8000,
                         help="port of the API and the dashboard (default 8000; 0 picks a free one)")
     parser.add_argument("--prewarm-workers", type=int, default=None, metavar="N",
@@ -164,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     _stop_with_parent(stop)
-    runtime = LocalRuntime(settings, host=args.host, port=args.api_port,
+    runtime = LocalRuntime(settings, host=args.host, port=args.api_port, allowed_hosts=args.allowed_hosts,
                            max_invocations=args.max_invocations, log=log, drain_seconds=args.drain_seconds,
                            prewarm=args.prewarm_workers,
                            database=args.db, data_dir=args.data_dir, handlers=handlers)

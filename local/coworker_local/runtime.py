@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -189,8 +190,10 @@ class LocalRuntime:
         data_dir: Path | None = None,
         prewarm: int | None = None,
         handlers: Path | None = None,
+        allowed_hosts: Sequence[str] = (),
     ) -> None:
         self.requested_settings = settings
+        self.allowed_hosts = tuple(allowed_hosts)  # host names the API answers to besides addresses
         # Your handlers package: imported by the API process and every worker, as on Lambda.
         self.settings, self.handlers_path = with_handlers_package(settings, handlers)
         self.handlers_dir = Path(handlers).resolve() if handlers is not None else None
@@ -279,6 +282,7 @@ class LocalRuntime:
         self.gateway = LocalGateway(
             load_api_handler(), host=self.host, port=self.port,
             extra_routes=dashboard_routes(self), static={"/dashboard/static": static_folder()},
+            allowed_hosts=self.allowed_hosts,
         ).start()
         invoker = dispatch.invoker_from_settings(self.settings)
         assert invoker is not None

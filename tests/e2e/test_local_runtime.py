@@ -351,3 +351,10 @@ def test_the_runtime_page_shows_no_secret(runtime):
     anyone could sign cursors of their own."""
     settings = runtime.get("/local/info").json()["settings"]
     assert settings["cursor_secret"] == "(set)"
+
+
+def test_a_host_name_allowed_on_the_command_line_is_answered(start_runtime):
+    runtime = start_runtime("--no-demo", "--allow-host", "devbox.example")
+    port = runtime.url.rsplit(":", 1)[1]
+    assert runtime.get("/stats", headers={"Host": f"devbox.example:{port}"}).status_code == 200
+    assert runtime.get("/stats", headers={"Host": f"other.example:{port}"}).status_code == 421

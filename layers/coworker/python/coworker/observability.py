@@ -119,6 +119,8 @@ def invocation_scope() -> Iterator[None]:
         yield
     finally:
         _INVOCATION_KEYS.reset(token)
+
+
 metrics = ThreadSafeMetrics(service=SERVICE, namespace=NAMESPACE)
 tracer = Tracer(service=SERVICE)
 
