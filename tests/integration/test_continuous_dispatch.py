@@ -304,7 +304,7 @@ def test_supervisor_skips_missed_beats_after_an_overrun(settings, monkeypatch):
 
 
 def test_only_one_supervisor_holds_the_lease(make_settings):
-    settings = make_settings(tick_seconds=0.2)
+    settings = make_settings(tick_seconds=0.2, idle_exit=False)  # supervising an empty table
     first = dispatch.Supervisor(settings, InProcessInvoker(settings), holder="first")
     second = dispatch.Supervisor(settings, InProcessInvoker(settings), holder="second")
     stop = threading.Event()

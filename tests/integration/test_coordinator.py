@@ -275,7 +275,7 @@ def test_an_idle_system_has_no_backlog(settings):
 
 def test_the_supervisor_measures_the_backlog_every_backlog_seconds(make_settings):
     clock = [0.0]
-    settings = make_settings(tick_seconds=1, backlog_seconds=3)
+    settings = make_settings(tick_seconds=1, backlog_seconds=3, idle_exit=False)  # an empty table, all along
     supervisor = dispatch.Supervisor(settings, RecordingInvoker(), clock=lambda: clock[0])
     ticks = iter(range(7))  # ticks at 1 s, 2 s ... 7 s: measured at the first, then every third
 
@@ -291,3 +291,39 @@ def test_the_supervisor_measures_the_backlog_every_backlog_seconds(make_settings
     reports = supervisor.run(remaining, NoWait())
     measured = [report.backlog is not None for report in reports]
     assert measured == [True, False, False, True, False, False, True], measured
+
+
+def _run_for(supervisor: dispatch.Supervisor, seconds: float) -> list[dispatch.TickReport]:
+    end = time.monotonic() + seconds
+    return supervisor.run(lambda: end - time.monotonic())
+
+
+def test_a_run_with_nothing_to_do_ends_after_its_first_tick(make_settings, monkeypatch):
+    # Given an empty deployment, whose ticks the heartbeat alarm counts
+    settings = make_settings(tick_seconds=0.2, supervise_seconds=30)
+    published: list[str] = []
+    real_publish = dispatch._publish_tick
+    monkeypatch.setattr(dispatch, "_publish_tick", lambda report: (published.append("tick"), real_publish(report)))
+
+    # When a scheduled run starts (with a minute's window of 0.2-s ticks)
+    reports = _run_for(dispatch.Supervisor(settings, RecordingInvoker()), 60)
+
+    # Then it ends after one tick, which it published (an idle coordinator is not a silent one)
+    assert len(reports) == 1 and reports[0].idle and published == ["tick"]
+
+
+@pytest.mark.parametrize("what", ["due-soon", "running", "retry-soon"])
+def test_a_run_goes_on_while_anything_runs_or_is_due_within_its_window(make_settings, what):
+    settings = make_settings(tick_seconds=0.2, supervise_seconds=30)
+    now = utcnow()
+    if what == "due-soon":  # due in 20 s: within the window a scheduled run covers
+        submit.put_task(TaskSpec(key="soon", type="quick", run_at=now + timedelta(seconds=20)), settings)
+    elif what == "running":
+        submit.put_task(TaskSpec(key="busy", type="quick"), settings, now=now - timedelta(seconds=10))
+        assert lifecycle.claim("busy", "a-live-worker", settings) is not None
+    else:
+        submit.put_task(TaskSpec(key="retry", type="always-fail"), settings)
+        run_batch(["retry"], "w", settings, time.monotonic() + 30)
+        lifecycle.get_task("retry")  # failed, due again after its backoff
+    reports = _run_for(dispatch.Supervisor(settings, RecordingInvoker()), 1.0)
+    assert len(reports) > 1 and not any(report.idle for report in reports), reports

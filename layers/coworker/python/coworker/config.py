@@ -123,6 +123,11 @@ class Settings(BaseModel):
     max_result_bytes: int = Field(100 * 1024 * 1024, ge=1024, alias="COWORKER_MAX_RESULT_BYTES",
                                   description="Largest result kept in the result store; above it the record "
                                               "keeps a note and a preview.")
+    idle_exit: bool = Field(True, alias="COWORKER_IDLE_EXIT",
+                            description="A coordinator run ends after a tick that finds nothing running, "
+                                        "moving or due within its supervision window, instead of supervising "
+                                        "for its whole window (an idle deployment then runs about a second a "
+                                        "minute); the next scheduled run looks again.")
     api_auth: Literal["none", "api-key", "iam"] = Field(
         "none", alias="COWORKER_API_AUTH",
         description="How callers authenticate, as the API's OpenAPI document declares it: none (the local "

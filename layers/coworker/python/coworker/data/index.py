@@ -150,6 +150,12 @@ class MergedRead:
             yield TaskModel.from_raw_data(stream.take())
 
 
+def any_due(until: datetime) -> bool:
+    """Whether any task is due by ``until`` in ``todo`` or ``failed`` (one entry read per shard,
+    each status only if the one before had none)."""
+    return any(next(iter(due(status, until, 1)), None) is not None for status in (TaskStatus.TODO, TaskStatus.FAILED))
+
+
 def due(status: TaskStatus, now: datetime, limit: int, read_past: int = 0) -> Iterator[TaskModel]:
     """Tasks in ``status`` whose ``due_at`` has passed, oldest first, at most ``limit`` (plus
     ``read_past`` more for a caller that skips some: pages stay sized for ``limit``, and further

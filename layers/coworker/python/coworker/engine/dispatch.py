@@ -247,6 +247,9 @@ class TickReport:
     woken: int = 0  # blocked tasks put back by the concurrency sweep
     counted: int = 0  # batch changes counted from the table's stream
     backlog: index.Backlog | None = None  # measured this tick (every backlog_seconds), else None
+    # Nothing ran, moved or was counted, and nothing is due within the supervision window: a
+    # scheduled run may end here (the next one checks again).
+    idle: bool = False
 
 
 @dataclasses.dataclass
@@ -291,10 +294,15 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     if memory is not None:
         memory.remember(sent)
     counted = _count_batch_progress(settings, now)
+    idle = (not requests and work.due == 0 and work.reaped == 0 and running == 0 and not lost
+            and len(free) == settings.worker_slots and counted == 0
+            and parked == released == cancelled == woken == 0
+            and not view.stopped_batches and not view.to_release
+            and not index.any_due(now + timedelta(seconds=settings.supervise_seconds)))
     report = TickReport(busy_slots=settings.worker_slots - len(free), free_slots=len(free), due=work.due,
                         dispatched=len(sent), invocations=len(requests), reaped=work.reaped,
                         running_tasks=running, parked=parked, released=released, cancelled=cancelled,
-                        woken=woken, counted=counted, backlog=backlog)
+                        woken=woken, counted=counted, backlog=backlog, idle=idle)
     _publish_tick(report)
     logger.debug("coordinator tick", extra=dataclasses.asdict(report))
     return report
@@ -510,6 +518,12 @@ class Supervisor:
                     logger.exception("coordinator tick failed")
                     self._notify(None, f"{type(exc).__name__}: {exc}")
                 publish_metrics()  # each tick's figures reach CloudWatch now, not at the run's end
+                if settings.idle_exit and reports and reports[-1].idle:
+                    # Nothing to supervise: end the run (a minute of Lambda for nothing otherwise).
+                    # Its tick was published, so the heartbeat alarm stays quiet; the next scheduled
+                    # run looks again, and work put meanwhile starts on submit.
+                    logger.info("nothing running or due: this coordinator run ends early")
+                    return reports
                 next_at += settings.tick_seconds
                 if next_at < self.clock():  # a tick overran: skip the missed beats, keep the phase
                     missed = math.ceil((self.clock() - next_at) / settings.tick_seconds)
