@@ -409,11 +409,12 @@ class _RequestHandler(BaseHTTPRequestHandler):
         raise AttributeError(name)
 
     def _method_not_allowed(self) -> None:
-        length = _content_length(self.headers.get("Content-Length")) or 0
-        if 0 < length <= MAX_REQUEST_BYTES:
+        length = _content_length(self.headers.get("Content-Length"))
+        if length is not None and 0 < length <= MAX_REQUEST_BYTES:
             self.rfile.read(length)  # the next request on this connection starts after it
-        else:
-            self.close_connection = length > 0
+        else:  # a body it will not read, or of unknown length: where the next request starts is unknown
+            self.close_connection = (length is None or length > 0
+                                     or self.headers.get("Transfer-Encoding") is not None)
         body = json.dumps({"statusCode": 405, "error": "method_not_allowed",
                            "message": f"method {self.command} is not allowed"})
         self._send(GatewayResponse(405, {"Content-Type": "application/json", "Allow": ALLOWED_METHODS}, body))
