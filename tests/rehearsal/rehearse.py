@@ -24,6 +24,9 @@ from tests.rehearsal.template import Targets, environment_of, functions_of, laye
 from tests.rehearsal.wire import FunctionPool, Gateway, Names, access_key, wait_until
 
 BIG_BYTES = 20_000  # over the 16 KB a payload may take on the record
+# How long a wait goes on: at least this many coordinator runs and this many seconds.
+WAIT_RUNS = 40
+WAIT_SECONDS = 180.0
 # Timings shortened so that heartbeats, ticks and supervision happen within seconds.
 FAST = {"workerTimeoutSeconds": "30", "lockSeconds": "6", "heartbeatSeconds": "1", "tickSeconds": "0.5",
         "superviseSeconds": "3", "maxAttempts": "2"}
@@ -133,18 +136,22 @@ class Deployment:
         return body["status"] if code == 200 else None
 
     def wait(self, condition: Callable[[], bool], what: str, *, supervise: bool = True) -> None:
-        """Wait for ``condition``, with a coordinator run between looks (a bounded number of them);
-        a denied request or a failed function ends the wait at once, with what went wrong."""
-        for _ in range(40):
+        """Wait for ``condition``, with a coordinator run between looks; a denied request or a
+        failed function ends the wait at once, with what went wrong. Bounded by both a number of
+        runs and a time (a run with nothing to do ends after one tick, so runs alone would make
+        a loaded machine's slow cold start look like a failure); neither is a budget of the code."""
+        runs, started, last = 0, time.monotonic(), None
+        while runs < WAIT_RUNS or time.monotonic() - started < WAIT_SECONDS:
             if self.problems():
                 raise AssertionError(f"while waiting for {what}:\n" + "\n".join(self.problems()))
             if condition():
                 return
             if supervise:
-                self.supervise()
+                last = self.supervise()
             else:
                 time.sleep(0.5)
-        raise AssertionError(f"never happened: {what}")
+            runs += 1
+        raise AssertionError(f"never happened after {runs} coordinator runs: {what}; the last run: {last}")
 
     def workers_idle(self) -> bool:
         return not self.pools["worker"].busy
