@@ -1,4 +1,5 @@
-"""Coordinator Lambda: started every minute by EventBridge; supervises dispatch for that minute."""
+"""Coordinator Lambda: started every minute by EventBridge; supervises dispatch for that minute,
+or ends after its first tick when nothing runs or is due (COWORKER_IDLE_EXIT)."""
 
 import dataclasses
 
