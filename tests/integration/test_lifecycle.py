@@ -364,7 +364,9 @@ def test_a_task_cancelled_before_it_ran_is_numbered_attempt_0(settings):
 def test_retry_redrives_an_ignored_task_keeping_its_history(settings):
     submit.put_task(TaskSpec(key="i", type="always-fail", max_attempts=1), settings)
     process_task("i", "w", settings, _deadline())
+    ignored_at = lifecycle.get_task("i").updated_at
     assert lifecycle.retry("i", settings) is not None
+    assert lifecycle.get_task("i").updated_at > ignored_at
     task = lifecycle.get_task("i")
     assert (task.status, task.attempts) == ("todo", 0)
     # the history marks where the attempts start again, and with how many before

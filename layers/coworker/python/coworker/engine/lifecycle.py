@@ -543,6 +543,7 @@ def retry(key: str, settings: Settings, reason: str = "on request", now: datetim
         TaskModel.due_at.set(now),
         TaskModel.attempts.set(0),
         TaskModel.generation.add(1),
+        TaskModel.updated_at.set(now),  # every writer moves it: the history's writers detect a race by it
     ]
     changed = _write_with_error(task, entry, settings, actions, TaskModel.status.is_in(*REDRIVABLE), "retry",
                                 refresh=True)
