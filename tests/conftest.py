@@ -10,9 +10,11 @@ reason, except in CI (``CI`` set), where that is a failure.
 
 from __future__ import annotations
 
+import io
 import itertools
+import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -114,3 +116,23 @@ def make_settings(dynamodb_server: EmbeddedDatabase):
 @pytest.fixture
 def settings(make_settings) -> Settings:
     return make_settings()
+
+
+@pytest.fixture
+def log_lines() -> Iterator[Callable[[], list[dict]]]:
+    """The library logger's lines (parsed) while the test runs, at INFO; the logger's keys are
+    cleared before and after, so that no other test's handler call shows in them."""
+    from coworker.observability import logger
+
+    logger.clear_state()
+    buffer = io.StringIO()
+    streams = [(handler, handler.stream) for handler in logger.handlers if hasattr(handler, "setStream")]
+    level = logger.log_level
+    logger.setLevel("INFO")
+    for handler, _ in streams:
+        handler.setStream(buffer)
+    yield lambda: [json.loads(line) for line in buffer.getvalue().splitlines()]
+    for handler, stream in streams:
+        handler.setStream(stream)
+    logger.setLevel(level)
+    logger.clear_state()

@@ -4,12 +4,9 @@ the API handler's ``inject_lambda_context``) must appear on that request's log l
 
 from __future__ import annotations
 
-import io
-import json
 import threading
 from typing import Any
 
-import pytest
 import requests
 from aws_lambda_powertools.logging import correlation_paths
 from coworker.observability import logger
@@ -17,22 +14,6 @@ from coworker_local import runtime
 from coworker_local.gateway import LocalGateway
 
 REQUEST_KEYS = ("correlation_id", "function_request_id")
-
-
-@pytest.fixture
-def log_lines():
-    logger.clear_state()  # what an earlier test's handler call left on the process's keys
-    buffer = io.StringIO()
-    streams = [(handler, handler.stream) for handler in logger.handlers if hasattr(handler, "setStream")]
-    level = logger.log_level
-    logger.setLevel("INFO")
-    for handler, _ in streams:
-        handler.setStream(buffer)
-    yield lambda: [json.loads(line) for line in buffer.getvalue().splitlines()]
-    for handler, stream in streams:
-        handler.setStream(stream)
-    logger.setLevel(level)
-    logger.clear_state()
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST, clear_state=True)

@@ -2,25 +2,9 @@
 
 from __future__ import annotations
 
-import io
 import json
 
-import pytest
 from coworker.observability import MAX_LOG_EXCEPTION_CHARS, MAX_LOG_FIELD_CHARS, clip, logger
-
-
-@pytest.fixture
-def log_lines():
-    buffer = io.StringIO()
-    streams = [(handler, handler.stream) for handler in logger.handlers if hasattr(handler, "setStream")]
-    level = logger.log_level
-    logger.setLevel("INFO")
-    for handler, _ in streams:
-        handler.setStream(buffer)
-    yield lambda: [json.loads(line) for line in buffer.getvalue().splitlines()]
-    for handler, stream in streams:
-        handler.setStream(stream)
-    logger.setLevel(level)
 
 
 def test_every_field_and_the_exception_are_clipped(log_lines) -> None:

@@ -294,7 +294,8 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     if memory is not None:
         memory.remember(sent)
     counted = _count_batch_progress(settings, now)
-    idle = (not requests and work.due == 0 and work.reaped == 0 and running == 0 and not lost
+    # (the last term reads the index, so it is only asked when everything else is quiet)
+    idle = (settings.idle_exit and not requests and work.due == 0 and work.reaped == 0 and running == 0 and not lost
             and len(free) == settings.worker_slots and counted == 0
             and parked == released == cancelled == woken == 0
             and not view.stopped_batches and not view.to_release
