@@ -17,6 +17,7 @@ from coworker.engine.dispatch import InProcessInvoker
 from coworker.engine.outcomes import TaskOutcome
 from coworker.engine.tasks import TaskSpec
 from coworker.engine.worker import run_batch, run_invocation
+from coworker.observability import MetricName, metrics
 
 from tests.support.doubles import RecordingInvoker
 
@@ -310,6 +311,35 @@ def test_a_run_with_nothing_to_do_ends_after_its_first_tick(make_settings, monke
 
     # Then it ends after one tick, which it published (an idle coordinator is not a silent one)
     assert len(reports) == 1 and reports[0].idle and published == ["tick"]
+
+
+def test_an_idle_coordinator_publishes_its_ticks_and_only_the_gauges_that_changed(make_settings, monkeypatch):
+    # Given a coordinator that has supervised work (a task running, its backlog measured)
+    settings = make_settings(tick_seconds=0.2, supervise_seconds=30)
+    monkeypatch.setattr(dispatch, "_last_gauges", {}, raising=False)
+    metrics.clear_metrics()
+    submit.put_task(TaskSpec(key="busy", type="quick"), settings, now=utcnow() - timedelta(seconds=10))
+    claim = lifecycle.claim("busy", "a-live-worker", settings)
+    assert claim is not None
+
+    def published(**kw) -> set[str]:
+        report = dispatch.tick(settings, RecordingInvoker(), **kw)
+        names = set(metrics.metric_set)
+        metrics.clear_metrics()
+        return names if report.idle else {"(not idle)", *names}
+
+    busy = published(measure_backlog=True)
+    assert {"(not idle)", MetricName.RUNNING_TASKS, MetricName.DISPATCHED, MetricName.BACKLOG} <= busy, busy
+
+    # When the work ends and the coordinator ticks with nothing to do
+    assert lifecycle.complete(claim, settings, result={"ok": True}) is not None
+    first = published(measure_backlog=True)
+    then = [published(measure_backlog=True) for _ in range(2)]
+
+    # Then the first idle tick publishes the gauges that fell to zero, once, and every idle tick
+    # its tick count (the coordinator-silence alarm counts those): nothing else
+    assert first == {MetricName.COORDINATOR_TICKS, MetricName.RUNNING_TASKS}, first
+    assert then == [{MetricName.COORDINATOR_TICKS}] * 2, then
 
 
 @pytest.mark.parametrize("what", ["due-soon", "running", "retry-soon"])

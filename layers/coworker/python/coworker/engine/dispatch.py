@@ -371,13 +371,24 @@ def _find_due_work(settings: Settings, view: control.ControlView, now: datetime,
     return work
 
 
+# The gauges this process last published. A tick with work publishes every figure; an idle tick
+# publishes its tick (the coordinator-silence alarm counts them) and only the gauges that changed
+# since (the zeros once, after work), so an idle deployment pays for one custom metric, not all.
+_last_gauges: dict[str, float] = {}
+
+
 def _publish_tick(report: TickReport) -> None:
     """A tick's figures as metrics."""
     metrics.add_metric(name=MetricName.COORDINATOR_TICKS, unit=MetricUnit.Count, value=1)
-    metrics.add_metric(name=MetricName.BUSY_SLOTS, unit=MetricUnit.Count, value=report.busy_slots)
-    metrics.add_metric(name=MetricName.RUNNING_TASKS, unit=MetricUnit.Count, value=report.running_tasks)
-    if report.backlog is not None:
-        publish_backlog(report.backlog)
+    gauges = [(MetricName.BUSY_SLOTS, MetricUnit.Count, report.busy_slots),
+              (MetricName.RUNNING_TASKS, MetricUnit.Count, report.running_tasks),
+              *(backlog_gauges(report.backlog) if report.backlog is not None else ())]
+    for name, unit, value in gauges:
+        if not report.idle or _last_gauges.get(name, value) != value:
+            metrics.add_metric(name=name, unit=unit, value=value)
+            _last_gauges[name] = value
+    if report.idle:
+        return
     metrics.add_metric(name=MetricName.DISPATCHED, unit=MetricUnit.Count, value=report.dispatched)
     metrics.add_metric(name=MetricName.WORKER_INVOCATIONS, unit=MetricUnit.Count, value=report.invocations)
     if report.reaped:
@@ -453,15 +464,15 @@ def _release_held(view: control.ControlView) -> int:
     return released
 
 
-def publish_backlog(backlog: index.Backlog) -> None:
+def backlog_gauges(backlog: index.Backlog) -> list[tuple[str, MetricUnit, float]]:
     """Backlog metrics: due tasks by status, their total, the oldest one's age, and the tasks
     waiting for a place in a concurrency group."""
-    for name, value in ((MetricName.DUE_TODO, backlog.todo), (MetricName.DUE_RETRY, backlog.retry),
-                        (MetricName.LOST_TASKS, backlog.lost), (MetricName.BACKLOG, backlog.due)):
-        metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
-    metrics.add_metric(name=MetricName.OLDEST_DUE_AGE, unit=MetricUnit.Seconds,
-                       value=backlog.oldest_due_age_seconds)
-    metrics.add_metric(name=MetricName.BLOCKED_TASKS, unit=MetricUnit.Count, value=backlog.blocked)
+    return [(MetricName.DUE_TODO, MetricUnit.Count, backlog.todo),
+            (MetricName.DUE_RETRY, MetricUnit.Count, backlog.retry),
+            (MetricName.LOST_TASKS, MetricUnit.Count, backlog.lost),
+            (MetricName.BACKLOG, MetricUnit.Count, backlog.due),
+            (MetricName.OLDEST_DUE_AGE, MetricUnit.Seconds, backlog.oldest_due_age_seconds),
+            (MetricName.BLOCKED_TASKS, MetricUnit.Count, backlog.blocked)]
 
 
 class Supervisor:
