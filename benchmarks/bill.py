@@ -1,16 +1,23 @@
-"""The bill for a job: N tasks of a given length and memory on Coworker, beside SQS + Lambda with a
-DynamoDB status table, and Step Functions Distributed Map, at the same workload.
+"""The bill: Coworker beside SQS + Lambda with a DynamoDB status table, and Step Functions
+Distributed Map, each run as a competent team would run it, per million tasks by task length, and
+what each design costs a month with nothing to do and with work all month.
 
     .venv/bin/python benchmarks/bill.py [--tasks 1000000] [--task-seconds 1] [--memory-mb 512]
-                                        [--db moto]
+                                        [--threads 10] [--concurrency 1000] [--db moto]
 
-What Coworker does per task is **measured** on the real engine and its embedded DynamoDB:
-DynamoDB write and read units per finished task, single and in a batch (DynamoDB Local's own
-accounting, with the documented rules filling in where it is silent: ``benchmarks/cost.py``),
-and the log bytes one worker invocation prints per task (the worker Lambda handler itself,
-Powertools logs and EMF metrics, called in this process). The rest is arithmetic on the
-prices below, with the assumptions named next to them. Prices are us-east-1 list prices, as
-published on the AWS pricing pages on PRICES_AS_OF; check them before you rely on a figure.
+What Coworker does is **measured** first, on the real engine and its embedded DynamoDB:
+- write units per task of its own lifecycle (put, claim, finish), and per worker invocation
+  (its slot's reserve, start and release), by DynamoDB Local's accounting and the documented rules
+  (``benchmarks/cost.py``);
+- claims lost to another worker with many invocations feeding themselves from one queue at once
+  (each is a failed conditional write, billed at least one write unit);
+- the write units of one heartbeat: a running task's lock extension, and its invocation's slot's;
+- the log bytes the worker Lambda handler prints, per task and per invocation;
+- one scheduled coordinator run with nothing to do (requests, units, log bytes, metrics) and one
+  busy tick.
+The rest is arithmetic on the prices and named assumptions of ``benchmarks/prices.py``.
+Every design runs ``--threads`` tasks at once per Lambda invocation (I/O-bound tasks); a
+design's own limits decide what it can do (Express children end at 5 minutes, Lambda at 15).
 """
 
 from __future__ import annotations
@@ -20,13 +27,15 @@ import contextlib
 import dataclasses
 import importlib.util
 import io
+import json
 import math
 import os
 import shlex
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 os.environ["POWERTOOLS_METRICS_DISABLED"] = "false"  # EMF lines are log bytes too: count them
@@ -35,68 +44,169 @@ os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "coworker")
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "INFO")  # the deployed default
 os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
 
+warnings.filterwarnings("ignore", "No application metrics to publish")  # an invocation that ran nothing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cost import happy_path  # noqa: E402
+import prices as p  # noqa: E402
+from cost import RecordingInvoker, happy_path, write_shares  # noqa: E402
+from coworker.bootstrap import configure  # noqa: E402
 from coworker.config import Settings  # noqa: E402
-from coworker.engine import slots, submit  # noqa: E402
-from coworker.engine.tasks import TaskSpec
-from coworker_local.database import create_table, start_database  # noqa: E402
+from coworker.data.models import LeaseModel, TaskModel  # noqa: E402
+from coworker.engine import dispatch, lifecycle, progress, slots, submit  # noqa: E402
+from coworker.engine.outcomes import TaskOutcome  # noqa: E402
+from coworker.engine.tasks import TaskSpec  # noqa: E402
+from coworker.observability import MetricName, logger, metrics  # noqa: E402
+from coworker_local.capacity import CapacityMeter  # noqa: E402
+from coworker_local.database import create_table, dynamodb_client, start_database  # noqa: E402
 
-PRICES_AS_OF = "2026-11-01"
-# DynamoDB on-demand (request units) and storage.
-DYNAMODB_WRITE_UNIT = 0.625 / 1e6
-DYNAMODB_READ_UNIT = 0.125 / 1e6
-DYNAMODB_GB_MONTH = 0.25
-# Lambda, arm64 (Coworker's functions run on Graviton).
-LAMBDA_REQUEST = 0.20 / 1e6
-LAMBDA_GB_SECOND_ARM = 0.0000133334
-# Lambda writes START, END and REPORT lines per invocation (about this many bytes).
-LAMBDA_PLATFORM_LOG_BYTES = 350
-API_GATEWAY_REST_REQUEST = 3.50 / 1e6
-SQS_REQUEST = 0.40 / 1e6  # standard queue, per 64 KB request
-STEP_FUNCTIONS_TRANSITION = 0.025 / 1000  # standard workflow state transition
-EXPRESS_REQUEST = 1.00 / 1e6  # express workflow execution (Distributed Map child)
-EXPRESS_GB_SECOND = 0.00001667  # express duration, billed in 64 MB steps
-CLOUDWATCH_LOGS_GB = 0.50  # ingestion
-XRAY_TRACE = 5.00 / 1e6  # traces recorded
-XRAY_SAMPLED = 0.05  # the default sampling rule keeps about 5% (plus 1 per second)
+TASK_LENGTHS = (0.05, 1.0, 60.0, 300.0)
+HEARTBEAT_SECONDS = Settings.model_fields["lock_seconds"].default / 3  # the deployed default
+WORKER_TIMEOUT = Settings.model_fields["worker_timeout_seconds"].default
+SUPERVISE_SECONDS = Settings.model_fields["supervise_seconds"].default
+TICK_SECONDS = Settings.model_fields["tick_seconds"].default
+CUSTOM_METRICS = sorted(value for name, value in vars(MetricName).items() if name.isupper())
 
-# Assumptions, named.
-DYNAMODB_SECONDS_PER_TASK = 0.02  # claim + finish round trips inside the worker, on AWS
-COWORKER_FEED_SHARE = 0.9  # a worker keeps taking work until 10% of its timeout remains
-STATUS_TABLE_WRITES = 3  # the SQS design's status table: put, "running", "done" (no index)
-SQS_REQUESTS_PER_TASK = 0.3  # send, receive, delete, each in batches of 10
-SQS_LAMBDA_BATCH = 10  # messages per invocation, run one after another
-ITEM_BYTES = 350  # a task item, for storage
+
+@dataclasses.dataclass(frozen=True)
+class RunCost:
+    """What one coordinator run (or tick) spends: requests, units, log bytes, metric names."""
+
+    requests: int
+    stream_reads: int  # GetRecords (DynamoDB Streams read requests)
+    read_units: float
+    write_units: float
+    log_bytes: int
+    metric_names: frozenset[str]
 
 
 @dataclasses.dataclass(frozen=True)
 class Measured:
-    write_units: float
-    batch_write_units: float
-    read_units: float
+    own_write_units: float  # per task: put, claim, finish
+    invocation_write_units: float  # per worker invocation: its slot's reserve, start, release
+    race_write_units: float  # per worker invocation: claims lost to another worker, many racing
+    race_invocations: int  # racing at once
+    race_tasks: int
+    race_started: int  # invocations started in all
+    batch_extra_write_units: float  # per task of a batch (its head and counters), 100 a request
+    lock_extension_units: float  # one heartbeat of a running task
+    slot_extension_units: float  # one heartbeat of a worker invocation
+    read_units: float  # per task
     log_bytes_per_task: float
     log_bytes_per_invocation: float
+    idle_run: RunCost
+    busy_tick: RunCost
 
 
-def _units(result: dict) -> tuple[float, float]:
-    total = result["total"]
-    tasks = result["finished"]
-    reported = total.reported_write_units + total.unreported_write_units
-    return reported / tasks, total.read_units / tasks
+@contextlib.contextmanager
+def _printed() -> Iterator[io.StringIO]:
+    """What is printed inside: stdout (EMF lines) and the Powertools logger, whose handler holds
+    the stream it was made with."""
+    sink = io.StringIO()
+    handler = logger.registered_handler
+    stream = handler.setStream(sink)
+    try:
+        with contextlib.redirect_stdout(sink):
+            yield sink
+    finally:
+        handler.setStream(stream)
 
 
-def measure(db: str | None, tasks: int = 100) -> Measured:
+def _billed(total) -> float:
+    return total.reported_write_units + total.unreported_write_units
+
+
+def measure(db: str | None, tasks: int = 100, race_invocations: int = 20) -> Measured:
     server = start_database(db)
     try:
         single = happy_path(server.endpoint, tasks, 10)
         batched = happy_path(server.endpoint, tasks, 10, batch_id="bill")
+        shares = write_shares(single)
+        lock_units, slot_units = _heartbeat_units(server.endpoint)
+        race_units, race_tasks, race_started = _claim_races(server.endpoint, race_invocations)
         per_task, per_invocation = _log_bytes(server.endpoint)
+        idle_run, busy_tick = _coordinator(server.endpoint)
     finally:
         server.stop()
-    write_units, read_units = _units(single)
-    batch_write_units, _ = _units(batched)
-    return Measured(write_units, batch_write_units, read_units, per_task, per_invocation)
+    finished = single["finished"]
+    return Measured(
+        own_write_units=shares["own"],
+        invocation_write_units=shares["bookkeeping"] * finished / max(1, single["invocations"]),
+        race_write_units=race_units, race_invocations=race_invocations, race_tasks=race_tasks,
+        race_started=race_started,
+        batch_extra_write_units=max(0.0, _billed(batched["total"]) / batched["finished"]
+                                    - _billed(single["total"]) / finished),
+        lock_extension_units=lock_units, slot_extension_units=slot_units,
+        read_units=single["total"].read_units / finished,
+        log_bytes_per_task=per_task, log_bytes_per_invocation=per_invocation,
+        idle_run=idle_run, busy_tick=busy_tick)
+
+
+def _settings(endpoint: str, name: str, **overrides) -> Settings:
+    settings = Settings(table_name=f"bill-{name}-{uuid.uuid4().hex[:8]}", dynamodb_endpoint=endpoint,
+                        dispatch_on_submit=False, **overrides)
+    create_table(settings)
+    configure(settings)
+    slots.ensure_slots(settings.worker_slots)
+    return settings
+
+
+def _meter(settings: Settings) -> CapacityMeter:
+    return CapacityMeter.for_model(TaskModel, dynamodb_client(settings),
+                                   LeaseModel._get_connection().connection).attach()
+
+
+def _heartbeat_units(endpoint: str, beats: int = 3) -> tuple[float, float]:
+    """Write units of one lock extension of a running task, and of one slot extension."""
+    settings = _settings(endpoint, "heartbeat")
+    submit.put_task(TaskSpec(key="long", type="slow"), settings)
+    claim = lifecycle.claim("long", "bill-worker", settings)
+    assert claim is not None
+    slot = slots.slot_key(0)
+    assert slots.take(slot, "bill-worker", 60, "running")
+    meter = _meter(settings)
+    for _ in range(beats):
+        assert lifecycle.extend_lock(claim, settings)
+    locks = meter.snapshot()
+    for _ in range(beats):
+        assert slots.extend(slot, "bill-worker", 60)
+    both = meter.snapshot()
+    meter.detach()
+    return _billed(locks) / beats, (_billed(both) - _billed(locks)) / beats
+
+
+def _claim_races(endpoint: str, invocations: int, rounds: int = 10, seconds: float = 0.5) -> tuple[float, int, int]:
+    """Failed conditional task writes (each billed at least one write unit) per worker invocation,
+    with ``invocations`` invocations of 10 threads feeding themselves from one queue; the tasks
+    and the invocations of the run. Races come at the start and at the end of an invocation's
+    work, not with each task: 5 and 20 rounds of tasks per thread made 28 and 33 per invocation."""
+    settings = _settings(endpoint, "races", max_concurrency=invocations * 10, batch_size=10)
+    tasks = invocations * 10 * rounds
+    for i in range(tasks):
+        submit.put_task(TaskSpec(key=f"race-{i:06d}", type="slow", payload={"seconds": seconds}), settings)
+    failed = 0
+
+    def count(parsed: dict, **_) -> None:
+        nonlocal failed
+        if parsed.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+            failed += 1
+
+    client = TaskModel._get_connection().connection.client
+    client.meta.events.register("after-call.dynamodb.UpdateItem", count)
+    invoker = dispatch.InProcessInvoker(settings)
+    finished = 0
+    sink = open(os.devnull, "w")  # noqa: SIM115 - EMF lines of the workers
+    try:
+        with contextlib.redirect_stdout(sink):
+            while finished < tasks:
+                dispatch.tick(settings, invoker)
+                reports = invoker.wait()
+                finished += sum(r.outcome is TaskOutcome.FINISHED for r in reports)
+                metrics.clear_metrics()
+    finally:
+        client.meta.events.unregister("after-call.dynamodb.UpdateItem", count)
+        invoker.shutdown()
+        sink.close()
+    started = len(invoker.requests)
+    return failed / started, tasks, started
 
 
 def _log_bytes(endpoint: str, tasks: int = 40) -> tuple[float, float]:
@@ -104,21 +214,12 @@ def _log_bytes(endpoint: str, tasks: int = 40) -> tuple[float, float]:
     of one that runs ``tasks`` (Powertools' JSON logs at INFO and its EMF metrics)."""
     from coworker_local.gateway import LocalLambdaContext
 
-    table = f"bill-logs-{uuid.uuid4().hex[:8]}"
-    settings = Settings(table_name=table, dynamodb_endpoint=endpoint, dispatch_on_submit=False)
-    create_table(settings)
+    settings = _settings(endpoint, "logs")
     os.environ.update(settings.as_environment())
-    spec = importlib.util.spec_from_file_location(
-        "worker_handler",
-        Path(__file__).resolve().parents[1] / "cdk" / "coworker_cdk" / "functions" / "worker" / "handler.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    slots.ensure_slots(settings.worker_slots)
+    module = _handler_module("worker")
 
     def invoke(keys: list[str]) -> int:
-        sink = io.StringIO()
-        with contextlib.redirect_stdout(sink):
+        with _printed() as sink:
             module.handler({"keys": keys}, LocalLambdaContext())
         return len(sink.getvalue().encode())
 
@@ -130,106 +231,330 @@ def _log_bytes(endpoint: str, tasks: int = 40) -> tuple[float, float]:
     return max(0.0, (busy - empty) / tasks), float(empty)
 
 
+def _handler_module(function: str):
+    path = Path(__file__).resolve().parents[1] / "cdk" / "coworker_cdk" / "functions" / function / "handler.py"
+    spec = importlib.util.spec_from_file_location(f"{function}_handler", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _coordinator(endpoint: str) -> tuple[RunCost, RunCost]:
+    """A scheduled coordinator run on a deployment with nothing to do (the second of two: the
+    first publishes its gauges once), and one tick that dispatches work."""
+    settings = _settings(endpoint, "coordinator")
+    invoker = dispatch.InProcessInvoker(settings)
+
+    def cost_of(step: Callable[[], object]) -> RunCost:
+        meter = _meter(settings)
+        stream_reads = 0
+
+        def count(**_) -> None:
+            nonlocal stream_reads
+            stream_reads += 1
+
+        streams = progress.follower(settings)._streams()
+        streams.meta.events.register("after-call.dynamodbstreams.GetRecords", count)
+        try:
+            with _printed() as sink:
+                step()
+        finally:
+            streams.meta.events.unregister("after-call.dynamodbstreams.GetRecords", count)
+            meter.detach()
+        total = meter.snapshot()
+        printed = sink.getvalue()
+        names = frozenset(name for line in printed.splitlines() if '"_aws"' in line
+                          for directive in json.loads(line)["_aws"]["CloudWatchMetrics"]
+                          for name in (m["Name"] for m in directive["Metrics"]))
+        return RunCost(sum(total.requests.values()) + stream_reads, stream_reads, total.read_units,
+                       _billed(total), len(printed.encode()), names)
+
+    def scheduled_run() -> None:
+        dispatch.supervise(settings, invoker, lambda: SUPERVISE_SECONDS + 10)
+
+    cost_of(scheduled_run)
+    idle = cost_of(scheduled_run)
+
+    for i in range(settings.batch_size):
+        submit.put_task(TaskSpec(key=f"tick-{i}", type="quick"), settings)
+
+    recorder = RecordingInvoker()
+
+    def busy_tick() -> None:  # the tick alone: the workers it starts are priced per task
+        dispatch.tick(settings, recorder, measure_backlog=True)
+        metrics.flush_metrics()
+
+    busy = cost_of(busy_tick)
+    recorder.release()
+    invoker.shutdown()
+    return idle, busy
+
+
+# --- the designs ----------------------------------------------------------------------------------
+
+
 @dataclasses.dataclass
 class Bill:
     name: str
     lines: dict[str, float]
+    note: str = ""
 
     @property
     def total(self) -> float:
         return sum(self.lines.values())
 
 
-def coworker_bill(m: Measured, tasks: int, seconds: float, memory_gb: float, threads: int,
-                  batched: bool, timeout: float) -> Bill:
-    per_invocation = max(1.0, threads * timeout * COWORKER_FEED_SHARE / (seconds + DYNAMODB_SECONDS_PER_TASK))
-    invocations = math.ceil(tasks / per_invocation)
-    gb_seconds = tasks * (seconds + DYNAMODB_SECONDS_PER_TASK) / threads * memory_gb
-    log_bytes = tasks * m.log_bytes_per_task + invocations * (m.log_bytes_per_invocation + LAMBDA_PLATFORM_LOG_BYTES)
-    wcu = m.batch_write_units if batched else m.write_units
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    tasks: int
+    seconds: float
+    memory_gb: float
+    threads: int  # tasks at once in one Lambda invocation, every design
+    concurrency: int  # tasks at once in all (Coworker's max_concurrency)
+
+    @property
+    def task_gb_seconds(self) -> float:
+        """Lambda GB-s of all the tasks, ``threads`` at once per invocation."""
+        return self.tasks * (self.seconds + p.DYNAMODB_SECONDS_PER_TASK) / self.threads * self.memory_gb
+
+    @property
+    def hours(self) -> float:
+        """How long the job runs at ``concurrency`` tasks at once."""
+        return self.tasks * (self.seconds + p.DYNAMODB_SECONDS_PER_TASK) / self.concurrency / 3600
+
+
+def coworker_worker_timeout(seconds: float) -> int:
+    """The worker timeout a deployment for tasks of ``seconds`` needs: the default (300 s) while a
+    task fits in half of it, else Lambda's longest (900 s)."""
+    return WORKER_TIMEOUT if seconds <= WORKER_TIMEOUT / 2 else p.LAMBDA_MAX_SECONDS
+
+
+def coworker_bill(m: Measured, w: Workload, batched: bool = False) -> Bill:
+    timeout = coworker_worker_timeout(w.seconds)
+    rounds = max(1, math.floor(timeout * p.COWORKER_FEED_SHARE / (w.seconds + p.DYNAMODB_SECONDS_PER_TASK)))
+    invocations = math.ceil(w.tasks / (w.threads * rounds))
+    invocation_seconds = w.tasks * (w.seconds + p.DYNAMODB_SECONDS_PER_TASK) / w.threads / invocations
+    lock_beats = max(0, math.ceil(w.seconds / HEARTBEAT_SECONDS) - 1)
+    slot_beats = math.floor(invocation_seconds / HEARTBEAT_SECONDS)
+    task_units = (m.own_write_units + lock_beats * m.lock_extension_units
+                  + (m.batch_extra_write_units if batched else 0.0))
+    invocation_units = m.invocation_write_units + m.race_write_units + slot_beats * m.slot_extension_units
+    log_bytes = w.tasks * m.log_bytes_per_task + invocations * (m.log_bytes_per_invocation
+                                                                + p.LAMBDA_PLATFORM_LOG_BYTES)
+    # While the job runs the coordinator supervises (a minute per scheduled run) and every metric
+    # is published; the monthly table prices a deployment with nothing to do.
+    supervising = coordinator_busy(m, w.hours)
     return Bill(f"Coworker{' (one batch)' if batched else ''}", {
-        "DynamoDB writes": tasks * wcu * DYNAMODB_WRITE_UNIT,
-        "DynamoDB reads": tasks * m.read_units * DYNAMODB_READ_UNIT,
-        "DynamoDB storage (a month)": tasks * ITEM_BYTES / 1e9 * DYNAMODB_GB_MONTH,
-        "Lambda requests": invocations * LAMBDA_REQUEST,
-        "Lambda GB-s": gb_seconds * LAMBDA_GB_SECOND_ARM,
-        "API Gateway (1,000 per POST)": math.ceil(tasks / 1000) * API_GATEWAY_REST_REQUEST,
-        "CloudWatch Logs": log_bytes / 1e9 * CLOUDWATCH_LOGS_GB,
-        "X-Ray": invocations * XRAY_SAMPLED * XRAY_TRACE,
-    })
+        "DynamoDB writes, tasks": w.tasks * task_units * p.DYNAMODB_WRITE_UNIT,
+        "DynamoDB writes, invocations": invocations * invocation_units * p.DYNAMODB_WRITE_UNIT,
+        "DynamoDB reads": w.tasks * m.read_units * p.DYNAMODB_READ_UNIT,
+        "DynamoDB storage (a month)": w.tasks * p.ITEM_BYTES / 1e9 * p.DYNAMODB_GB_MONTH,
+        "Lambda requests": invocations * p.LAMBDA_REQUEST,
+        "Lambda GB-s": invocations * invocation_seconds * w.memory_gb * p.LAMBDA_GB_SECOND_ARM,
+        "API Gateway (1,000 tasks per POST)": math.ceil(w.tasks / 1000) * p.API_GATEWAY_REST_REQUEST,
+        "CloudWatch Logs": log_bytes / 1e9 * p.CLOUDWATCH_LOGS_GB,
+        "X-Ray": invocations * p.XRAY_SAMPLED * p.XRAY_TRACE,
+        "coordinator and metrics while it runs": supervising.total,
+    }, note=f"{invocations:,} worker invocations of {w.threads} threads (timeout {timeout} s); "
+            f"{lock_beats} lock heartbeats a task; write units: {task_units:.2f} a task, "
+            f"{invocation_units:.0f} an invocation")
 
 
-def sqs_bill(m: Measured, tasks: int, seconds: float, memory_gb: float) -> Bill:
-    invocations = math.ceil(tasks / SQS_LAMBDA_BATCH)
-    log_bytes = tasks * m.log_bytes_per_task + invocations * LAMBDA_PLATFORM_LOG_BYTES
+def sqs_bill(m: Measured, w: Workload) -> Bill:
+    if w.seconds + p.DYNAMODB_SECONDS_PER_TASK > p.LAMBDA_MAX_SECONDS:
+        return Bill("SQS + Lambda + status table", {}, note="infeasible: a task outlasts Lambda's 15 minutes")
+    invocations = math.ceil(w.tasks / p.SQS_LAMBDA_BATCH)
+    log_bytes = w.tasks * m.log_bytes_per_task + invocations * p.LAMBDA_PLATFORM_LOG_BYTES
+    threads = min(w.threads, p.SQS_LAMBDA_BATCH)
     return Bill("SQS + Lambda + status table", {
-        "SQS requests": tasks * SQS_REQUESTS_PER_TASK * SQS_REQUEST,
-        "DynamoDB writes": tasks * STATUS_TABLE_WRITES * DYNAMODB_WRITE_UNIT,
-        "DynamoDB storage (a month)": tasks * ITEM_BYTES / 1e9 * DYNAMODB_GB_MONTH,
-        "Lambda requests": invocations * LAMBDA_REQUEST,
-        "Lambda GB-s": tasks * (seconds + DYNAMODB_SECONDS_PER_TASK) * memory_gb * LAMBDA_GB_SECOND_ARM,
-        "CloudWatch Logs": log_bytes / 1e9 * CLOUDWATCH_LOGS_GB,
-        "X-Ray": invocations * XRAY_SAMPLED * XRAY_TRACE,
+        "SQS requests": w.tasks * p.SQS_REQUESTS_PER_TASK * p.SQS_REQUEST,
+        "DynamoDB writes": w.tasks * p.STATUS_TABLE_WRITES * p.DYNAMODB_WRITE_UNIT,
+        "DynamoDB storage (a month)": w.tasks * p.ITEM_BYTES / 1e9 * p.DYNAMODB_GB_MONTH,
+        "Lambda requests": invocations * p.LAMBDA_REQUEST,
+        "Lambda GB-s": w.tasks * (w.seconds + p.DYNAMODB_SECONDS_PER_TASK) / threads * w.memory_gb
+                       * p.LAMBDA_GB_SECOND_ARM,
+        "CloudWatch Logs": log_bytes / 1e9 * p.CLOUDWATCH_LOGS_GB,
+        "X-Ray": invocations * p.XRAY_SAMPLED * p.XRAY_TRACE,
+    }, note=f"{p.SQS_LAMBDA_BATCH} messages an invocation, {threads} at once; visibility timeout above "
+            "the function's; no heartbeat needed")
+
+
+def distributed_map_bill(m: Measured, w: Workload, batch: int) -> Bill:
+    """Children of ``batch`` items, each one Lambda call that runs ``threads`` items at once:
+    Express children while a child fits in 5 minutes, Standard children beyond (Lambda's 15)."""
+    lambda_seconds = math.ceil(batch / w.threads) * w.seconds + p.DYNAMODB_SECONDS_PER_TASK
+    child_seconds = lambda_seconds + 0.1  # the child waits for its Lambda
+    if lambda_seconds > p.LAMBDA_MAX_SECONDS:
+        return Bill(f"Distributed Map (batch {batch})", {}, note="infeasible: a child's Lambda outlasts 15 minutes")
+    children = math.ceil(w.tasks / batch)
+    log_bytes = w.tasks * m.log_bytes_per_task + children * p.LAMBDA_PLATFORM_LOG_BYTES
+    lines = {"parent state transitions": children * p.STEP_FUNCTIONS_TRANSITION}
+    express = child_seconds <= p.EXPRESS_MAX_SECONDS
+    if express:
+        lines["express child requests"] = children * p.EXPRESS_REQUEST
+        lines["express child duration (64 MB)"] = children * child_seconds * 0.0625 * p.EXPRESS_GB_SECOND
+    else:
+        lines["standard child transitions"] = children * p.STANDARD_CHILD_TRANSITIONS * p.STEP_FUNCTIONS_TRANSITION
+    lines["Lambda requests"] = children * p.LAMBDA_REQUEST
+    lines["Lambda GB-s"] = children * lambda_seconds * w.memory_gb * p.LAMBDA_GB_SECOND_ARM
+    lines["CloudWatch Logs"] = log_bytes / 1e9 * p.CLOUDWATCH_LOGS_GB
+    kind = "Express" if express else "Standard (a child outlasts Express's 5 minutes)"
+    return Bill(f"Distributed Map (batch {batch})", lines,
+                note=f"{kind} children of {batch} items, {min(batch, w.threads)} at once in one Lambda call")
+
+
+def cheapest_distributed_map(m: Measured, w: Workload) -> Bill:
+    feasible = [bill for bill in (distributed_map_bill(m, w, b) for b in p.DISTRIBUTED_MAP_BATCHES) if bill.lines]
+    return min(feasible, key=lambda bill: bill.total)
+
+
+# --- the fixed monthly cost -----------------------------------------------------------------------
+
+
+def _coordinator_runs(m: Measured, run: RunCost, runs: float, seconds: float, metric_names: int,
+                      metric_hours: float) -> Bill:
+    log_bytes = runs * (run.log_bytes + p.LAMBDA_PLATFORM_LOG_BYTES)
+    return Bill("coordinator", {
+        "coordinator Lambda": runs * (p.LAMBDA_REQUEST + seconds * p.COORDINATOR_MEMORY_GB * p.LAMBDA_GB_SECOND_ARM),
+        "DynamoDB reads and writes": runs * (run.read_units * p.DYNAMODB_READ_UNIT
+                                             + run.write_units * p.DYNAMODB_WRITE_UNIT),
+        "DynamoDB Streams reads": runs * run.stream_reads * p.DYNAMODB_STREAMS_READ,
+        "custom metrics": metric_names * metric_hours / p.HOURS_A_MONTH * p.CLOUDWATCH_METRIC_MONTH,
+        "CloudWatch Logs": log_bytes / 1e9 * p.CLOUDWATCH_LOGS_GB,
+        "X-Ray": runs * p.XRAY_SAMPLED * p.XRAY_TRACE,
     })
 
 
-def distributed_map_bill(m: Measured, tasks: int, seconds: float, memory_gb: float, batch: int) -> Bill:
-    children = math.ceil(tasks / batch)
-    child_seconds = batch * seconds + 0.1  # the child waits for its Lambda, which runs the batch
-    log_bytes = tasks * m.log_bytes_per_task + children * LAMBDA_PLATFORM_LOG_BYTES
-    return Bill(f"Step Functions Distributed Map (batch {batch})", {
-        "parent state transitions": children * STEP_FUNCTIONS_TRANSITION,
-        "express child requests": children * EXPRESS_REQUEST,
-        "express child duration (64 MB)": children * child_seconds * 0.0625 * EXPRESS_GB_SECOND,
-        "Lambda requests": children * LAMBDA_REQUEST,
-        "Lambda GB-s": tasks * seconds * memory_gb * LAMBDA_GB_SECOND_ARM,
-        "CloudWatch Logs": log_bytes / 1e9 * CLOUDWATCH_LOGS_GB,
+def coordinator_idle(m: Measured) -> Bill:
+    """A month of scheduled runs that each find nothing to do and end after one tick."""
+    run = m.idle_run
+    seconds = p.LAMBDA_RUN_OVERHEAD_SECONDS + run.requests * p.DYNAMODB_SECONDS_PER_REQUEST
+    return _coordinator_runs(m, run, p.COORDINATOR_RUNS_A_MONTH, seconds, len(run.metric_names), p.HOURS_A_MONTH)
+
+
+def coordinator_busy(m: Measured, hours: float) -> Bill:
+    """``hours`` of supervision: a run a minute, ticking every ``tick_seconds``, every metric sent."""
+    runs = hours * 60
+    ticks = SUPERVISE_SECONDS / TICK_SECONDS
+    tick = m.busy_tick
+    per_run = RunCost(tick.requests * ticks, tick.stream_reads * ticks, tick.read_units * ticks,
+                      tick.write_units * ticks, int(tick.log_bytes * ticks), tick.metric_names)
+    return _coordinator_runs(m, per_run, runs, SUPERVISE_SECONDS, len(CUSTOM_METRICS), min(hours, p.HOURS_A_MONTH))
+
+
+def monitoring() -> Bill:
+    return Bill("alarms and dashboard", {
+        f"{p.STACK_ALARM_METRICS} alarm metrics": p.STACK_ALARM_METRICS * p.CLOUDWATCH_ALARM_METRIC_MONTH,
+        "dashboard (beyond the account's first three)": p.STACK_DASHBOARDS * p.CLOUDWATCH_DASHBOARD_MONTH,
     })
+
+
+def sqs_idle() -> Bill:
+    return Bill("SQS + Lambda", {"empty long polls of the event source mapping":
+                                 p.SQS_IDLE_RECEIVES_A_MONTH * p.SQS_REQUEST})
+
+
+# --- printing -------------------------------------------------------------------------------------
+
+
+def _length(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:g} ms"
+    return f"{seconds:g} s" if seconds < 60 else f"{seconds / 60:g} min"
+
+
+def _print_bill(bill: Bill) -> None:
+    if not bill.lines:
+        print(f"  {bill.name}: {bill.note}")
+        return
+    print(f"  {bill.name}: ${bill.total:,.2f}   ({bill.note})" if bill.note else f"  {bill.name}: ${bill.total:,.2f}")
+    for name, amount in bill.lines.items():
+        print(f"      {name:<46}${amount:>10,.4f}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=1_000_000)
-    parser.add_argument("--task-seconds", type=float, default=1.0)
+    parser.add_argument("--task-seconds", type=float, default=1.0, help="the task length itemised in full")
     parser.add_argument("--memory-mb", type=int, default=512, help="worker memory (all designs)")
-    parser.add_argument("--threads", type=int, default=10, help="Coworker batch_size: tasks per invocation at once")
-    parser.add_argument("--worker-timeout", type=float, default=300.0)
+    parser.add_argument("--threads", type=int, default=10, help="tasks at once in one invocation (all designs)")
+    parser.add_argument("--concurrency", type=int, default=1000, help="tasks at once in all")
+    parser.add_argument("--race-invocations", type=int, default=20,
+                        help="worker invocations racing for one queue when claim races are measured")
     parser.add_argument("--db", choices=("auto", "dynamodb-local", "moto"), default=None)
     args = parser.parse_args(argv)
     print(f"$ .venv/bin/python benchmarks/bill.py {shlex.join(sys.argv[1:] if argv is None else argv)}".rstrip())
     started = time.monotonic()
     with contextlib.redirect_stdout(io.StringIO()):
-        measured = measure(args.db)
+        m = measure(args.db, race_invocations=args.race_invocations)
     print()
-    print("Measured on the real engine (per finished task): "
-          f"{measured.write_units:.2f} write units single, {measured.batch_write_units:.2f} in a batch; "
-          f"{measured.read_units:.2f} read units; {measured.log_bytes_per_task:,.0f} log bytes "
-          f"(+ {measured.log_bytes_per_invocation:,.0f} per invocation)")
+    where = "moto" if args.db == "moto" else "its embedded DynamoDB"
+    idle, tick = m.idle_run, m.busy_tick
+    for line in (
+        f"Measured on the real engine and {where}:",
+        f"  write units a task: {m.own_write_units:.2f} its own (put, claim, finish); "
+        f"a batch task {m.batch_extra_write_units:+.2f} (its head and counters, 100 tasks a request)",
+        f"  write units a worker invocation: {m.invocation_write_units:.2f} its slot; "
+        f"{m.race_write_units:.1f} claims lost to another worker",
+        f"    ({m.race_invocations} invocations of 10 threads racing: {m.race_tasks:,} tasks, "
+        f"{m.race_started} invocations)",
+        f"  a heartbeat (every {HEARTBEAT_SECONDS:g} s): {m.lock_extension_units:.2f} write units a running task's "
+        f"lock, {m.slot_extension_units:.2f} its invocation's slot",
+        f"  read units a task: {m.read_units:.2f}; log bytes: {m.log_bytes_per_task:,.0f} a task, "
+        f"{m.log_bytes_per_invocation:,.0f} an invocation",
+        f"  a coordinator run with nothing to do: {idle.requests} requests ({idle.stream_reads} stream reads), "
+        f"{idle.read_units:.1f} read and {idle.write_units:.1f} write units,",
+        f"    {idle.log_bytes:,} log bytes, metrics: {', '.join(sorted(idle.metric_names)) or 'none'}",
+        f"  a tick with work: {tick.requests} requests, {tick.read_units:.1f} read units, "
+        f"{len(tick.metric_names)} metrics",
+    ):
+        print(line)
+
     memory_gb = args.memory_mb / 1024
-    bills = [
-        coworker_bill(measured, args.tasks, args.task_seconds, memory_gb, args.threads, False, args.worker_timeout),
-        coworker_bill(measured, args.tasks, args.task_seconds, memory_gb, args.threads, True, args.worker_timeout),
-        sqs_bill(measured, args.tasks, args.task_seconds, memory_gb),
-        *(distributed_map_bill(measured, args.tasks, args.task_seconds, memory_gb, batch)
-          for batch in (1, 10, 100, 1000)),
-    ]
-    print(f"\nBill for {args.tasks:,} tasks of {args.task_seconds:g} s at {args.memory_mb} MB "
-          f"(us-east-1 list prices of {PRICES_AS_OF}, USD):\n")
-    for bill in bills:
-        print(f"  {bill.name}: ${bill.total:,.2f}")
-        for name, amount in bill.lines.items():
-            print(f"      {name:<34}${amount:>10,.4f}")
-    sqs = bills[2].total
-    dmap = min(b.total for b in bills[3:])
-    print()
-    for bill in bills[:2]:
-        verdict_sqs = "meets" if bill.total <= 1.5 * sqs else "MISSES"
-        verdict_map = "meets" if bill.total < dmap else "MISSES"
-        print(f"  {bill.name}: {bill.total / sqs:.2f}x SQS + Lambda + status table (target <= 1.5x: {verdict_sqs}); "
-              f"{bill.total / dmap:.2f}x the cheapest Distributed Map (target < 1: {verdict_map})")
-    print(f"\n(Coworker runs {args.threads} tasks at once per worker invocation; the SQS design runs "
-          f"{SQS_LAMBDA_BATCH} messages one after another; Distributed Map children run their batch in one "
-          f"Lambda call. {time.monotonic() - started:.0f} s)")
+
+    def workload(seconds: float) -> Workload:
+        return Workload(args.tasks, seconds, memory_gb, args.threads, args.concurrency)
+
+    print(f"\nCost of {args.tasks:,} tasks by task length, {args.threads} at once per invocation, {args.memory_mb} MB "
+          f"(us-east-1 list prices of {p.PRICES_AS_OF}, USD, no free tier):\n")
+    header = "".join(f"{_length(s):>12}" for s in TASK_LENGTHS)
+    print(f"  {'design':<34}{header}")
+    rows: dict[str, list[Bill]] = {
+        "Coworker": [coworker_bill(m, workload(s)) for s in TASK_LENGTHS],
+        "SQS + Lambda + status table": [sqs_bill(m, workload(s)) for s in TASK_LENGTHS],
+        "Distributed Map (cheapest batch)": [cheapest_distributed_map(m, workload(s)) for s in TASK_LENGTHS],
+    }
+    for name, bills in rows.items():
+        cells = "".join(f"{'$' + format(b.total, ',.2f'):>12}" if b.lines else f"{'-':>12}" for b in bills)
+        print(f"  {name:<34}{cells}")
+    batches = "".join(f"{b.name.split('batch ')[1].rstrip(')'):>12}" for b in rows["Distributed Map (cheapest batch)"])
+    print(f"  {'  (its item batch)':<34}{batches}")
+    for name, index in (("Coworker / SQS", 1), ("Coworker / Distributed Map", 2)):
+        others = list(rows.values())[index]
+        ratios = "".join(f"{a.total / b.total:>11.2f}x" for a, b in zip(rows["Coworker"], others, strict=True))
+        print(f"  {name:<34}{ratios}")
+
+    w = workload(args.task_seconds)
+    print(f"\nItemised, tasks of {_length(args.task_seconds)}:\n")
+    for bill in (coworker_bill(m, w), coworker_bill(m, w, batched=True), sqs_bill(m, w),
+                 *(distributed_map_bill(m, w, b) for b in p.DISTRIBUTED_MAP_BATCHES)):
+        _print_bill(bill)
+
+    idle, busy, watch = coordinator_idle(m), coordinator_busy(m, p.HOURS_A_MONTH), monitoring()
+    print("\nA month, fixed (whatever the tasks cost):\n")
+    print(f"  {'design':<34}{'nothing to do':>16}{'work all month':>16}   alarms and dashboard")
+    print(f"  {'Coworker':<34}{'$' + format(idle.total, ',.2f'):>16}{'$' + format(busy.total, ',.2f'):>16}"
+          f"   ${watch.total:,.2f} (in the stack)")
+    print(f"  {'SQS + Lambda + status table':<34}{'$' + format(sqs_idle().total, ',.2f'):>16}{'$0.00':>16}"
+          "   the team's own")
+    print(f"  {'Distributed Map':<34}{'$0.00':>16}{'$0.00':>16}   the team's own")
+    verdict = "meets" if idle.total <= 1.0 else "MISSES"
+    print(f"\n  Coworker with nothing to do: ${idle.total:.2f} a month beyond its alarms and dashboard "
+          f"(target <= $1: {verdict})")
+    for bill, when in ((idle, "nothing to do"), (busy, "work all month"), (watch, "a month")):
+        _print_bill(dataclasses.replace(bill, name=f"{bill.name}, {when}"))
+    print(f"\n({time.monotonic() - started:.0f} s)")
     return 0
 
 

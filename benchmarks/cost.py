@@ -179,6 +179,7 @@ def happy_path(endpoint: str, tasks: int, concurrency: int, batch_id: str | None
     entries = [item_size(index.entry(r.new)) for r in meter.writes if index.contains(r.new)]
     return {
         "tasks": tasks, "finished": finished, "dispatched": dispatched, "ticks": ticks,
+        "invocations": len(invoker.requests),
         "total": total, "ticks_only": coordinator_reads,
         "steps": dict(steps), "max_item": max(sizes), "max_entry": max(entries),
         "records": list(meter.writes) if keep_records else None,
@@ -245,6 +246,20 @@ def scaling(endpoint: str, backlog: int, load_seconds: float) -> tuple[list[dict
     return rows, loaded
 
 
+def write_shares(result: dict) -> collections.Counter:
+    """Write units per finished task of a happy-path run by what they scale with (by the rules):
+    the task's own lifecycle writes ("own"), claims that lost a race ("races"), bookkeeping paid
+    per worker invocation or per tick ("bookkeeping": slots, stream checkpoints, counters), and
+    the rest ("other": blocking, waking)."""
+    shares: collections.Counter = collections.Counter()
+    for name, (_, table_units, index_units, _) in result["steps"].items():
+        kind = ("races" if "condition failed" in name and not name.startswith("gate")
+                else "own" if name.split(" (")[0] in OWN_STEPS
+                else "bookkeeping" if name.startswith(BOOKKEEPING_STEPS) else "other")
+        shares[kind] += (table_units + index_units) / result["finished"]
+    return shares
+
+
 def _print_happy(result: dict, title: str, reported: bool, target: float | None = TARGET_WRITE_UNITS) -> None:
     total: MeterTotals = result["total"]
     tasks, dispatched = result["finished"], result["dispatched"]
@@ -280,14 +295,7 @@ def _print_happy(result: dict, title: str, reported: bool, target: float | None 
     row("total write units", wcu, billed, note="" if target is None else f"   target <= {target:g}: {verdict}")
     if reported and total.unreported_write_units:
         print(f"     (of which not reported, billed by the rules: {total.unreported_write_units / tasks:.2f})")
-    # By what they scale with: the task's own lifecycle writes, the claims that lost a race, and
-    # bookkeeping paid per worker invocation or per tick (slots, stream checkpoints, counters).
-    shares = collections.Counter()
-    for name, (_, table_units, index_units, _) in result["steps"].items():
-        kind = ("races" if "condition failed" in name and not name.startswith("gate")
-                else "own" if name.split(" (")[0] in OWN_STEPS
-                else "bookkeeping" if name.startswith(BOOKKEEPING_STEPS) else "other")
-        shares[kind] += (table_units + index_units) / tasks
+    shares = write_shares(result)
     other = f", blocking, waking and the rest {shares['other']:.2f}" if shares["other"] else ""
     print(f"     (by the rules: the task's own writes {shares['own']:.2f}, claims that lost a race "
           f"{shares['races']:.2f}, per-invocation and per-tick bookkeeping {shares['bookkeeping']:.2f}{other})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -862,3 +863,20 @@ def test_function_code_is_present() -> None:
             "def handler" in (c.FUNCTIONS_DIR / name / "handler.py").read_text()
             or "handler =" in (c.FUNCTIONS_DIR / name / "handler.py").read_text()
         )
+
+
+def test_the_bill_prices_the_stack_cdk_deploy_makes(default_template: Template, default_functions) -> None:
+    """benchmarks/bill.py prices the fixed monthly cost from constants: they are this template's."""
+    spec = importlib.util.spec_from_file_location("prices", Path(__file__).parents[2] / "benchmarks" / "prices.py")
+    assert spec is not None and spec.loader is not None
+    prices = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prices)
+    alarms = resources(default_template, "AWS::CloudWatch::Alarm").values()
+    alarm_metrics = sum(sum("MetricStat" in entry for entry in alarm["Properties"]["Metrics"])
+                        if "Metrics" in alarm["Properties"] else 1 for alarm in alarms)
+    assert alarm_metrics == prices.STACK_ALARM_METRICS
+    assert len(resources(default_template, "AWS::CloudWatch::Dashboard")) == prices.STACK_DASHBOARDS
+    assert default_functions["coordinator"]["MemorySize"] / 1024 == prices.COORDINATOR_MEMORY_GB
+    (rule,) = resources(default_template, "AWS::Events::Rule").values()
+    assert rule["Properties"]["ScheduleExpression"] == "rate(1 minute)"
+    assert prices.COORDINATOR_RUNS_A_MONTH == prices.HOURS_A_MONTH * 60

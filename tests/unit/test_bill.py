@@ -1,0 +1,83 @@
+"""The bill's model of each design (benchmarks/bill.py): the rules it applies, on made-up
+measurements, so that a change to a rule shows up here."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+BENCHMARKS = str(Path(__file__).parents[2] / "benchmarks")
+
+
+@pytest.fixture(scope="module")
+def bill():
+    with mock.patch.dict(os.environ), mock.patch.object(sys, "path", [BENCHMARKS, *sys.path]):
+        return importlib.import_module("bill")
+
+
+@pytest.fixture
+def measured(bill):
+    run = bill.RunCost(requests=40, stream_reads=1, read_units=20.0, write_units=3.0, log_bytes=600,
+                       metric_names=frozenset({"CoordinatorTicks"}))
+    return bill.Measured(own_write_units=7.0, invocation_write_units=10.0, race_write_units=20.0,
+                         race_invocations=20, race_tasks=2000, race_started=20, batch_extra_write_units=0.1,
+                         lock_extension_units=3.0, slot_extension_units=3.0, read_units=0.3,
+                         log_bytes_per_task=40.0, log_bytes_per_invocation=0.0, idle_run=run, busy_tick=run)
+
+
+def workload(bill, seconds: float):
+    return bill.Workload(tasks=1_000_000, seconds=seconds, memory_gb=0.5, threads=10, concurrency=1000)
+
+
+def test_every_design_runs_ten_tasks_at_once_per_invocation(bill, measured):
+    w = workload(bill, 1.0)
+    expected = 1_000_000 * (1.0 + bill.p.DYNAMODB_SECONDS_PER_TASK) / 10 * 0.5 * bill.p.LAMBDA_GB_SECOND_ARM
+    assert bill.sqs_bill(measured, w).lines["Lambda GB-s"] == pytest.approx(expected)
+    assert bill.coworker_bill(measured, w).lines["Lambda GB-s"] == pytest.approx(expected)
+    # a Distributed Map child of 100 items runs them 10 at once: 10 rounds of 1 s
+    dmap = bill.distributed_map_bill(measured, w, 100).lines["Lambda GB-s"]
+    assert dmap == pytest.approx(10_000 * (10 + bill.p.DYNAMODB_SECONDS_PER_TASK) * 0.5 * bill.p.LAMBDA_GB_SECOND_ARM)
+
+
+def test_a_distributed_map_child_never_outlasts_its_limits(bill, measured):
+    # 1-s tasks: 1,000 items 10 at once is 100 s, within Express's 5 minutes
+    assert "express child requests" in bill.distributed_map_bill(measured, workload(bill, 1.0), 1000).lines
+    # 5-min tasks: no Express child fits; 100 items (10 rounds, 50 minutes) outlast Lambda's 15
+    five = workload(bill, 300.0)
+    assert "standard child transitions" in bill.distributed_map_bill(measured, five, 10).lines
+    assert not bill.distributed_map_bill(measured, five, 100).lines
+    assert bill.cheapest_distributed_map(measured, five).name.endswith("(batch 10)")
+
+
+def test_heartbeats_are_billed_by_task_length(bill, measured):
+    def task_writes(seconds: float) -> float:
+        return bill.coworker_bill(measured, workload(bill, seconds)).lines["DynamoDB writes, tasks"]
+
+    unit = 1_000_000 * bill.p.DYNAMODB_WRITE_UNIT
+    assert task_writes(1.0) == pytest.approx(7.0 * unit)  # no heartbeat before the first 20 s
+    assert task_writes(60.0) == pytest.approx((7.0 + 2 * 3.0) * unit)  # extended at 20 s and 40 s
+    assert task_writes(300.0) == pytest.approx((7.0 + 14 * 3.0) * unit)
+
+
+def test_five_minute_tasks_get_lambdas_longest_worker_timeout(bill, measured):
+    assert bill.coworker_worker_timeout(1.0) == 300
+    assert bill.coworker_worker_timeout(300.0) == 900
+    note = bill.coworker_bill(measured, workload(bill, 300.0)).note
+    assert "timeout 900 s" in note and f"{math.ceil(1_000_000 / 20):,} worker invocations" in note
+
+
+def test_an_idle_month_prices_one_run_a_minute_and_the_metrics_it_sends(bill, measured):
+    idle = bill.coordinator_idle(measured)
+    assert idle.lines["custom metrics"] == pytest.approx(bill.p.CLOUDWATCH_METRIC_MONTH)  # one metric
+    runs = bill.p.COORDINATOR_RUNS_A_MONTH
+    assert idle.lines["DynamoDB reads and writes"] == pytest.approx(
+        runs * (20.0 * bill.p.DYNAMODB_READ_UNIT + 3.0 * bill.p.DYNAMODB_WRITE_UNIT))
+    busy = bill.coordinator_busy(measured, bill.p.HOURS_A_MONTH)
+    assert busy.lines["custom metrics"] == pytest.approx(len(bill.CUSTOM_METRICS) * bill.p.CLOUDWATCH_METRIC_MONTH)
+    assert busy.total > idle.total
