@@ -127,7 +127,14 @@ class CoordinatorTimer:
         self._thread: threading.Thread | None = None
         self.history: collections.deque[TickRecord] = collections.deque(maxlen=120)  # the latest ticks
         self.tick_count = 0  # every tick since the start (the history keeps only the latest)
-        self.holds_lease = False  # a supervisor run of this timer holds the coordinator lease now
+        # "supervising" (a run holds the lease and ticks), "idle" (the last run found nothing to do
+        # and ended; the next starts a tick later) or "waiting for the lease" (another holds it)
+        self.state = "starting"
+
+    @property
+    def holds_lease(self) -> bool:
+        """A supervisor run of this timer holds the coordinator lease now."""
+        return self.state == "supervising"
 
     def start(self) -> CoordinatorTimer:
         self._thread = threading.Thread(target=self._loop, name="coordinator", daemon=True)
@@ -137,7 +144,7 @@ class CoordinatorTimer:
     def _record(self, report: dispatch.TickReport | None, error: str | None) -> None:
         self.history.append(TickRecord(time.time(), report, error))
         self.tick_count += 1
-        self.holds_lease = True  # a supervisor ticks only while it holds the lease
+        self.state = "supervising"  # a supervisor ticks only while it holds the lease
         # Lambda flushes metrics at the end of each invocation; locally they are dropped.
         metrics.clear_metrics()
 
@@ -149,12 +156,14 @@ class CoordinatorTimer:
         while not self._stop.is_set():
             supervisor = dispatch.Supervisor(self._settings, self._invoker)
             supervisor.on_tick = self._record
+            reports: list[dispatch.TickReport] = []
             try:
-                supervisor.run(lambda: math.inf, self._stop)
+                reports = supervisor.run(lambda: math.inf, self._stop)
             except Exception as exc:  # noqa: BLE001 - logged; the schedule starts another run
                 logger.exception("coordinator run failed")
                 self._record(None, f"{type(exc).__name__}: {exc}")
-            self.holds_lease = False  # the run ended: it released the lease (or lost it)
+            # the run ended: it released the lease (or lost it)
+            self.state = "idle" if reports and reports[-1].idle else "waiting for the lease"
             self._stop.wait(self.interval)
 
     def stop(self) -> None:
@@ -336,6 +345,7 @@ class LocalRuntime:
     def info(self) -> dict[str, Any]:
         """Settings, worker pool counters and recent ticks, for the dashboard and the tests."""
         ticks = list(self.coordinator.history) if self.coordinator else []
+        coordinator_state = self.coordinator.state if self.coordinator else "off"
         last = next((t for t in reversed(ticks) if t.report is not None), None)
         return {
             "uptime_seconds": round(time.time() - self.started_at, 1),
@@ -353,7 +363,8 @@ class LocalRuntime:
             "ticks": self.coordinator.tick_count if self.coordinator else 0,
             "last_tick": dataclasses.asdict(last.report) | {"at": last.at} if last and last.report else None,
             "last_tick_age_seconds": round(time.time() - last.at, 1) if last else None,
-            "coordinator_holds_lease": self.coordinator.holds_lease if self.coordinator else False,
+            "coordinator_holds_lease": coordinator_state == "supervising",
+            "coordinator_state": coordinator_state,
             "backlog": self._last_backlog(ticks),
             "tick_errors": [t.error for t in ticks if t.error][-5:],
             "batches": self.batches[-20:],
