@@ -196,6 +196,13 @@ def run_lifecycle(deployment: Deployment) -> None:
     assert deployment.call("POST", "/types/r-slow/pause")[0] == 200
     assert deployment.call("POST", "/tasks", {"key": "paused-one", "type": "r-slow"})[0] == 201
 
+    def held(task_type: str) -> int:
+        return next(t["held"] for t in deployment.call("GET", "/types")[1]["types"] if t["type"] == task_type)
+
+    # a coordinator run parks it (before the bulk cancel below, which would otherwise find it in
+    # the queue: on a loaded machine every other wait can be over before its first look)
+    deployment.wait(lambda: held("r-slow") == 1, "the paused type's task parked")
+
     expected = {"plain": "finished", "spawner": "finished", "spawner/child": "finished", "beat": "finished",
                 "doomed": "ignored", "many": "finished", "many/109": "finished"}
     for key, status in expected.items():
