@@ -19,6 +19,8 @@ from coworker.engine.outcomes import TaskOutcome, TaskSource
 from coworker.engine.tasks import TaskSpec
 from coworker.engine.worker import WorkerRequest, run_invocation
 
+from tests.support.waits import wait_until
+
 pytestmark = pytest.mark.both_backends
 
 _release = threading.Event()
@@ -209,7 +211,7 @@ def test_a_worker_whose_slot_was_taken_over_stops_taking_work(make_settings):
     worker = threading.Thread(target=lambda: result.extend(
         run_invocation(request, "w", settings, time.monotonic() + 30)))
     worker.start()
-    time.sleep(0.3)
+    wait_until(lambda: lifecycle.get_task("a").status == "processing", "the worker claimed its task", pause=0.05)
     # Someone else now holds the slot (as after a stall past the lease).
     LeaseModel(request.slot).update(actions=[LeaseModel.holder.set("intruder")])
     worker.join(timeout=15)

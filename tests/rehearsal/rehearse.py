@@ -21,7 +21,8 @@ import boto3
 from coworker_local.gateway import build_proxy_event
 
 from tests.rehearsal.template import Targets, environment_of, functions_of, layer_dir, role_grants
-from tests.rehearsal.wire import FunctionPool, Gateway, Names, access_key, wait_until
+from tests.rehearsal.wire import FunctionPool, Gateway, Names, access_key
+from tests.support.waits import wait_until
 
 BIG_BYTES = 20_000  # over the 16 KB a payload may take on the record
 # How long a wait goes on: at least this many coordinator runs and this many seconds.

@@ -21,8 +21,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -332,12 +330,3 @@ def _forward(netloc: str, method: str, path: str, headers: dict[str, str], body:
         return response.status, dict(response.getheaders()), response.read()
     finally:
         connection.close()
-
-
-def wait_until(condition: Callable[[], bool], what: str, attempts: int = 600, pause: float = 0.2) -> None:
-    """Wait for ``condition`` a bounded number of times (not a wall-clock budget)."""
-    for _ in range(attempts):
-        if condition():
-            return
-        time.sleep(pause)
-    raise AssertionError(f"never happened: {what}")
