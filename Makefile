@@ -18,7 +18,7 @@ synth:  ## synthesize the CloudFormation template offline
 		JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=18,20 JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION=1 \
 		CDK_DISABLE_VERSION_CHECK=1 PATH="$(CURDIR)/.venv/bin:$$PATH" npx cdk synth --quiet
 
-lint:  ## ruff on everything; mypy on the production package (the Lambda layer)
+lint:  ## ruff on everything; mypy on the production package (the Lambda layer) and the local tooling
 	scripts/bootstrap.sh && .venv/bin/ruff check . && .venv/bin/mypy
 
 lock:  ## resolve requirements.txt for Lambda's platform into the layer's lock (commit cdk/coworker_cdk/layer.lock)

@@ -140,7 +140,7 @@ class IndexDescription:
 
     def contains(self, item: Item | None) -> bool:
         """An item is in a (sparse) GSI only if it has every index key attribute."""
-        return bool(item) and all(name in item for name in self.key)
+        return item is not None and bool(item) and all(name in item for name in self.key)
 
     def key_of(self, item: Item) -> tuple:
         return tuple(_freeze(item[name]) for name in self.key)

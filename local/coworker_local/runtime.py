@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -84,11 +84,11 @@ HANDLERS_DIR_VARIABLE = "COWORKER_HANDLERS_DIR"
 DEFAULT_HANDLERS_DIR = "handlers"
 
 
-def default_handlers_dir(environ: dict[str, str] | None = None) -> Path | None:
+def default_handlers_dir(environ: Mapping[str, str] | None = None) -> Path | None:
     """``COWORKER_HANDLERS_DIR``, else ``./handlers`` if it is a folder, else None."""
-    environ = os.environ if environ is None else environ
-    if environ.get(HANDLERS_DIR_VARIABLE):
-        return Path(environ[HANDLERS_DIR_VARIABLE])
+    named = (os.environ if environ is None else environ).get(HANDLERS_DIR_VARIABLE)
+    if named:
+        return Path(named)
     folder = Path.cwd() / DEFAULT_HANDLERS_DIR
     return folder if folder.is_dir() else None
 

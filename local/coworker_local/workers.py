@@ -71,7 +71,7 @@ TERM_GRACE_SECONDS = 5.0
 INIT_TIMEOUT_SECONDS = 60.0
 SERIES_SECONDS = 600
 # Where the two packages live: the library (the Lambda layer) and this local tooling.
-PACKAGE_ROOTS = tuple(dict.fromkeys(str(Path(package.__file__).resolve().parent.parent)
+PACKAGE_ROOTS = tuple(dict.fromkeys(str(Path(package.__path__[0]).resolve().parent)
                                    for package in (coworker, coworker_local)))
 
 
@@ -110,7 +110,7 @@ class Invocation:
 class _Environment:
     """One worker process: sends requests, reads replies with a time limit."""
 
-    def __init__(self, command: list[str], environ: Mapping[str, str], log: IO[bytes] | int) -> None:
+    def __init__(self, command: list[str], environ: Mapping[str, str], log: IO[Any] | int) -> None:
         # A new session: Ctrl-C in the terminal reaches the runtime only, which then stops the
         # environments in order (drain, SIGTERM, SIGKILL) instead of all dying mid-write.
         self.process = subprocess.Popen(
@@ -182,7 +182,7 @@ class ProcessWorkerPool:
         environ: Mapping[str, str],
         timeout_seconds: float,
         max_invocations: int,
-        log: IO[bytes] | int = subprocess.DEVNULL,
+        log: IO[Any] | int = subprocess.DEVNULL,
         python: str = sys.executable,
         history: int = 200,
         prewarm: int = 0,
