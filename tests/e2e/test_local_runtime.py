@@ -80,18 +80,27 @@ def _claimed_invocation(runtime, key: str) -> dict | None:
     return next((i for i in running if i["owner"] == task["lock_owner"] and key in i["keys"]), None)
 
 
-def test_a_killed_worker_process_loses_its_task_to_another_after_the_lock_expires(runtime):
+@pytest.fixture(scope="module")
+def long_runtime(start_runtime):
+    """A runtime whose workers may run a task for 40 s (the shared one's end at 8 s): its victims
+    run long enough to be still running when a kill lands on a loaded machine."""
+    return start_runtime("--no-demo", COWORKER_WORKER_TIMEOUT_SECONDS="40")
+
+
+def test_a_killed_worker_process_loses_its_task_to_another_after_the_lock_expires(long_runtime):
     """Given a slow task running in a worker process, when that process is SIGKILLed, then after
     the lock expires another worker completes it, as attempt 2 with a worker_lost entry."""
+    runtime = long_runtime
     key = f"{uuid.uuid4().hex[:6]}-victim"
-    _submit(runtime, [{"key": key, "type": "slow", "payload": {"seconds": 3}}])
+    # long enough to be running still when the kill lands on a loaded machine (its retry runs it whole)
+    _submit(runtime, [{"key": key, "type": "slow", "payload": {"seconds": 12}}])
 
     invocation = runtime.wait_for(lambda: _claimed_invocation(runtime, key), 30,
                                   "the task to be claimed by a worker process", interval=0.05)
     os.kill(invocation["pid"], signal.SIGKILL)
 
     task = runtime.wait_for(lambda: (t := runtime.task(key))["status"] == "finished" and t,
-                            40, "the task to finish after its lock expired")
+                            90, "the task to finish after its lock expired")
     assert task["attempts"] == 2
     assert task["lock_owner"] is None
     assert [(e["attempt"], e["kind"]) for e in task["errors"]] == [(1, "worker_lost")]
@@ -100,14 +109,16 @@ def test_a_killed_worker_process_loses_its_task_to_another_after_the_lock_expire
     assert killed["result"] == "crashed" and killed["pid"] == invocation["pid"]
 
 
-def test_a_killed_holders_place_in_its_concurrency_group_comes_back_when_its_lock_expires(runtime):
+def test_a_killed_holders_place_in_its_concurrency_group_comes_back_when_its_lock_expires(long_runtime):
     """Given a task of concurrency key K (limit 1) running in a worker process, and a second task
     of K waiting for the place, when that process is SIGKILLed, then the second task stays
     blocked until the dead holder's lock expires, and both then finish, one at a time."""
+    runtime = long_runtime
     run = uuid.uuid4().hex[:6]
     victim, waiter = f"{run}-holder", f"{run}-waiter"
     group = {"concurrency_key": f"site-{run}", "concurrency_limit": 1}
-    _submit(runtime, [{"key": victim, "type": "slow", "payload": {"seconds": 3}, **group}])
+    # long enough to hold the place while the waiter is put, dispatched and blocked on a loaded machine
+    _submit(runtime, [{"key": victim, "type": "slow", "payload": {"seconds": 20}, **group}])
 
     invocation = runtime.wait_for(lambda: _claimed_invocation(runtime, victim), 30, "the holder to be claimed",
                                   interval=0.05)
@@ -119,7 +130,7 @@ def test_a_killed_holders_place_in_its_concurrency_group_comes_back_when_its_loc
     time.sleep(2)
     assert runtime.task(waiter)["blocked"] is True  # the dead holder's lease has not ended yet
     tasks = runtime.wait_for(lambda: all((t := [runtime.task(victim), runtime.task(waiter)])[i]["status"]
-                                         == "finished" for i in (0, 1)) and t, 60, "both tasks to finish")
+                                         == "finished" for i in (0, 1)) and t, 120, "both tasks to finish")
     assert time.monotonic() - killed_at >= 5  # not before the lock (10 s here, from the claim) expired
     holder, other = tasks
     assert holder["attempts"] == 2 and [e["kind"] for e in holder["errors"]] == ["worker_lost"]
@@ -158,7 +169,7 @@ def test_ctrl_c_interrupts_running_workers_and_they_record_their_tasks(start_run
     interrupted (timeout) attempt and releases the lock before the runtime exits."""
     runtime = start_runtime("--no-demo", "--drain-seconds", "0.5")
     key = "interrupted-1"
-    _submit(runtime, [{"key": key, "type": "slow", "payload": {"seconds": 4}}])
+    _submit(runtime, [{"key": key, "type": "slow", "payload": {"seconds": 30}}])  # still running at Ctrl-C
     runtime.wait_for(lambda: runtime.task(key)["status"] == "processing", 30, "the task to be claimed",
                      interval=0.05)
     assert runtime.stop(signal.SIGINT) == 0
@@ -205,21 +216,21 @@ def test_data_dir_keeps_tasks_across_a_hard_stop_and_expired_locks_are_taken_ove
     every process of the runtime is SIGKILLed and it is started again on the same folder, then
     the finished task is still there and the orphaned task is taken over once its lock expires."""
     data_dir = tmp_path / "db"
-    first = start_runtime("--no-demo", "--data-dir", str(data_dir))
+    first = start_runtime("--no-demo", "--data-dir", str(data_dir), COWORKER_WORKER_TIMEOUT_SECONDS="40")
     if first.get("/local/info").json()["database"]["backend"] != "dynamodb-local":
         pytest.skip("DynamoDB Local cannot run here")
     _submit(first, [{"key": "kept", "type": "quick"}])
     first.wait_for(lambda: first.task("kept")["status"] == "finished", 30, "the quick task to finish")
-    _submit(first, [{"key": "orphan", "type": "slow", "payload": {"seconds": 4}}])
+    _submit(first, [{"key": "orphan", "type": "slow", "payload": {"seconds": 12}}])  # running when killed
     first.wait_for(lambda: first.task("orphan")["status"] == "processing", 30, "the slow task to be claimed",
                    interval=0.05)
     first.kill_group()
 
-    second = start_runtime("--no-demo", "--data-dir", str(data_dir))
+    second = start_runtime("--no-demo", "--data-dir", str(data_dir), COWORKER_WORKER_TIMEOUT_SECONDS="40")
     assert "(existing: tasks kept)" in second.text()
     assert second.task("kept")["status"] == "finished"
     task = second.wait_for(lambda: (t := second.task("orphan"))["status"] == "finished" and t,
-                           45, "the orphaned task to be taken over after its lock expired")
+                           90, "the orphaned task to be taken over after its lock expired")
     assert task["attempts"] == 2
     assert [(e["attempt"], e["kind"]) for e in task["errors"]] == [(1, "worker_lost")]
 
