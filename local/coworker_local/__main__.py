@@ -182,9 +182,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot start: {exc} (is port {args.api_port} taken? try --api-port 0)", file=sys.stderr)
         runtime.stop()
         return 1
-    print(demo_module.banner(runtime, log_path), flush=True)
+    except KeyboardInterrupt:  # Ctrl-C while starting: stop what has started, in order
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        runtime.stop()
+        return 130
     code = 0
     try:
+        # Inside the try: a Ctrl-C sent as soon as the banner shows the API's address is an
+        # orderly stop, not an uncaught KeyboardInterrupt.
+        print(demo_module.banner(runtime, log_path), flush=True)
         if args.demo and args.tasks > 0:
             summary = demo_module.run_demo(runtime, args.tasks, seed=args.seed, stop=stop)
             code = 0 if summary.complete else 1
