@@ -412,7 +412,7 @@ def cheapest_distributed_map(m: Measured, w: Workload) -> Bill:
 # --- the fixed monthly cost -----------------------------------------------------------------------
 
 
-def _coordinator_runs(m: Measured, run: RunCost, runs: float, seconds: float, metric_names: int,
+def _coordinator_runs(run: RunCost, runs: float, seconds: float, metric_names: int,
                       metric_hours: float) -> Bill:
     log_bytes = runs * (run.log_bytes + p.LAMBDA_PLATFORM_LOG_BYTES)
     return Bill("coordinator", {
@@ -430,7 +430,7 @@ def coordinator_idle(m: Measured) -> Bill:
     """A month of scheduled runs that each find nothing to do and end after one tick."""
     run = m.idle_run
     seconds = p.LAMBDA_RUN_OVERHEAD_SECONDS + run.requests * p.DYNAMODB_SECONDS_PER_REQUEST
-    return _coordinator_runs(m, run, p.COORDINATOR_RUNS_A_MONTH, seconds, len(run.metric_names), p.HOURS_A_MONTH)
+    return _coordinator_runs(run, p.COORDINATOR_RUNS_A_MONTH, seconds, len(run.metric_names), p.HOURS_A_MONTH)
 
 
 def coordinator_busy(m: Measured, hours: float) -> Bill:
@@ -440,7 +440,7 @@ def coordinator_busy(m: Measured, hours: float) -> Bill:
     tick = m.busy_tick
     per_run = RunCost(tick.requests * ticks, tick.stream_reads * ticks, tick.read_units * ticks,
                       tick.write_units * ticks, int(tick.log_bytes * ticks), tick.metric_names)
-    return _coordinator_runs(m, per_run, runs, SUPERVISE_SECONDS, len(CUSTOM_METRICS), min(hours, p.HOURS_A_MONTH))
+    return _coordinator_runs(per_run, runs, SUPERVISE_SECONDS, len(CUSTOM_METRICS), min(hours, p.HOURS_A_MONTH))
 
 
 def monitoring() -> Bill:
