@@ -12,6 +12,7 @@ from coworker.data import connection, layout
 from coworker.data.layout import shard_of
 from coworker.data.models import LeaseModel, utcnow
 from coworker.engine import dispatch, lifecycle, slots, submit
+from coworker.engine import feeder as feeder_module
 from coworker.engine.dispatch import InProcessInvoker
 from coworker.engine.feeder import Feeder
 from coworker.engine.handlers import TaskContext, task_handler
@@ -151,6 +152,32 @@ def test_a_feeding_worker_whose_stripes_mix_in_the_shards_reads_one_page(make_se
     assert first is not None and first[1] is TaskSource.FEED
     assert len([n for n in entries_read if n]) == 1
     assert {shard_of(key, 3) for key in [first[0], *feeder._seen]} == {1} and len(feeder._seen) == 8
+
+
+def test_a_feeding_worker_leaves_fresh_work_of_other_stripes_to_their_own_workers(make_settings):
+    # Given two worker slots and work due just now, all of it in stripe 1
+    settings = make_settings(max_concurrency=4, batch_size=2, status_shards=4)
+    keys = [key for key in (f"t{i:03d}" for i in range(400)) if shard_of(key, 2) == 1][:20]
+    put_at = utcnow()
+    for key in keys:
+        submit.put_task(TaskSpec(key=key, type="quick"), settings, now=put_at)
+
+    # When the worker of slot 0 looks for work
+    feeder, first, _ = _first_feed(settings, slot_number=0)
+
+    # Then it took none of it until it had been due for a while (its own worker would have taken
+    # it first), kept looking in paced steps instead of ending, and then helped
+    assert first is not None and first[0] in keys and first[1] is TaskSource.FEED
+    assert utcnow() - put_at >= timedelta(seconds=feeder_module.HELP_AFTER_SECONDS)
+    unpaced = feeder_module.HELP_AFTER_SECONDS / feeder_module.FEED_POLL_SECONDS
+    assert 2 <= feeder.pages <= unpaced + 1
+
+
+def test_a_feeding_worker_ends_when_nothing_is_due(make_settings):
+    settings = make_settings(max_concurrency=4, batch_size=2, status_shards=4)
+    _put(settings, ["later"], run_at=utcnow() + timedelta(hours=1))
+    feeder, first, _ = _first_feed(settings, slot_number=0)
+    assert first is None and feeder.pages == 1
 
 
 def test_heartbeat_keeps_a_long_task_locked_past_its_lock_lifetime(make_settings):

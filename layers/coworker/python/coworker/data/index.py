@@ -172,7 +172,8 @@ def due(status: TaskStatus, now: datetime, limit: int, read_past: int = 0) -> It
 
 # What a self-feeding worker reads of each index entry: what it filters on, nothing it would
 # parse for nothing (a worker's own CPU bounds how fast its threads turn over).
-FEED_ATTRIBUTES: Final = [layout.PARTITION_KEY, "type", "batch_id", "attempts", "max_attempts"]
+FEED_ATTRIBUTES: Final = [layout.PARTITION_KEY, layout.STATUS_INDEX_SORT_KEY, "type", "batch_id", "attempts",
+                         "max_attempts"]
 
 
 def due_from_shard(status: TaskStatus, now: datetime, limit: int, first_shard: int,

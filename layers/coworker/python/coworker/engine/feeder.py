@@ -8,6 +8,7 @@ import random
 import threading
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 
 from coworker.config import Settings
 from coworker.data import index
@@ -22,6 +23,23 @@ from coworker.observability import logger
 FEED_ORDER = (TaskStatus.PROCESSING, TaskStatus.FAILED, TaskStatus.TODO)
 # Index entries one self-feeding query reads at most (one page).
 MAX_FEED_PAGE = 200
+# A worker helps with another stripe's keys only once they have been due this long: the stripe's
+# own worker, if one runs, takes them first (it looks again within ``FEED_POLL_SECONDS`` of their
+# arrival), so helpers do not race it for fresh work, and a stripe without a live worker still
+# gets its work done a moment later.
+HELP_AFTER_SECONDS = 2.0
+# After a look that found less than its threads' worth of work, a worker waits this long before it
+# looks again: while tasks trickle in, each look finds several instead of every idle worker
+# querying the index without pause (about one query per task), at the cost of that much delay
+# for a task put while every slot is busy (a free slot gets it at once: dispatch on submit).
+# Each further short look in a row doubles the pause, up to FEED_POLL_MAX_SECONDS: the looks settle
+# where each finds about a window's worth.
+FEED_POLL_SECONDS = 0.25
+FEED_POLL_MAX_SECONDS = 1.0
+# A status whose look found nothing (no lost work, no due retry) is not looked at again by this
+# process for this long, or a tick if longer: the coordinator looks every tick and hands such work
+# to free slots, so busy workers need not query its every shard on every look.
+QUIET_STATUS_SECONDS = 5.0
 
 
 # Statuses whose last feed query found nothing, with when to look again (process-wide: warm
@@ -59,6 +77,12 @@ class Feeder:
         self._low_water = max(1, window or settings.batch_size)
         # Index shard each status is read from first: its own stripe's, then where work was found.
         self._first_shard = dict.fromkeys(FEED_ORDER, self._stripe)
+        # Earliest time of the next look (after short ones: how many in a row), and whether the last
+        # look saw due work of other stripes too fresh to help with (then an empty window is not
+        # the end).
+        self._next_look = 0.0
+        self._short_looks = 0
+        self._fresh_elsewhere = False
         self.pages = 0
 
     def next(self) -> tuple[str, TaskSource] | None:
@@ -79,8 +103,11 @@ class Feeder:
                     break
                 self._cond.wait()
             item = self._queue.popleft() if self._queue else None
+            # With keys in hand, look early only when the last look was not short; a thread with
+            # nothing to run looks (waiting out the pause if it must)
             fetch = item is None or (not self._fetching and len(self._queue) < self._low_water
-                                     and not self._exhausted and self._may_feed())
+                                     and not self._exhausted and self._may_feed()
+                                     and time.monotonic() >= self._next_look)
             if fetch and item is not None:
                 self._fetching = True
         if fetch:
@@ -104,15 +131,29 @@ class Feeder:
 
     def _refill(self) -> None:
         found: list[str] = []
+        wait_for_help = False
         try:
-            found = self._fetch()
+            pause = self._next_look - time.monotonic()
+            if pause > 0:
+                self._stop.wait(pause)
+            if self._may_feed():
+                found = self._fetch()
+                wait_for_help = self._fresh_elsewhere
         except Exception:  # noqa: BLE001 - no more feeding; the supervisor hands the work out
             logger.exception("could not look for more work; this invocation takes no more")
         finally:
             with self._cond:
                 self._fetching = False
                 self._queue.extend((key, TaskSource.FEED) for key in found)
-                if not found:
+                if len(found) < self._low_water:
+                    self._short_looks += 1
+                    pause = min(FEED_POLL_MAX_SECONDS, FEED_POLL_SECONDS * 2 ** (self._short_looks - 1))
+                    self._next_look = time.monotonic() + pause
+                else:
+                    self._short_looks = 0
+                # Nothing due at all ends the feeding; due work that only its own stripe's worker
+                # may take yet is looked at again after the pause.
+                if not found and not wait_for_help:
                     self._exhausted = True
                 self._cond.notify_all()
 
@@ -128,7 +169,8 @@ class Feeder:
         # window at a time, and one window is all that is read while it has work.
         lined_up = status_shards() % self._stripes == 0
         view = control.cached(settings.control_cache_seconds)
-        page: list[str] = []
+        help_before = now - timedelta(seconds=HELP_AFTER_SECONDS)
+        page: list[tuple[str, bool]] = []  # (key, whether others may help with it yet)
         own = 0  # keys of this stripe in ``page``
         for status in FEED_ORDER:
             if len(page) >= limit or own >= self._window:
@@ -150,22 +192,24 @@ class Feeder:
                     self._seen.add(task.key)
                 if action is not DueAction.RUN:
                     continue  # paused, stopped or lost at its ceiling: the coordinator sees to it
-                page.append(task.key)
+                page.append((task.key, task.due_at is None or task.due_at <= help_before))
                 own += shard_of(task.key, self._stripes) == self._stripe
                 if own >= self._window:
                     break  # before the iterator reads another page
             if not found and status is not TaskStatus.TODO:
                 with _quiet_lock:
-                    _quiet_until[status] = clock + settings.tick_seconds
+                    _quiet_until[status] = clock + max(settings.tick_seconds, QUIET_STATUS_SECONDS)
         self.pages += 1
-        mine = [key for key in page if shard_of(key, self._stripes) == self._stripe]
-        others = [key for key in page if shard_of(key, self._stripes) != self._stripe]
-        # Other stripes' keys only when its own do not keep every thread busy, and from the newest
-        # end: their own workers take them oldest first, so helper and owner meet in the middle
-        # instead of racing for the same keys.
+        mine = [key for key, _ in page if shard_of(key, self._stripes) == self._stripe]
+        others = [(key, ripe) for key, ripe in page if shard_of(key, self._stripes) != self._stripe]
+        # Other stripes' keys only when its own do not keep every thread busy, only those due for
+        # a while (HELP_AFTER_SECONDS), and from the newest end: their own workers take them oldest
+        # first, so helper and owner meet in the middle instead of racing for the same keys.
         window = mine[:self._window]
+        self._fresh_elsewhere = False
         if len(mine) < self._low_water:
-            window += others[::-1][:self._low_water]
+            window += [key for key, ripe in others[::-1] if ripe][:self._low_water]
+            self._fresh_elsewhere = any(not ripe for _, ripe in others)
         self._seen.update(window)
         return window
 
