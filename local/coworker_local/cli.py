@@ -11,6 +11,8 @@
     coworker bulk cancel --status todo --type T   # a progress bar; prints how to resume if stopped
     coworker stats
     coworker types | coworker pause TYPE | coworker resume TYPE | coworker limit TYPE N|none
+    coworker schedule put nightly 'cron(0 3 * * *)' --type crawl [--timezone Europe/Berlin] [--missed skip]
+    coworker schedules | coworker schedule show|pause|resume|delete NAME
     coworker migrate-index --table NAME [--shards N] [--dry-run]   # talks to DynamoDB itself
 
 The API is found at ``--url`` or ``COWORKER_API_URL`` (default http://127.0.0.1:8000); an API
@@ -47,6 +49,8 @@ from coworker_local.commands import (
     cmd_migrate_index,
     cmd_pause,
     cmd_retry,
+    cmd_schedule,
+    cmd_schedules,
     cmd_stats,
     cmd_status,
     cmd_submit,
@@ -100,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_task_commands(commands)
     _add_bulk(commands)
     _add_type_commands(commands)
+    _add_schedule_commands(commands)
     _add_stats(commands)
     _add_migrate_index(commands)
     return parser
@@ -191,6 +196,24 @@ def _add_type_commands(commands: Commands) -> None:
     limit.add_argument("type")
     limit.add_argument("limit", metavar="LIMIT", help="1-1000, or 'none'")
     limit.set_defaults(run=cmd_limit)
+
+
+def _add_schedule_commands(commands: Commands) -> None:
+    """schedules, schedule put|show|pause|resume|delete."""
+    listing = commands.add_parser("schedules", help="recurring schedules: expression, next and last occurrence")
+    listing.set_defaults(run=cmd_schedules)
+    schedule = commands.add_parser("schedule", help="create, replace, show, pause, resume or delete a schedule")
+    schedule.add_argument("action", choices=["put", "show", "pause", "resume", "delete"])
+    schedule.add_argument("name")
+    schedule.add_argument("expression", nargs="?", help="put: 'rate(15 minutes)' or 'cron(0 3 * * *)'")
+    schedule.add_argument("--type", help="put: the type of the task each occurrence puts")
+    schedule.add_argument("--payload", help="put: the task's JSON payload")
+    schedule.add_argument("--max-attempts", type=int, dest="max_attempts")
+    schedule.add_argument("--timezone", default="UTC", help="put: IANA time zone of a cron expression")
+    schedule.add_argument("--missed", choices=["once", "skip"], default="once",
+                          help="put: occurrences missed while nothing ran: run the latest once, or skip")
+    schedule.add_argument("--paused", action="store_true", help="put: create it paused")
+    schedule.set_defaults(run=cmd_schedule)
 
 
 def _add_stats(commands: Commands) -> None:

@@ -400,6 +400,60 @@ def cmd_limit(client: ApiClient, args: argparse.Namespace, out: TextIO, err: Tex
     return EXIT_OK
 
 
+def _schedule_line(entry: dict[str, Any]) -> str:
+    when = "paused" if entry["paused"] else f"next {entry['next_run_at']}"
+    last = f", last put {entry['last_task_key']}" if entry.get("last_task_key") else ""
+    return (f"{entry['name']}: {entry['expression']} ({entry['timezone']}, missed: {entry['missed']}) -> "
+            f"{entry['task']['type']}; {when}{last}")
+
+
+def cmd_schedules(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    answer = client.request("GET", "/schedules")
+    if args.json:
+        _print_json(answer, out)
+    else:
+        out.writelines(_schedule_line(entry) + "\n" for entry in answer["schedules"])
+        if answer["truncated"]:
+            out.write("(more schedules exist than one listing shows)\n")
+    return EXIT_OK
+
+
+def cmd_schedule(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    path = f"/schedules/{_key_path(args.name)}"
+    if args.action == "put":
+        if not args.expression or not args.type:
+            raise UsageError("schedule put needs NAME, EXPRESSION and --type, e.g. "
+                             "coworker schedule put nightly 'cron(0 3 * * *)' --type crawl")
+        task: dict[str, Any] = {"type": args.type}
+        if args.payload is not None:
+            try:
+                task["payload"] = json.loads(args.payload)
+            except ValueError as exc:
+                raise UsageError(f"--payload is not valid JSON: {exc}") from None
+        if args.max_attempts is not None:
+            task["max_attempts"] = args.max_attempts
+        body = {"expression": args.expression, "timezone": args.timezone, "missed": args.missed,
+                "paused": args.paused, "task": task}
+        answer = client.request("PUT", path, body=body)
+    elif args.expression is not None:
+        raise UsageError(f"schedule {args.action} takes only a NAME")
+    elif args.action == "show":
+        answer = client.request("GET", path)
+    elif args.action == "delete":
+        answer = client.request("DELETE", path)
+    else:
+        answer = client.request("POST", f"{path}/{args.action}")
+    if args.json:
+        _print_json(answer, out)
+        return EXIT_OK
+    notes = {"put": " (created)" if answer.get("created") else " (replaced)", "delete": " (deleted)"}
+    note = notes.get(args.action, "")
+    if args.action in ("pause", "resume") and not answer.get("changed"):
+        note = f" (it was {args.action}d already)"
+    out.write(_schedule_line(answer) + note + "\n")
+    return EXIT_OK
+
+
 def cmd_stats(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     stats = client.request("GET", "/stats", query={"cap": args.cap})
     if args.json:

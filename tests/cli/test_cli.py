@@ -345,3 +345,24 @@ def test_the_python_client_submits_any_iterable_in_chunks_waits_for_the_batch_an
     # and what the API refuses comes with its own words
     with pytest.raises(ApiError, match="only failed or ignored tasks can be retried"):
         client.retry(submitted.keys[0])
+
+
+def test_schedules_from_the_command_line(served):
+    put = served.run("schedule", "put", "nightly", "cron(0 3 * * *)", "--type", "quick", "--payload", '{"n": 1}',
+                     "--timezone", "Europe/Berlin", "--missed", "skip")
+    assert put.returncode == 0, put.stderr
+    assert put.stdout.startswith("nightly: cron(0 3 * * *) (Europe/Berlin, missed: skip) -> quick; next ")
+    assert put.stdout.rstrip().endswith("(created)")
+    listed = served.run("schedules")
+    assert listed.returncode == 0 and listed.stdout.startswith("nightly: cron(0 3 * * *)")
+    paused = served.run("schedule", "pause", "nightly")
+    assert paused.returncode == 0 and "; paused" in paused.stdout
+    assert "(it was paused already)" in served.run("schedule", "pause", "nightly").stdout
+    shown = served.run("schedule", "show", "nightly", "--json")
+    assert json.loads(shown.stdout)["task"] == {"type": "quick", "payload": {"n": 1}}
+    bad = served.run("schedule", "put", "hourly", "every hour", "--type", "quick")
+    assert bad.returncode == 1 and "rate(N minutes|hours|days)" in bad.stderr
+    assert served.run("schedule", "put", "hourly").returncode == 2  # no expression, no type
+    assert served.run("schedule", "delete", "nightly").stdout.rstrip().endswith("(deleted)")
+    gone = served.run("schedule", "show", "nightly")
+    assert gone.returncode == 1 and "no schedule named 'nightly'" in gone.stderr

@@ -56,6 +56,10 @@ class TaskNotFoundError(CoworkerError):
     """No task has the given key."""
 
 
+class ScheduleNotFoundError(CoworkerError):
+    """No schedule has the given name."""
+
+
 class UnknownTaskTypeError(CoworkerError):
     """No handler is registered for a task's type."""
 

@@ -26,6 +26,13 @@ OpenAPI document is served at ``GET /openapi.json`` and Swagger UI at ``GET /doc
     POST /batches/{id}/retry       redrive a batch's ignored (or failed) tasks, a bounded slice per call
     routes_stats
     GET  /stats                    counts by status, bounded
+    routes_schedules
+    PUT  /schedules/{name}         create or replace a recurring schedule (cron or rate)
+    GET  /schedules                every schedule, by name
+    GET  /schedules/{name}         one schedule: next and last occurrence
+    DELETE /schedules/{name}       delete it (the tasks it put stay)
+    POST /schedules/{name}/pause   it puts nothing until resumed
+    POST /schedules/{name}/resume  from its next occurrence
 
 Bad input is refused before anything is written. Every error answer has the shape
 ``{"statusCode", "error", "message", "errors"?}``; domain errors are mapped to HTTP codes in
@@ -47,7 +54,7 @@ from aws_lambda_powertools.event_handler.api_gateway import ResponseBuilder
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.models import APIKey
 
-from coworker.api import routes_batches, routes_stats, routes_tasks, routes_types
+from coworker.api import routes_batches, routes_schedules, routes_stats, routes_tasks, routes_types
 from coworker.api.errors import error_response, install_error_handlers
 from coworker.api.services import Services
 from coworker.config import Settings
@@ -56,7 +63,7 @@ from coworker.engine import dispatch
 API_TITLE = "Coworker task API"
 API_VERSION = "1.0.0"
 # The route modules, in the order their routes are registered (and listed in the OpenAPI document).
-ROUTE_MODULES = (routes_tasks, routes_types, routes_batches, routes_stats)
+ROUTE_MODULES = (routes_tasks, routes_types, routes_batches, routes_stats, routes_schedules)
 
 
 # -- the request body: JSON only, UTF-8, numbers DynamoDB and JSON can both keep -----------------

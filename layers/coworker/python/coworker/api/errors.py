@@ -25,6 +25,7 @@ from coworker.errors import (
     CoworkerError,
     PartialPutError,
     PayloadTooLargeError,
+    ScheduleNotFoundError,
     StorageError,
     TaskNotFoundError,
     TooManyPausedTypesError,
@@ -48,6 +49,7 @@ class TaskTypeNotFoundError(CoworkerError):
 ERROR_STATUS: dict[type[CoworkerError], tuple[HTTPStatus, str]] = {
     TaskNotFoundError: (HTTPStatus.NOT_FOUND, "task_not_found"),
     BatchNotFoundError: (HTTPStatus.NOT_FOUND, "batch_not_found"),
+    ScheduleNotFoundError: (HTTPStatus.NOT_FOUND, "schedule_not_found"),
     BatchFailedError: (HTTPStatus.CONFLICT, "batch_failed"),
     TaskStateConflictError: (HTTPStatus.CONFLICT, "conflict"),
     TaskTypeNotFoundError: (HTTPStatus.NOT_FOUND, "type_not_found"),

@@ -357,3 +357,55 @@ class StatsOut(BaseModel):
     counts: dict[str, StatusCount]
     cap: int
     note: str
+
+
+class ScheduleTaskIn(NewTask):
+    """The task a schedule puts (the fields of a task, without key and run_at: the occurrence sets them)."""
+
+    @model_validator(mode="after")
+    def _no_key_or_time(self) -> ScheduleTaskIn:
+        if self.key is not None or self.run_at is not None:
+            raise ValueError("a schedule's task has no key or run_at: each occurrence gets the key "
+                             "<name>@<occurrence time> and runs at that time")
+        return self
+
+
+class ScheduleIn(_Strict):
+    """A recurring schedule: when it fires, and the task each occurrence puts."""
+
+    expression: str = Field(
+        min_length=1, max_length=200,
+        description="rate(N minutes|hours|days), counted from when the schedule is put, or "
+                    "cron(minute hour day-of-month month day-of-week), five crontab fields read in `timezone`.",
+        examples=["cron(0 3 * * *)", "rate(15 minutes)"])
+    timezone: str = Field("UTC", min_length=1, max_length=64,
+                          description="IANA time zone a cron expression is read in (e.g. Europe/Berlin).")
+    missed: Literal["once", "skip"] = Field(
+        "once", description="Occurrences missed while nothing ran (coordinator down, schedule paused): 'once' "
+                            "runs the latest of them once, 'skip' runs none of them (an occurrence more than "
+                            "5 minutes late counts as missed). Never more than one at a time.")
+    paused: bool = Field(False, description="Put the schedule paused: it fires once resumed.")
+    task: ScheduleTaskIn = Field(description="The task each occurrence puts; its key is <name>@<occurrence "
+                                             "time, UTC>, so every occurrence is put exactly once.")
+
+
+class ScheduleOut(BaseModel):
+    name: str
+    expression: str
+    timezone: str
+    missed: str
+    paused: bool
+    task: dict[str, Any] = Field(description="The task each occurrence puts.")
+    next_run_at: datetime | None = Field(description="The next occurrence (null while paused).")
+    last_run_at: datetime | None = Field(description="The last occurrence that put a task.")
+    last_task_key: str | None = Field(description="The key of the task it put.")
+    skipped: int = Field(description="Occurrences missed and skipped (missed='skip').")
+    created_at: datetime
+    updated_at: datetime
+    created: bool | None = Field(None, description="For PUT: true when the schedule is new.")
+    changed: bool | None = Field(None, description="For pause and resume: false when it was so already.")
+
+
+class SchedulesOut(BaseModel):
+    schedules: list[ScheduleOut]
+    truncated: bool = Field(description="More schedules exist than one listing shows (1,000).")

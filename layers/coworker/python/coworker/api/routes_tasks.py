@@ -47,7 +47,7 @@ from coworker.config import Settings
 from coworker.data.models import TaskModel, TaskStatus, iso_utc, status_shards, utcnow
 from coworker.engine import batches, handlers, lifecycle, offload, redrive, submit
 from coworker.engine.submit import PutOutcome
-from coworker.engine.tasks import key_problem
+from coworker.engine.tasks import NewTask, key_problem
 from coworker.errors import TaskNotFoundError
 from coworker.observability import logger
 
@@ -139,12 +139,13 @@ def router(services: Services) -> APIGatewayRouter:
 
 # -- submit ------------------------------------------------------------------------------------
 
-def check_task_types(tasks: Sequence[TaskIn], batch: bool) -> None:
+def check_task_types(tasks: Sequence[NewTask], batch: bool, location: tuple[str, ...] = ("body", "type")) -> None:
     """Refuse tasks whose type has no registered handler (422, each entry named, the known types
-    listed): the API imports the same handler modules as the workers."""
+    listed): the API imports the same handler modules as the workers. ``location`` is where a
+    single task's type sits in the request."""
     known = handlers.registered_types()
     errors = [
-        {"type": "unknown_task_type", "loc": ("body", "tasks", index, "type") if batch else ("body", "type"),
+        {"type": "unknown_task_type", "loc": ("body", "tasks", index, "type") if batch else location,
          "msg": f"no handler is registered for task type {task.type!r}; known types: {', '.join(known) or 'none'}",
          "input": task.type}
         for index, task in enumerate(tasks) if task.type not in known

@@ -32,11 +32,13 @@ start with any of them; :func:`reserved_prefix`)::
     slot#NNNN                        worker slots: capacity accounting       (engine.slots)
     lease#coordinator                the coordinator's single-flight lease   (engine.slots)
     gate#<group>                     a concurrency group's places            (engine.gates)
+    schedule#<name>                  a recurring schedule                    (engine.schedules)
     stream#<shard>, stream#counted-through   the stream follower's place     (engine.progress)
 
 Index partitions other than ``<status>#<n>``: ``worker-slot`` (slots), ``held#<type>#<n>``
 (tasks of a paused type), ``blocked#<group>`` (tasks waiting for a place in a concurrency
-group), ``gates#waiting`` (gates with blocked tasks).
+group), ``gates#waiting`` (gates with blocked tasks), ``schedules`` and ``schedules#paused``
+(recurring schedules, by next occurrence).
 """
 
 from __future__ import annotations
@@ -76,8 +78,10 @@ STREAM_KEY_PREFIX: Final = "stream#"
 COUNTED_THROUGH_KEY: Final = STREAM_KEY_PREFIX + "counted-through"
 # Concurrency gates (``gate#<group>`` items).
 GATE_PREFIX: Final = "gate#"
+# Recurring schedules (``schedule#<name>`` items).
+SCHEDULE_KEY_PREFIX: Final = "schedule#"
 RESERVED_KEY_PREFIXES: Final = (BATCH_KEY_PREFIX, CONTROL_KEY_PREFIX, SLOT_KEY_PREFIX, LEASE_KEY_PREFIX,
-                                STREAM_KEY_PREFIX, GATE_PREFIX)
+                                STREAM_KEY_PREFIX, GATE_PREFIX, SCHEDULE_KEY_PREFIX)
 
 # -- index partitions besides the tasks' status shards -----------------------------------------
 # Worker slots: one partition, not sharded (not a task status, so task listings never see it).
@@ -88,6 +92,9 @@ HELD_PREFIX: Final = "held#"
 BLOCKED_PREFIX: Final = "blocked#"
 # The index partition of gates with blocked tasks.
 WAITING_GATES: Final = "gates#waiting"
+# Index partitions of schedules: active ones by next occurrence, paused ones by when paused.
+SCHEDULES_PARTITION: Final = "schedules"
+SCHEDULES_PAUSED_PARTITION: Final = "schedules#paused"
 # The table's stream: the coordinator counts batch progress from it (see coworker.engine.progress).
 STREAM_SPECIFICATION: Final = {"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"}
 

@@ -372,6 +372,43 @@ class GateModel(Model):
     waiting_index = GateIndex()
 
 
+class ScheduleIndex(GlobalSecondaryIndex["ScheduleModel"]):
+    """The tasks' status index, read for the ``schedules`` partitions only."""
+
+    class Meta:
+        index_name = layout.STATUS_INDEX_NAME
+        projection = KeysOnlyProjection()
+
+    status_shard = UnicodeAttribute(hash_key=True)
+    due_at = UTCDateTimeAttribute(range_key=True)
+
+
+class ScheduleModel(Model):
+    """A recurring schedule ``schedule#<name>`` (see :mod:`coworker.engine.schedules`)."""
+
+    class Meta:
+        table_name = layout.DEFAULT_TABLE_NAME
+        region = "us-east-1"
+
+    key = UnicodeAttribute(hash_key=True, attr_name=layout.PARTITION_KEY)
+    name = UnicodeAttribute()
+    expression = UnicodeAttribute()
+    timezone = UnicodeAttribute()
+    missed = UnicodeAttribute()
+    template = UnicodeAttribute()  # the task each occurrence puts, as JSON (no key)
+    anchor_at = UTCDateTimeAttribute()  # a rate's occurrences count from here
+    # "schedules" (active, due_at = next occurrence) or "schedules#paused" (due_at = when paused)
+    status_shard = UnicodeAttribute(attr_name=layout.STATUS_INDEX_PARTITION_KEY)
+    due_at = UTCDateTimeAttribute(attr_name=layout.STATUS_INDEX_SORT_KEY)
+    last_run_at = UTCDateTimeAttribute(null=True)
+    last_task_key = UnicodeAttribute(null=True)
+    skipped = NumberAttribute(default=0)  # occurrences missed under missed="skip"
+    created_at = UTCDateTimeAttribute()
+    updated_at = UTCDateTimeAttribute()
+
+    schedule_index = ScheduleIndex()
+
+
 # Every model of the table: bound together (``connection.bind``), sharing one client.
 ALL_MODELS: tuple[type[Model], ...] = (TaskModel, BatchModel, LeaseModel, ControlModel, GateModel,
-                                       StreamCheckpointModel, SecretModel, CursorStateModel)
+                                       StreamCheckpointModel, SecretModel, CursorStateModel, ScheduleModel)

@@ -35,7 +35,7 @@ from coworker.config import Settings
 from coworker.data import index
 from coworker.data.layout import COORDINATOR_LEASE, shard_of
 from coworker.data.models import LeaseState, TaskModel, TaskStatus, utcnow
-from coworker.engine import batches, control, gates, lifecycle, progress, reshard, slots, worker
+from coworker.engine import batches, control, gates, lifecycle, progress, reshard, schedules, slots, worker
 from coworker.engine.control import DueAction
 from coworker.engine.feeder import FEED_ORDER
 from coworker.engine.outcomes import TaskReport
@@ -245,6 +245,7 @@ class TickReport:
     cancelled: int = 0  # open tasks of stopped batches cancelled
     released: int = 0  # held tasks of resumed types put back
     woken: int = 0  # blocked tasks put back by the concurrency sweep
+    scheduled: int = 0  # tasks put for schedules' occurrences
     counted: int = 0  # batch changes counted from the table's stream
     backlog: index.Backlog | None = None  # measured this tick (every backlog_seconds), else None
     # Nothing ran, moved or was counted, and nothing is due within the supervision window: a
@@ -280,6 +281,7 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     view = control.read()
     _reshard(view, now)  # before reading the queue: tasks in retired shards are read this tick
     woken = gates.sweep(view.limits, now)  # before reading the queue: they are due at once
+    occurrences = schedules.create_due_occurrences(settings, now, timedelta(seconds=settings.supervise_seconds))
     running, lost = index.running_and_lost(now)
     backlog = _measure_backlog(settings, now, lost) if measure_backlog else None
     work = _find_due_work(settings, view, now, lost, max(free_threads, settings.batch_size), memory)
@@ -297,13 +299,13 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     # (the last term reads the index, so it is only asked when everything else is quiet)
     idle = (settings.idle_exit and not requests and work.due == 0 and work.reaped == 0 and running == 0 and not lost
             and len(free) == settings.worker_slots and counted == 0
-            and parked == released == cancelled == woken == 0
+            and parked == released == cancelled == woken == occurrences.created == 0 and not occurrences.due_soon
             and not view.stopped_batches and not view.to_release
             and not index.any_due(now + timedelta(seconds=settings.supervise_seconds)))
     report = TickReport(busy_slots=settings.worker_slots - len(free), free_slots=len(free), due=work.due,
                         dispatched=len(sent), invocations=len(requests), reaped=work.reaped,
                         running_tasks=running, parked=parked, released=released, cancelled=cancelled,
-                        woken=woken, counted=counted, backlog=backlog, idle=idle)
+                        woken=woken, scheduled=occurrences.created, counted=counted, backlog=backlog, idle=idle)
     _publish_tick(report)
     logger.debug("coordinator tick", extra=dataclasses.asdict(report))
     return report

@@ -1,0 +1,327 @@
+"""Recurring schedules: a named cron or rate expression that puts one task per occurrence.
+
+A schedule is an item ``schedule#<name>`` in the task table. An active one sits in the status
+index under the partition ``schedules`` with ``due_at`` = its next occurrence (UTC); a paused one
+under ``schedules#paused``. Each coordinator tick reads the schedules that are due (one query;
+:func:`create_due_occurrences`) and for each:
+
+1. works out the one occurrence to create: the latest one at or before now (``missed="once"``,
+   the default), or that one only if it is less than ``MISSED_AFTER_SECONDS`` late
+   (``missed="skip"``). Never more than one per schedule and tick, so occurrences missed while
+   nothing ran (the coordinator down, the schedule paused) are never burst-fired;
+2. puts its task with the key ``<name>@<occurrence, UTC, to the second>``, only if that key is new;
+3. moves the schedule to its first occurrence after now, on the condition that it is still
+   due where it was read.
+
+**Exactly once.** The task's key is derived from the schedule and the occurrence, and the put is
+conditional on the key being new, so two coordinators, or one that died between the put and
+the move and ran again, put each occurrence's task once. A replaced or paused schedule fails
+the move's condition; whatever was read is then put once at most.
+
+Expressions: ``rate(N minutes|hours|days)`` (N >= 1; occurrences every N units from when the
+schedule was put), or ``cron(minute hour day-of-month month day-of-week)`` (five fields, as in
+crontab, read in the schedule's ``timezone``; a bare five-field expression is read as cron).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+from pynamodb.exceptions import DoesNotExist
+
+from coworker.config import Settings
+from coworker.data import layout, writes
+from coworker.data.models import ScheduleModel, utcnow
+from coworker.engine import lifecycle
+from coworker.engine.tasks import NewTask
+from coworker.errors import ScheduleNotFoundError
+from coworker.observability import logger
+
+ACTIVE = layout.SCHEDULES_PARTITION
+PAUSED = layout.SCHEDULES_PAUSED_PARTITION
+MISSED_POLICIES = ("once", "skip")
+# An occurrence later than this counts as missed (``missed="skip"`` does not run it).
+MISSED_AFTER_SECONDS = 300
+# Schedules one tick looks at, and that a listing shows.
+MAX_DUE_PER_TICK = 100
+MAX_LISTED = 1000
+# The task a schedule puts is kept on its item, payload included.
+MAX_TEMPLATE_BYTES = 16 * 1024
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
+_RATE = re.compile(r"^rate\(\s*(\d{1,6})\s+(minute|minutes|hour|hours|day|days)\s*\)$")
+_CRON = re.compile(r"^cron\((.*)\)$")
+_UNIT_SECONDS = {"minute": 60, "hour": 3600, "day": 86400}
+
+
+class Recurrence:
+    """When a schedule's occurrences fall: parsed from its expression, in its time zone.
+
+    Raises ``ValueError`` with a message a person understands for an expression or time zone
+    that cannot be used.
+    """
+
+    def __init__(self, expression: str, timezone: str, anchor: datetime) -> None:
+        self.expression = expression.strip()
+        self.zone = zone_of(timezone)
+        self.anchor = anchor.astimezone(UTC).replace(microsecond=0)
+        rate = _RATE.match(self.expression)
+        self.interval: timedelta | None = None
+        self.cron: str | None = None
+        if rate:
+            count, unit = int(rate.group(1)), rate.group(2).rstrip("s")
+            if count < 1:
+                raise ValueError("a rate needs at least 1 unit, e.g. rate(5 minutes)")
+            self.interval = timedelta(seconds=count * _UNIT_SECONDS[unit])
+            return
+        cron = _CRON.match(self.expression)
+        fields = (cron.group(1) if cron else self.expression).split()
+        if len(fields) != 5:
+            raise ValueError("the expression must be rate(N minutes|hours|days) or cron(minute hour "
+                             "day-of-month month day-of-week), five cron fields, e.g. cron(0 3 * * *)")
+        self.cron = " ".join(fields)
+        try:
+            valid = croniter.is_valid(self.cron)
+            if valid:
+                self._cron_step(self.anchor, forward=True)
+        except Exception:  # noqa: BLE001 - croniter's own errors vary by field
+            valid = False
+        if not valid:
+            raise ValueError(f"cron({self.cron}) is not a valid cron expression (minute hour day-of-month "
+                             "month day-of-week, e.g. cron(0 3 * * *))")
+
+    def _cron_step(self, start: datetime, forward: bool) -> datetime:
+        assert self.cron is not None
+        steps = croniter(self.cron, start.astimezone(self.zone))
+        found = steps.get_next(datetime) if forward else steps.get_prev(datetime)
+        return found.astimezone(UTC).replace(microsecond=0)
+
+    def next_after(self, moment: datetime) -> datetime:
+        """The first occurrence strictly after ``moment``."""
+        if self.interval is not None:
+            steps = (moment - self.anchor) // self.interval + 1
+            return self.anchor + max(1, steps) * self.interval
+        return self._cron_step(moment, forward=True)
+
+    def latest_at_or_before(self, moment: datetime) -> datetime | None:
+        """The last occurrence at or before ``moment`` (``None`` before the first)."""
+        if self.interval is not None:
+            steps = (moment - self.anchor) // self.interval
+            return self.anchor + steps * self.interval if steps >= 1 else None
+        return self._cron_step(moment + timedelta(seconds=1), forward=False)
+
+
+def zone_of(timezone: str) -> ZoneInfo:
+    """The IANA time zone named ``timezone``; ``ValueError`` for a name that is not one."""
+    try:
+        return ZoneInfo(timezone)
+    except (ZoneInfoNotFoundError, ValueError, OSError, TypeError):
+        raise ValueError(f"unknown time zone {timezone[:80]!r}: use an IANA name such as UTC, "
+                         "Europe/Berlin or America/New_York") from None
+
+
+def name_problem(name: str) -> str | None:
+    """Why no schedule can be called ``name``, or ``None``."""
+    if NAME_PATTERN.match(name):
+        return None
+    return ("schedule names are 1 to 80 characters: letters, digits, '.', '_' and '-', starting with "
+            "a letter or digit")
+
+
+def occurrence_key(name: str, occurrence: datetime) -> str:
+    """The key of the task an occurrence puts: the same for every coordinator that puts it."""
+    return f"{name}@{occurrence.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """A schedule as people see it."""
+
+    name: str
+    expression: str
+    timezone: str
+    missed: str
+    task: dict[str, Any]
+    paused: bool
+    next_run_at: datetime | None
+    last_run_at: datetime | None
+    last_task_key: str | None
+    skipped: int
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, item: ScheduleModel) -> Schedule:
+        paused = item.status_shard == PAUSED
+        return cls(name=item.name, expression=item.expression, timezone=item.timezone, missed=item.missed,
+                   task=json.loads(item.template), paused=paused, next_run_at=None if paused else item.due_at,
+                   last_run_at=item.last_run_at, last_task_key=item.last_task_key, skipped=int(item.skipped or 0),
+                   created_at=item.created_at, updated_at=item.updated_at)
+
+
+def _item_key(name: str) -> str:
+    return layout.SCHEDULE_KEY_PREFIX + name
+
+
+def put(name: str, expression: str, timezone: str, missed: str, task: NewTask, paused: bool = False,
+        now: datetime | None = None) -> tuple[Schedule, bool]:
+    """Create or replace schedule ``name``: ``(schedule, created)``. Its first occurrence is the
+    first after now (a rate counts from now). ``ValueError`` for an unusable expression, time
+    zone or policy; nothing is written then."""
+    now = (now or utcnow()).replace(microsecond=0)
+    problem = name_problem(name)
+    if problem:
+        raise ValueError(problem)
+    if missed not in MISSED_POLICIES:
+        raise ValueError(f"missed must be one of {', '.join(MISSED_POLICIES)}")
+    recurrence = Recurrence(expression, timezone, now)
+    template = json.dumps(task.model_dump(mode="json", exclude_none=True, exclude={"key", "run_at"}),
+                          separators=(",", ":"))
+    if len(template.encode()) > MAX_TEMPLATE_BYTES:
+        raise ValueError(f"a schedule's task, payload included, is at most {MAX_TEMPLATE_BYTES // 1024} KB of "
+                         "JSON (keep larger inputs elsewhere and pass their address)")
+    previous = _read(name)
+    item = ScheduleModel(
+        _item_key(name), name=name, expression=recurrence.expression, timezone=timezone, missed=missed,
+        template=template,
+        anchor_at=now, created_at=previous.created_at if previous else now, updated_at=now,
+        last_run_at=previous.last_run_at if previous else None,
+        last_task_key=previous.last_task_key if previous else None, skipped=0)
+    _place(item, recurrence, paused, now)
+    item.save()
+    logger.info("schedule put", extra={"schedule": name, "expression": item.expression,
+                                       "schedule_created": previous is None})
+    return Schedule.of(item), previous is None
+
+
+def _place(item: ScheduleModel, recurrence: Recurrence, paused: bool, now: datetime) -> None:
+    item.status_shard = PAUSED if paused else ACTIVE
+    item.due_at = now if paused else recurrence.next_after(now)
+
+
+def _read(name: str, consistent: bool = True) -> ScheduleModel | None:
+    try:
+        return ScheduleModel.get(_item_key(name), consistent_read=consistent)
+    except DoesNotExist:
+        return None
+
+
+def get(name: str) -> Schedule:
+    """Schedule ``name``; :class:`ScheduleNotFoundError` if there is none."""
+    item = _read(name) if name_problem(name) is None else None
+    if item is None:
+        raise ScheduleNotFoundError(f"no schedule named {name[:100]!r}")
+    return Schedule.of(item)
+
+
+def delete(name: str) -> Schedule:
+    """Delete schedule ``name`` (tasks it put stay); :class:`ScheduleNotFoundError` if none."""
+    schedule = get(name)
+    ScheduleModel(_item_key(name)).delete()
+    logger.info("schedule deleted", extra={"schedule": name})
+    return schedule
+
+
+def set_paused(name: str, paused: bool, now: datetime | None = None) -> tuple[Schedule, bool]:
+    """Pause or resume schedule ``name``: ``(schedule, changed)``. A resumed schedule runs from
+    its first occurrence after now (what fell due while paused is not run)."""
+    now = (now or utcnow()).replace(microsecond=0)
+    item = _read(name) if name_problem(name) is None else None
+    if item is None:
+        raise ScheduleNotFoundError(f"no schedule named {name[:100]!r}")
+    if (item.status_shard == PAUSED) == paused:
+        return Schedule.of(item), False
+    recurrence = Recurrence(item.expression, item.timezone, item.anchor_at)
+    old_shard = item.status_shard
+    _place(item, recurrence, paused, now)
+    condition = ScheduleModel.status_shard == old_shard
+    actions = [ScheduleModel.status_shard.set(item.status_shard), ScheduleModel.due_at.set(item.due_at),
+               ScheduleModel.updated_at.set(now)]
+    if not writes.update(item, actions, condition, f"pause schedule {name!r}"):
+        return get(name), False  # paused, resumed or deleted meanwhile: as it is now
+    logger.info("schedule paused" if paused else "schedule resumed", extra={"schedule": name})
+    return get(name), True
+
+
+def list_all() -> tuple[list[Schedule], bool]:
+    """Every schedule (active and paused), by name, at most ``MAX_LISTED``: ``(schedules, truncated)``."""
+    keys: list[str] = []
+    for partition in (ACTIVE, PAUSED):
+        for entry in ScheduleModel.schedule_index.query(partition, limit=MAX_LISTED + 1 - len(keys)):
+            keys.append(entry.key)
+        if len(keys) > MAX_LISTED:
+            break
+    truncated = len(keys) > MAX_LISTED
+    items = list(ScheduleModel.batch_get(keys[:MAX_LISTED]))
+    return sorted((Schedule.of(item) for item in items), key=lambda s: s.name), truncated
+
+
+@dataclasses.dataclass(frozen=True)
+class OccurrenceReport:
+    created: int = 0  # tasks put for occurrences this pass
+    skipped: int = 0  # occurrences missed by more than MISSED_AFTER_SECONDS under missed="skip"
+    due_soon: bool = False  # a schedule falls due within the horizon asked about
+
+
+def create_due_occurrences(settings: Settings, now: datetime | None = None,
+                           horizon: timedelta = timedelta(0)) -> OccurrenceReport:
+    """One pass over the schedules due at ``now``: each puts its occurrence's task (at most
+    one) and moves on to its next occurrence. ``due_soon`` tells whether one falls due before
+    ``now + horizon`` (a coordinator with nothing else to do then keeps supervising)."""
+    now = (now or utcnow()).replace(microsecond=0)
+    created = skipped = 0
+    due_soon = False
+    for entry in _due(now + horizon):
+        if entry.due_at > now:
+            due_soon = True
+            continue
+        item = _read(entry.key.removeprefix(layout.SCHEDULE_KEY_PREFIX))
+        if item is None or item.status_shard != ACTIVE or item.due_at > now:
+            continue
+        try:
+            made, missed = _run_occurrence(item, settings, now)
+        except Exception:  # noqa: BLE001 - one broken schedule must not stop the tick
+            logger.exception("schedule occurrence failed; retried next tick", extra={"schedule": item.name})
+            continue
+        created += made
+        skipped += missed
+    return OccurrenceReport(created=created, skipped=skipped, due_soon=due_soon)
+
+
+def _due(until: datetime) -> Iterator[ScheduleModel]:
+    return ScheduleModel.schedule_index.query(ACTIVE, ScheduleModel.due_at <= until, limit=MAX_DUE_PER_TICK)
+
+
+def _run_occurrence(item: ScheduleModel, settings: Settings, now: datetime) -> tuple[int, int]:
+    recurrence = Recurrence(item.expression, item.timezone, item.anchor_at)
+    latest = max(item.due_at, recurrence.latest_at_or_before(now) or item.due_at)
+    late = now - latest
+    made = missed = 0
+    key = None
+    if item.missed == "skip" and late > timedelta(seconds=MISSED_AFTER_SECONDS):
+        missed = 1
+        logger.info("schedule occurrence missed; skipped",
+                    extra={"schedule": item.name, "occurrence": latest.isoformat()})
+    else:
+        key = occurrence_key(item.name, latest)
+        template = NewTask.model_validate({**json.loads(item.template), "key": key})
+        (spec,) = lifecycle.stage_payloads([template.to_spec()], settings)
+        made = int(writes.put_if_new(lifecycle.new_task(spec, settings, now), f"task {key!r}"))
+        logger.info("schedule occurrence put",
+                    extra={"schedule": item.name, "task_key": key, "task_created": bool(made)})
+    actions: list[Any] = [ScheduleModel.due_at.set(recurrence.next_after(now)), ScheduleModel.updated_at.set(now)]
+    if key is not None:
+        actions += [ScheduleModel.last_run_at.set(latest), ScheduleModel.last_task_key.set(key)]
+    if missed:
+        actions.append(ScheduleModel.skipped.add(1))
+    # Moved on only from where it was read: a replaced, paused or deleted schedule is left alone.
+    condition = (ScheduleModel.due_at == item.due_at) & (ScheduleModel.status_shard == ACTIVE)
+    writes.update(item, actions, condition, f"move schedule {item.name!r} on", refresh=False)
+    return made, missed
+
