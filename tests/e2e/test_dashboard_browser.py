@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+import requests
 
 pytestmark = pytest.mark.slow
 
@@ -232,6 +233,29 @@ def test_limit_a_type_from_the_dashboard(browser, runtime):
     page.wait_for_function(
         f"document.querySelector(\"{row} .limit-usage\").textContent === 'none'", timeout=30_000)
     assert next(t for t in runtime.get("/types").json()["types"] if t["type"] == "slow")["limit"] is None
+    assert not errors, errors
+    page.close()
+
+
+def test_schedules_on_the_dashboard_pause_resume_and_delete(browser, runtime):
+    name = f"dash-{uuid.uuid4().hex[:6]}"
+    put = requests.put(f"{runtime.url}/schedules/{name}", timeout=30,
+                       json={"expression": "cron(0 3 * * *)", "timezone": "Europe/Berlin", "task": {"type": "quick"}})
+    assert put.status_code == 201, put.text
+    page, errors = _open_dashboard(browser, runtime)
+    page.on("dialog", lambda dialog: dialog.accept())  # the delete button asks first
+    pause = page.locator(f"#schedules button[data-schedule='{name}'][data-verb='pause']")
+    pause.wait_for(timeout=30_000)
+    assert "cron(0 3 * * *)" in page.locator("#schedules").inner_text()
+    pause.click()
+    page.locator(f"#schedules button[data-schedule='{name}'][data-verb='resume']").wait_for(timeout=30_000)
+    assert runtime.get(f"/schedules/{name}").json()["paused"] is True
+    page.locator(f"#schedules button[data-schedule='{name}'][data-verb='resume']").click()
+    page.locator(f"#schedules button[data-schedule='{name}'][data-verb='pause']").wait_for(timeout=30_000)
+    assert runtime.get(f"/schedules/{name}").json()["paused"] is False
+    page.locator(f"#schedules button[data-schedule='{name}'][data-verb='delete']").click()
+    page.locator(f"#schedules button[data-schedule='{name}']").first.wait_for(state="detached", timeout=30_000)
+    assert runtime.get(f"/schedules/{name}").status_code == 404
     assert not errors, errors
     page.close()
 

@@ -327,6 +327,57 @@ $("types").addEventListener("click", async event => {
   }
 });
 
+// ---- schedules ------------------------------------------------------------------------------
+
+function renderSchedules(answer) {
+  const schedules = (answer && answer.schedules) || [];
+  if (!schedules.length) {
+    $("schedules").innerHTML = '<tr><td colspan="6" class="empty">no schedules</td></tr>';
+    return;
+  }
+  $("schedules").innerHTML = schedules.map(s => {
+    const name = esc(s.name);
+    const state = s.paused ? "paused" : "running";
+    const verb = s.paused ? "resume" : "pause";
+    const next = s.next_run_at ? esc(new Date(s.next_run_at).toLocaleString()) : "—";
+    const last = s.last_task_key ? `<a href="#" data-key="${esc(s.last_task_key)}">${esc(s.last_task_key)}</a>` : "—";
+    return `<tr><td class="kind">${name}</td>
+      <td>${esc(s.expression)} <span class="note">${esc(s.timezone)}, missed: ${esc(s.missed)}</span></td>
+      <td>${esc(s.task.type)}</td><td class="nowrap">${next}</td><td>${last}</td>
+      <td class="nowrap"><span class="pill ${state}">${state}</span>
+          <button type="button" data-verb="${verb}" data-schedule="${name}">${verb === "pause" ? "Pause" : "Resume"}</button>
+          <button type="button" data-verb="delete" data-schedule="${name}">Delete</button></td></tr>`;
+  }).join("");
+}
+
+$("schedules").addEventListener("click", async event => {
+  const link = event.target.closest("a[data-key]");
+  if (link) {
+    event.preventDefault();
+    select(link.dataset.key);
+    return;
+  }
+  const button = event.target.closest("button[data-verb]");
+  if (!button) return;
+  const path = `/schedules/${encodeURIComponent(button.dataset.schedule)}`;
+  if (button.dataset.verb === "delete" && !confirm(`Delete schedule ${button.dataset.schedule}? The tasks it put stay.`)) return;
+  button.disabled = true;
+  try {
+    if (button.dataset.verb === "delete") {
+      const response = await fetch(path, {method: "DELETE", cache: "no-store", headers: {"Accept": "application/json"}});
+      if (!response.ok) throw new Error((await response.json().catch(() => ({}))).message || `HTTP ${response.status}`);
+    } else {
+      await sendJSON("POST", `${path}/${button.dataset.verb}`, {});
+    }
+    $("error-banner").style.display = "none";
+    renderSchedules(await getJSON("/schedules"));
+  } catch (error) {
+    $("error-banner").style.display = "block";
+    $("error-banner").textContent = error.message;
+    button.disabled = false;
+  }
+});
+
 // ---- bulk actions -------------------------------------------------------------------------
 
 const BULK_STATUSES = {retry: ["ignored", "failed"], cancel: ["todo", "failed", "processing"]};
@@ -429,6 +480,7 @@ async function refresh() {
     info.then(answer => { renderBacklog(answer); renderRuntime(answer); drawChart(answer ? answer.series : []); }),
     Promise.all([stats, info]).then(([counts, answer]) => renderCounts(counts, answer)),
     getJSON("/types").then(answer => renderTypes(answer)).catch(noted),
+    getJSON("/schedules").then(renderSchedules).catch(noted),
     // the batches panel shows the failures' batches too: it follows that panel's answer
     loadFailures().then(renderFailures).catch(noted).then(() => info).then(renderBatches).catch(noted),
     renderDetail().catch(noted),
