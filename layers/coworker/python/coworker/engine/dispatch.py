@@ -291,7 +291,11 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     if measure_backlog:
         cancelled += _settle_stopped_batches(settings, view)
     released = _release_held(view)
-    requests = start_workers(settings, invoker, work.keys[:free_threads], free=free, now=now) if free else []
+    # Tasks this tick put for schedules are handed out at once, as a submit's are (the queue
+    # read leaves the freshest tasks to dispatch on submit and to feeding workers).
+    scheduled = [key for key, task_type in occurrences.put if not view.is_paused(task_type) and key not in work.keys]
+    hand_out = (work.keys + scheduled)[:free_threads]
+    requests = start_workers(settings, invoker, hand_out, free=free, now=now) if free else []
     sent = [key for request in requests for key in request.keys]
     if memory is not None:
         memory.remember(sent)

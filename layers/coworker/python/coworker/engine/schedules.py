@@ -264,9 +264,13 @@ def list_all() -> tuple[list[Schedule], bool]:
 
 @dataclasses.dataclass(frozen=True)
 class OccurrenceReport:
-    created: int = 0  # tasks put for occurrences this pass
+    put: tuple[tuple[str, str], ...] = ()  # (key, type) of the tasks put for occurrences this pass
     skipped: int = 0  # occurrences missed by more than MISSED_AFTER_SECONDS under missed="skip"
     due_soon: bool = False  # a schedule falls due within the horizon asked about
+
+    @property
+    def created(self) -> int:
+        return len(self.put)
 
 
 def create_due_occurrences(settings: Settings, now: datetime | None = None,
@@ -274,8 +278,9 @@ def create_due_occurrences(settings: Settings, now: datetime | None = None,
     """One pass over the schedules due at ``now``: each puts its occurrence's task (at most
     one) and moves on to its next occurrence. ``due_soon`` tells whether one falls due before
     ``now + horizon`` (a coordinator with nothing else to do then keeps supervising)."""
-    now = (now or utcnow()).replace(microsecond=0)
-    created = skipped = 0
+    now = now or utcnow()
+    put: list[tuple[str, str]] = []
+    skipped = 0
     due_soon = False
     for entry in _due(now + horizon):
         if entry.due_at > now:
@@ -289,20 +294,23 @@ def create_due_occurrences(settings: Settings, now: datetime | None = None,
         except Exception:  # noqa: BLE001 - one broken schedule must not stop the tick
             logger.exception("schedule occurrence failed; retried next tick", extra={"schedule": item.name})
             continue
-        created += made
+        put.extend(made)
         skipped += missed
-    return OccurrenceReport(created=created, skipped=skipped, due_soon=due_soon)
+    return OccurrenceReport(put=tuple(put), skipped=skipped, due_soon=due_soon)
 
 
 def _due(until: datetime) -> Iterator[ScheduleModel]:
     return ScheduleModel.schedule_index.query(ACTIVE, ScheduleModel.due_at <= until, limit=MAX_DUE_PER_TICK)
 
 
-def _run_occurrence(item: ScheduleModel, settings: Settings, now: datetime) -> tuple[int, int]:
+def _run_occurrence(item: ScheduleModel, settings: Settings, now: datetime) -> tuple[list[tuple[str, str]], int]:
+    """Put the task of ``item``'s occurrence (unless skipped) and move it on: ``(put, skipped)``,
+    ``put`` holding the ``(key, type)`` of the task if this call created it."""
     recurrence = Recurrence(item.expression, item.timezone, item.anchor_at)
     latest = max(item.due_at, recurrence.latest_at_or_before(now) or item.due_at)
     late = now - latest
-    made = missed = 0
+    made: list[tuple[str, str]] = []
+    missed = 0
     key = None
     if item.missed == "skip" and late > timedelta(seconds=MISSED_AFTER_SECONDS):
         missed = 1
@@ -312,7 +320,8 @@ def _run_occurrence(item: ScheduleModel, settings: Settings, now: datetime) -> t
         key = occurrence_key(item.name, latest)
         template = NewTask.model_validate({**json.loads(item.template), "key": key})
         (spec,) = lifecycle.stage_payloads([template.to_spec()], settings)
-        made = int(writes.put_if_new(lifecycle.new_task(spec, settings, now), f"task {key!r}"))
+        if writes.put_if_new(lifecycle.new_task(spec, settings, now), f"task {key!r}"):
+            made.append((key, spec.type))
         logger.info("schedule occurrence put",
                     extra={"schedule": item.name, "task_key": key, "task_created": bool(made)})
     actions: list[Any] = [ScheduleModel.due_at.set(recurrence.next_after(now)), ScheduleModel.updated_at.set(now)]
