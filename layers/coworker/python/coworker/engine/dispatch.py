@@ -272,7 +272,9 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     Reads at most ``worker_slots`` slot entries, the running tasks' index entries (to count them
     and find lost ones: at most ``max_concurrency``, a few hundred bytes each), and for failed
     and todo about the free slots' worth of entries (at least ``batch_size``) plus a page per
-    index shard, whatever the size of the backlog. With ``measure_backlog`` it also counts the
+    index shard, whatever the size of the backlog; and the schedules due within the supervision
+    window (one query), putting the task of each occurrence due now (:mod:`coworker.engine.schedules`)
+    and handing those out at once. With ``measure_backlog`` it also counts the
     due backlog by status (at most ``backlog_count_cap`` entries each, see :func:`index.backlog`).
     """
     now = now or utcnow()
