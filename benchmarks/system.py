@@ -20,6 +20,10 @@ interleaved, the order reversed every other round. Per run:
   shaped like ours (one of our stored tasks, re-keyed) into a table of the same layout, from as
   many threads as ``POST /tasks`` puts with: the database's own ceiling for that ingest.
 
+Requests per task, by operation, are counted for the run phase on both sides: the peer's in this
+process, ours in every process of the runtime (``benchmarks/counting/sitecustomize.py``, on the
+runtime's ``PYTHONPATH``), with our refused ones (a conditional write's failed check) apart.
+
 CPU per task is read from /proc: our side is the runtime process and every process under it
 (API, coordinator, workers), the peer's is this process's own, and the database's is DynamoDB
 Local's. Load moves it far less than it moves tasks per second; both are printed with how busy
@@ -29,13 +33,18 @@ the machine's CPUs were.
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
+import json
 import os
 import re
 import resource
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -87,13 +96,29 @@ def own_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-class Runtime:
-    """``python -m coworker_local --no-demo`` on a given database, with the no-op handler."""
+def read_counts(directory: Path) -> collections.Counter[str]:
+    """The DynamoDB requests counted so far by every process of a runtime (benchmarks/counting)."""
+    total: collections.Counter[str] = collections.Counter()
+    for path in directory.glob("*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            total.update(json.loads(path.read_text()))
+    return total
 
-    def __init__(self, endpoint: str) -> None:
+
+def settled_counts(directory: Path) -> collections.Counter[str]:
+    time.sleep(0.5)  # each process writes its counts every 0.2 s
+    return read_counts(directory)
+
+
+class Runtime:
+    """``python -m coworker_local --no-demo`` on a given database, with the no-op handler; its
+    processes count their DynamoDB requests into ``count_dir``."""
+
+    def __init__(self, endpoint: str, count_dir: Path) -> None:
+        paths = [str(BENCHMARKS_DIR), str(BENCHMARKS_DIR / "counting"), os.environ.get("PYTHONPATH")]
         env = {**os.environ, **FAKE_CREDENTIALS, "COWORKER_DYNAMODB_ENDPOINT": endpoint,
                "COWORKER_HANDLER_MODULES": "noop_handlers", "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCHMARKS_DIR), os.environ.get("PYTHONPATH")]))}
+               "COWORKER_BENCH_COUNT_DIR": str(count_dir), "PYTHONPATH": os.pathsep.join(filter(None, paths))}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "coworker_local", "--no-demo", "--api-port", "0"],
             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -148,10 +173,12 @@ class Measure:
 def run_ours(tasks: int, chunk: int) -> dict:
     database = start_database("dynamodb-local")
     runtime: Runtime | None = None
+    count_dir = Path(tempfile.mkdtemp(prefix="coworker-requests-"))
     try:
-        runtime = Runtime(database.endpoint)
+        runtime = Runtime(database.endpoint, count_dir)
         client = Coworker(runtime.url)
         specs = [{"key": f"s-{i:06d}", "type": "bench-noop"} for i in range(tasks)]
+        counted_before = settled_counts(count_dir)
         measure = Measure(runtime.cpu_seconds, getattr(database, "pid", None))
         started = time.perf_counter()
         submitted = client.submit(specs, chunk_size=chunk)
@@ -159,6 +186,7 @@ def run_ours(tasks: int, chunk: int) -> dict:
         progress = client.wait(submitted.batch_id, poll_seconds=0.25)
         seconds = time.perf_counter() - started
         result = measure.stop(tasks, seconds)
+        result["requests"] = settled_counts(count_dir) - counted_before
         if progress.finished != tasks:
             raise RuntimeError(f"{progress.finished} of {tasks} finished: {progress}")
         # Then ingest alone, on the database as warm as the raw puts find it: tasks due in a
@@ -177,6 +205,7 @@ def run_ours(tasks: int, chunk: int) -> dict:
         if runtime is not None:
             runtime.stop()
         database.stop()
+        shutil.rmtree(count_dir, ignore_errors=True)
 
 
 def raw_puts(endpoint: str, tasks: int) -> float:
@@ -201,10 +230,11 @@ def raw_puts(endpoint: str, tasks: int) -> float:
     return tasks / (time.perf_counter() - started)
 
 
-def run_peer(tasks: int, threads: int) -> dict:
+def run_peer(tasks: int, threads: int, counter: RequestCounter) -> dict:
     database = start_database("dynamodb-local")
     try:
         model = peer_model(database.endpoint)
+        counted_before = counter.snapshot()
         measure = Measure(own_cpu_seconds, getattr(database, "pid", None))
         started = time.perf_counter()
         with ThreadPoolExecutor(max_workers=threads) as pool:
@@ -218,6 +248,7 @@ def run_peer(tasks: int, threads: int) -> dict:
             while ids := [task.task_id for task in model.query_for_unfinished(limit=100)]:
                 list(pool.map(run, ids))
         result = measure.stop(tasks, time.perf_counter() - started)
+        result["requests"] = counter.snapshot() - counted_before
         result["ingest_per_second"] = tasks / ingest_seconds
         return result
     finally:
@@ -232,9 +263,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=250, help="tasks per POST /tasks")
     args = parser.parse_args(argv)
     print(f"$ .venv/bin/python benchmarks/system.py {shlex.join(sys.argv[1:] if argv is None else argv)}".rstrip())
-    RequestCounter().install()  # the peer's model counts its requests like the throughput benchmark's
+    counter = RequestCounter().install()  # the peer's requests, counted in this process
     sides: list[tuple[str, Callable[[], dict]]] = [("ours", lambda: run_ours(args.tasks, args.chunk))]
-    sides += [(f"peer {n} threads", lambda n=n: run_peer(args.tasks, n))
+    sides += [(f"peer {n} threads", lambda n=n: run_peer(args.tasks, n, counter))
               for n in (int(t) for t in args.peer_threads.split(",") if t.strip())]
     results: dict[str, list[dict]] = {label: [] for label, _ in sides}
     for round_no in range(args.rounds):
@@ -265,6 +296,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         cpu = statistics.median((p["client_ms"] + p["server_ms"]) / (o["client_ms"] + o["server_ms"]) for o, p in pairs)
         print(f"  ours / {label}: {ratio:.2f}x the tasks/s (target >= 1.0); the peer's CPU per task is "
               f"{cpu:.2f}x ours")
+    print("\nDynamoDB requests per task, median over the rounds (the run phase: put and run; 'refused' are "
+          "conditional writes whose check failed, and other errors):")
+    for label in results:
+        operations = sorted({op for r in results[label] for op in r["requests"]},
+                            key=lambda op: -statistics.median(r["requests"][op] for r in results[label]))
+        per_task = {op: statistics.median(r["requests"][op] / args.tasks for r in results[label]) for op in operations}
+        total = statistics.median(sum(n for op, n in r["requests"].items() if not op.endswith(" refused"))
+                                  / args.tasks for r in results[label])
+        shown = ", ".join(f"{op} {n:.2f}" for op, n in per_task.items() if n >= 0.005)
+        print(f"  {label:<16} {total:5.2f}: {shown}")
     ingest = statistics.median(o["ingest_per_second"] / o["raw_put_per_second"] for o in ours)
     alone = statistics.median(o["ingest_alone_per_second"] / o["raw_put_per_second"] for o in ours)
     print(f"  POST /tasks ingest / raw conditional puts ({PUT_THREADS} threads): {alone:.2f}x with nothing "
