@@ -21,8 +21,8 @@ interleaved, the order reversed every other round. Per run:
   many threads as ``POST /tasks`` puts with: the database's own ceiling for that ingest.
 
 Requests per task, by operation, are counted for the run phase on both sides: the peer's in this
-process, ours in every process of the runtime (``benchmarks/counting/sitecustomize.py``, on the
-runtime's ``PYTHONPATH``), with our refused ones (a conditional write's failed check) apart.
+process, ours in every process of the runtime (``benchmarks/counting/sitecustomize.py``, copied
+onto the runtime's ``PYTHONPATH``), with our refused ones (a conditional write's failed check) apart.
 
 CPU per task is read from /proc: our side is the runtime process and every process under it
 (API, coordinator, workers), the peer's is this process's own, and the database's is DynamoDB
@@ -115,10 +115,12 @@ class Runtime:
     processes count their DynamoDB requests into ``count_dir``."""
 
     def __init__(self, endpoint: str, count_dir: Path) -> None:
-        paths = [str(BENCHMARKS_DIR), str(BENCHMARKS_DIR / "counting"), os.environ.get("PYTHONPATH")]
+        shutil.copy(BENCHMARKS_DIR / "counting" / "sitecustomize.py", count_dir)
+        (count_dir / "count-requests-here").touch()
+        paths = [str(BENCHMARKS_DIR), str(count_dir), os.environ.get("PYTHONPATH")]
         env = {**os.environ, **FAKE_CREDENTIALS, "COWORKER_DYNAMODB_ENDPOINT": endpoint,
                "COWORKER_HANDLER_MODULES": "noop_handlers", "PYTHONUNBUFFERED": "1",
-               "COWORKER_BENCH_COUNT_DIR": str(count_dir), "PYTHONPATH": os.pathsep.join(filter(None, paths))}
+               "PYTHONPATH": os.pathsep.join(filter(None, paths))}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "coworker_local", "--no-demo", "--api-port", "0"],
             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

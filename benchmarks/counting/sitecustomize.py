@@ -1,10 +1,11 @@
 """Counts every DynamoDB request a process makes, for ``benchmarks/system.py``.
 
-Put on ``PYTHONPATH`` with ``COWORKER_BENCH_COUNT_DIR`` set, it is imported by every Python
-process started under it (the local runtime and its worker processes). Each process writes its
-counts (requests by operation, and ``<operation> refused`` for those that failed, a conditional
-write's check included) to ``<dir>/<pid>.json`` every 0.2 s; the benchmark sums the files.
-Without the variable it does nothing.
+The benchmark copies it into a folder of its own with a file named ``count-requests-here`` and
+puts that folder on the runtime's ``PYTHONPATH``, which the runtime hands on to its worker
+processes (their environment is otherwise the runtime's settings only): every Python process
+started under it imports it. Each process writes its counts (requests by operation, and
+``<operation> refused`` for those that failed, a conditional write's check included) to
+``<folder>/<pid>.json`` every 0.2 s; the benchmark sums the files. Anywhere else it does nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import os
 import threading
 import time
 
-_DIRECTORY = os.environ.get("COWORKER_BENCH_COUNT_DIR")
+MARKER = "count-requests-here"
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_DIRECTORY = _HERE if os.path.exists(os.path.join(_HERE, MARKER)) else None
 
 
 def _install(directory: str) -> None:
