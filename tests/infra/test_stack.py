@@ -374,10 +374,15 @@ def test_least_privilege_on_the_table(template: Template, functions) -> None:
         "dynamodb:PutItem",  # follow-up tasks
         "dynamodb:ConditionCheckItem",  # ... in transactions that check the parent's claim
     }
-    # The API puts, reads, lists, redrives and cancels; it never scans or deletes.
+    # The API puts, reads, lists, redrives and cancels; it never scans, and deletes schedules only.
     assert table_actions(template, role_of(functions["api"])) == {
         "dynamodb:PutItem", "dynamodb:GetItem", "dynamodb:Query", "dynamodb:UpdateItem",
-        "dynamodb:BatchGetItem"}  # a batch's progress: its head and counter items
+        "dynamodb:BatchGetItem",  # a batch's progress: its head and counter items
+        "dynamodb:DeleteItem"}  # DELETE /schedules/{name}
+    deletes = [st for st in policy_statements(template).get(role_of(functions["api"]), [])
+               if "dynamodb:DeleteItem" in actions_of(st)]
+    assert [st.get("Condition") for st in deletes] == [
+        {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["schedule#*"]}}]
 
 
 def test_each_function_writes_logs_to_its_own_log_group_only(template: Template, functions) -> None:

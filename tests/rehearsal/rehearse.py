@@ -215,6 +215,12 @@ def run_lifecycle(deployment: Deployment) -> None:
     assert deployment.call("POST", "/bulk", {"action": "cancel", "status": "todo"})[0] == 200
     assert deployment.call("POST", "/batches/rehearsal/retry?status=ignored")[0] == 200
     assert deployment.call("POST", "/types/r-slow/resume")[0] == 200
+    # schedules: put, listed, paused and deleted by the API's own role (DeleteItem of schedule#...)
+    schedule = {"expression": "rate(1 hour)", "task": {"type": "r-quick"}}
+    assert deployment.call("PUT", "/schedules/r-hourly", schedule)[0] == 201
+    for method, path in (("GET", "/schedules"), ("POST", "/schedules/r-hourly/pause"),
+                         ("DELETE", "/schedules/r-hourly")):
+        assert deployment.call(method, path)[0] == 200, (method, path)
     # the resumed type's parked task: a coordinator run puts it back and one starts its worker
     deployment.wait(lambda: deployment.status("paused-one") == "finished", "the resumed task finished")
     deployment.wait(lambda: deployment.status("doomed") == "ignored" and deployment.workers_idle(),

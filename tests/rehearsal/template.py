@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coworker.data import layout
+
 ROLES = ("api", "coordinator", "worker")
 # The functions' descriptions in the template name their role.
 DESCRIPTION_PREFIX = {"api": "Coworker API", "coordinator": "Coworker coordinator", "worker": "Coworker worker"}
@@ -35,14 +37,35 @@ def render(value: Any) -> str:
 
 @dataclass
 class Grants:
-    """The Allow statements of one function's role: (action patterns, resource patterns)."""
+    """The Allow statements of one function's role: (action patterns, resource patterns, the key
+    patterns of a ``dynamodb:LeadingKeys`` condition or ``None``). No other condition is used."""
 
-    statements: list[tuple[list[str], list[str]]] = field(default_factory=list)
+    statements: list[tuple[list[str], list[str], list[str] | None]] = field(default_factory=list)
 
-    def allow(self, action: str, resource: str) -> bool:
+    def allow(self, action: str, resource: str, leading_key: str | None = None) -> bool:
         return any(any(fnmatch.fnmatchcase(action, a) for a in actions)
                    and any(fnmatch.fnmatchcase(resource, r) for r in resources)
-                   for actions, resources in self.statements)
+                   and (keys is None or (leading_key is not None
+                                         and any(fnmatch.fnmatchcase(leading_key, k) for k in keys)))
+                   for actions, resources, keys in self.statements)
+
+
+def _leading_keys(statement: dict[str, Any]) -> list[str] | None:
+    conditions = statement.get("Condition")
+    if not conditions:
+        return None
+    assert set(conditions) == {"ForAllValues:StringLike"}, f"a condition this test cannot evaluate: {conditions}"
+    assert set(conditions["ForAllValues:StringLike"]) == {"dynamodb:LeadingKeys"}, conditions
+    return _as_list(conditions["ForAllValues:StringLike"]["dynamodb:LeadingKeys"])
+
+
+def leading_key(service: str, operation: str, params: dict[str, Any]) -> str | None:
+    """The partition key value one DynamoDB item request names (what ``dynamodb:LeadingKeys`` tests)."""
+    if service != "dynamodb":
+        return None
+    item = params.get("Key") or params.get("Item") or {}
+    value = item.get(layout.PARTITION_KEY, {})
+    return value.get("S") if isinstance(value, dict) else None
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -76,7 +99,8 @@ def role_grants(template: dict[str, Any]) -> dict[str, Grants]:
             for statement in body["Properties"]["PolicyDocument"]["Statement"]:
                 if statement.get("Effect", "Allow") == "Allow":
                     grants[role].statements.append(([str(a) for a in _as_list(statement["Action"])],
-                                                    [render(r) for r in _as_list(statement["Resource"])]))
+                                                    [render(r) for r in _as_list(statement["Resource"])],
+                                                    _leading_keys(statement)))
     return grants
 
 

@@ -27,7 +27,16 @@ from coworker.engine.handlers import TaskContext, task_handler
 from coworker.engine.offload import FolderObjectStore
 from coworker.engine.worker import WorkerRequest, run_invocation
 
-from tests.rehearsal.template import ROLES, Grants, Targets, functions_of, logical_id, needs, role_grants
+from tests.rehearsal.template import (
+    ROLES,
+    Grants,
+    Targets,
+    functions_of,
+    leading_key,
+    logical_id,
+    needs,
+    role_grants,
+)
 from tests.support.doubles import Api
 
 pytest.importorskip("aws_cdk")
@@ -181,6 +190,11 @@ def run_scenario(settings: Settings, recorder: Recorder) -> None:
     assert api.call("POST", "/bulk", {"action": "cancel", "status": "todo"})[0] == 200
     assert api.call("POST", "/batches/rehearsal/retry?status=ignored")[0] == 200
     assert api.call("POST", "/types/slow/resume")[0] == 200
+    schedule = {"expression": "rate(1 hour)", "task": {"type": "quick"}}
+    assert api.call("PUT", "/schedules/hourly", schedule)[0] == 201
+    for method, path in (("GET", "/schedules"), ("GET", "/schedules/hourly"), ("POST", "/schedules/hourly/pause"),
+                         ("POST", "/schedules/hourly/resume"), ("DELETE", "/schedules/hourly")):
+        assert api.call(method, path)[0] == 200, (method, path)
     # A tick puts the resumed type's parked task back and a later one starts its worker: as many
     # one-second runs as a busy machine needs (bounded by count, not by time).
     for _ in range(30):
@@ -216,7 +230,7 @@ def test_every_call_of_each_function_is_granted_to_its_role(make_settings, recor
     missing = set()
     for role, service, operation, params in recorder.calls:
         for action, resource in needs(service, operation, params, targets):
-            if not grants[role].allow(action, resource):
+            if not grants[role].allow(action, resource, leading_key(service, operation, params)):
                 missing.add((role, action, resource.replace(table, "Table")))
     for role, action, name in recorder.objects:
         if not grants[role].allow(action, f"{targets.bucket}/{name}"):
@@ -244,6 +258,6 @@ def test_every_call_of_each_function_is_granted_to_its_role(make_settings, recor
 
 def _unused_grants(grants: Grants, used: set[tuple[str, str]]) -> list[tuple[str, str]]:
     """Each (action, resource) a role's statements grant that no request of the scenario needed."""
-    return [(action, resource) for actions, resources in grants.statements for action in actions
+    return [(action, resource) for actions, resources, _ in grants.statements for action in actions
             for resource in resources
             if not any(fnmatch.fnmatchcase(a, action) and fnmatch.fnmatchcase(r, resource) for a, r in used)]

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from tests.rehearsal.template import Grants, Targets, needs
+from tests.rehearsal.template import Grants, Targets, leading_key, needs
 
 CONTAINER_SCRIPT = Path(__file__).with_name("lambda_container.py")
 _CREDENTIAL = re.compile(r"Credential=rehearsal([a-z]+)/[^/]+/[^/]+/([a-z0-9-]+)/")
@@ -234,12 +234,13 @@ class Gateway:
         with self._lock:
             return {(d.action, d.resource) for d in self.decisions if d.allowed and d.role == role}
 
-    def _decide(self, role: str, wanted: list[tuple[str, str]]) -> Decision | None:
-        """Record each (action, resource) the request needs; the first one denied, if any."""
+    def _decide(self, role: str, wanted: list[tuple[str, str]], key: str | None = None) -> Decision | None:
+        """Record each (action, resource) the request needs (on item ``key``); the first one
+        denied, if any."""
         first_denied = None
         with self._lock:
             for action, resource in wanted:
-                decision = Decision(role, action, resource, self.grants[role].allow(action, resource))
+                decision = Decision(role, action, resource, self.grants[role].allow(action, resource, key))
                 self.decisions.append(decision)
                 if not decision.allowed and first_denied is None:
                     first_denied = decision
@@ -273,7 +274,7 @@ class Gateway:
         if tables - {self.names.table}:  # another table than the deployment's: nothing grants it
             targets = Targets(table=f"table/{sorted(tables)[0]}", stream=targets.stream, bucket=targets.bucket,
                               worker=targets.worker)
-        denied = self._decide(role, needs(service, operation, params, targets))
+        denied = self._decide(role, needs(service, operation, params, targets), leading_key(service, operation, params))
         if denied is not None:
             return 400, {"Content-Type": "application/x-amz-json-1.0"}, json.dumps({
                 "__type": "com.amazon.coral.service#AccessDeniedException",

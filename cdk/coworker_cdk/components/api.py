@@ -18,18 +18,20 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
+from coworker.data import layout
 
 from coworker_cdk import constants as c
 from coworker_cdk.bundling import function_code
 from coworker_cdk.components.function import LOG_RETENTION, CoworkerFunction
-from coworker_cdk.components.grants import grant_invoke, grant_table
+from coworker_cdk.components.grants import grant_delete_items, grant_invoke, grant_table
 from coworker_cdk.components.results import PAYLOAD_PREFIX, RESULT_PREFIX, grant_objects
 from coworker_cdk.config import StackConfig
 
 # What the API's library code calls on the table, nothing more: tasks are put (PutItem; a batch's
 # head item is opened first, UpdateItem), read (GetItem; a batch's progress is its head and its
 # counter items, BatchGetItem), listed and counted on the index (Query), redriven or cancelled
-# and worker slots reserved (UpdateItem).
+# and worker slots reserved (UpdateItem). Schedules are put, paused and resumed the same way, and
+# deleted (DeleteItem, of schedule items only).
 API_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query",
                      "dynamodb:BatchGetItem")
 
@@ -96,6 +98,7 @@ class TaskApi(Construct):
             description="Coworker API: submit, list and inspect tasks",
         )
         grant_table(table, handler.function, API_TABLE_ACTIONS)
+        grant_delete_items(table, handler.function, layout.SCHEDULE_KEY_PREFIX)
         grant_invoke(worker, handler.function)
         if self._results_bucket is not None:  # reads large results, writes large payloads
             grant_objects(self._results_bucket, handler.function, "s3:GetObject", RESULT_PREFIX)

@@ -32,6 +32,14 @@ def grant_table(table: dynamodb.ITableV2, grantee: iam.IGrantable, actions: Sequ
             actions=[QUERY], resources=[f"{table.table_arn}/index/{layout.STATUS_INDEX_NAME}"]))
 
 
+def grant_delete_items(table: dynamodb.ITableV2, grantee: iam.IGrantable, key_prefix: str) -> None:
+    """``DeleteItem`` on the table, only of items whose key starts with ``key_prefix`` (IAM's
+    ``dynamodb:LeadingKeys`` condition): the API deletes schedules, never tasks."""
+    grantee.grant_principal.add_to_principal_policy(iam.PolicyStatement(
+        actions=["dynamodb:DeleteItem"], resources=[table.table_arn],
+        conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [f"{key_prefix}*"]}}))
+
+
 def grant_stream_read(table: dynamodb.ITableV2, grantee: iam.IGrantable) -> None:
     """Reading the table's own stream (it is found with DescribeTable; ``ListStreams`` is never called)."""
     if table.table_stream_arn is None:
