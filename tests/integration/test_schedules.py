@@ -160,3 +160,18 @@ def test_the_coordinators_tick_puts_occurrences_and_is_not_idle_while_one_is_due
     lifecycle.cancel(occurrence_key("soon", t0 + timedelta(minutes=1)), settings)
     # (once the slot the hand-out reserved has lapsed: the recording invoker never runs it)
     assert dispatch.tick(settings, invoker, now=t0 + timedelta(minutes=10)).idle
+
+
+def test_an_occurrence_keeps_its_payload_on_the_record_so_the_coordinator_needs_no_object_store(make_settings,
+                                                                                                tmp_path):
+    # Given a deployment that moves payloads over 256 bytes to its object store
+    settings = make_settings(inline_payload_bytes=256, result_dir=str(tmp_path))
+    t0 = utcnow().replace(microsecond=0)
+    payload = {"urls": ["https://example.org/" + "p" * 40] * 20}  # about 1 KB
+    schedules.put("big", "rate(1 minute)", "UTC", "once", NewTask(type="quick", payload=payload), now=t0)
+    # When an occurrence is put
+    assert create_due_occurrences(settings, t0 + timedelta(minutes=1, seconds=1)).created == 1
+    # Then its payload is on the record (the coordinator's role may not write the object store)
+    task = lifecycle.get_task(occurrence_key("big", t0 + timedelta(minutes=1)))
+    assert task.payload == payload and task.payload_ref is None
+    assert not any(tmp_path.rglob("*.json"))

@@ -319,7 +319,9 @@ def _run_occurrence(item: ScheduleModel, settings: Settings, now: datetime) -> t
     else:
         key = occurrence_key(item.name, latest)
         template = NewTask.model_validate({**json.loads(item.template), "key": key})
-        (spec,) = lifecycle.stage_payloads([template.to_spec()], settings)
+        # The payload stays on the record (at most MAX_TEMPLATE_BYTES): the coordinator never
+        # needs the object store, whatever COWORKER_INLINE_PAYLOAD_BYTES says.
+        spec = template.to_spec()
         if writes.put_if_new(lifecycle.new_task(spec, settings, now), f"task {key!r}"):
             made.append((key, spec.type))
         logger.info("schedule occurrence put",
