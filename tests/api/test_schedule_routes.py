@@ -62,3 +62,23 @@ def test_a_bad_schedule_is_refused_with_a_reason_and_writes_nothing(settings, pa
     assert says in answer["message"] + str(answer.get("errors", "")), answer
     assert api.items() == before
     assert schedules.list_all() == ([], False)
+
+
+def test_dynamodb_failing_is_a_503_with_a_reason(settings, monkeypatch):
+    from pynamodb.exceptions import PutError, QueryError
+
+    api = Api(settings)
+
+    def refuse(*args, **kwargs):
+        raise PutError("Rate of requests exceeds the allowed throughput")
+
+    monkeypatch.setattr(schedules.ScheduleModel, "save", refuse)
+    status, answer, _ = api.call("PUT", "/schedules/nightly", NIGHTLY)
+    assert (status, answer["error"]) == (503, "storage_unavailable") and "retry later" in answer["message"]
+
+    def refuse_query(*args, **kwargs):
+        raise QueryError("Throughput exceeds the current capacity")
+
+    monkeypatch.setattr(schedules.ScheduleModel.schedule_index, "query", refuse_query)
+    status, answer, _ = api.call("GET", "/schedules")
+    assert (status, answer["error"]) == (503, "storage_unavailable"), answer

@@ -25,6 +25,7 @@ crontab, read in the schedule's ``timezone``; a bare five-field expression is re
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -34,14 +35,14 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
-from pynamodb.exceptions import DoesNotExist
+from pynamodb.exceptions import DoesNotExist, PynamoDBException
 
 from coworker.config import Settings
 from coworker.data import layout, writes
 from coworker.data.models import ScheduleModel, utcnow
 from coworker.engine import lifecycle
 from coworker.engine.tasks import NewTask
-from coworker.errors import ScheduleNotFoundError
+from coworker.errors import ScheduleNotFoundError, StorageError
 from coworker.observability import logger
 
 ACTIVE = layout.SCHEDULES_PARTITION
@@ -169,6 +170,16 @@ def _item_key(name: str) -> str:
     return layout.SCHEDULE_KEY_PREFIX + name
 
 
+@contextlib.contextmanager
+def _storage(what: str) -> Iterator[None]:
+    """DynamoDB refusing or failing a request (throttling, an outage) as :class:`StorageError`
+    (the API answers 503: retry later)."""
+    try:
+        yield
+    except PynamoDBException as exc:
+        raise StorageError(f"could not {what}: {getattr(exc, 'cause_response_message', None) or exc}") from exc
+
+
 def put(name: str, expression: str, timezone: str, missed: str, task: NewTask, paused: bool = False,
         now: datetime | None = None) -> tuple[Schedule, bool]:
     """Create or replace schedule ``name``: ``(schedule, created)``. Its first occurrence is the
@@ -194,7 +205,8 @@ def put(name: str, expression: str, timezone: str, missed: str, task: NewTask, p
         last_run_at=previous.last_run_at if previous else None,
         last_task_key=previous.last_task_key if previous else None, skipped=0)
     _place(item, recurrence, paused, now)
-    item.save()
+    with _storage(f"put schedule {name!r}"):
+        item.save()
     logger.info("schedule put", extra={"schedule": name, "expression": item.expression,
                                        "schedule_created": previous is None})
     return Schedule.of(item), previous is None
@@ -206,10 +218,11 @@ def _place(item: ScheduleModel, recurrence: Recurrence, paused: bool, now: datet
 
 
 def _read(name: str, consistent: bool = True) -> ScheduleModel | None:
-    try:
-        return ScheduleModel.get(_item_key(name), consistent_read=consistent)
-    except DoesNotExist:
-        return None
+    with _storage(f"read schedule {name!r}"):
+        try:
+            return ScheduleModel.get(_item_key(name), consistent_read=consistent)
+        except DoesNotExist:
+            return None
 
 
 def get(name: str) -> Schedule:
@@ -223,7 +236,8 @@ def get(name: str) -> Schedule:
 def delete(name: str) -> Schedule:
     """Delete schedule ``name`` (tasks it put stay); :class:`ScheduleNotFoundError` if none."""
     schedule = get(name)
-    ScheduleModel(_item_key(name)).delete()
+    with _storage(f"delete schedule {name!r}"):
+        ScheduleModel(_item_key(name)).delete()
     logger.info("schedule deleted", extra={"schedule": name})
     return schedule
 
@@ -252,13 +266,14 @@ def set_paused(name: str, paused: bool, now: datetime | None = None) -> tuple[Sc
 def list_all() -> tuple[list[Schedule], bool]:
     """Every schedule (active and paused), by name, at most ``MAX_LISTED``: ``(schedules, truncated)``."""
     keys: list[str] = []
-    for partition in (ACTIVE, PAUSED):
-        for entry in ScheduleModel.schedule_index.query(partition, limit=MAX_LISTED + 1 - len(keys)):
-            keys.append(entry.key)
-        if len(keys) > MAX_LISTED:
-            break
+    with _storage("list the schedules"):
+        for partition in (ACTIVE, PAUSED):
+            for entry in ScheduleModel.schedule_index.query(partition, limit=MAX_LISTED + 1 - len(keys)):
+                keys.append(entry.key)
+            if len(keys) > MAX_LISTED:
+                break
+        items = list(ScheduleModel.batch_get(keys[:MAX_LISTED]))
     truncated = len(keys) > MAX_LISTED
-    items = list(ScheduleModel.batch_get(keys[:MAX_LISTED]))
     return sorted((Schedule.of(item) for item in items), key=lambda s: s.name), truncated
 
 
