@@ -23,77 +23,31 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "ERROR")
 os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
 
-BENCHMARKS_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCHMARKS_DIR.parent
-import re  # noqa: E402
-
 from coworker.bootstrap import configure  # noqa: E402
 from coworker.config import Settings  # noqa: E402
 from coworker.data.models import TaskModel  # noqa: E402
 from coworker_local.api_client import ApiClient  # noqa: E402
-from coworker_local.database import FAKE_CREDENTIALS, create_table, start_database  # noqa: E402
+from coworker_local.database import create_table, start_database  # noqa: E402
+from system import Runtime  # noqa: E402
 
-READY = re.compile(r"API\s+(http://\S+)")
 TABLE = "schedules-bench"
 
 
-class Runtime:
-    """``python -m coworker_local --no-demo`` on the shared database, killable at any moment."""
-
-    def __init__(self, endpoint: str) -> None:
-        env = {**os.environ, **FAKE_CREDENTIALS, "COWORKER_DYNAMODB_ENDPOINT": endpoint,
-               "COWORKER_TABLE_NAME": TABLE, "COWORKER_HANDLER_MODULES": "bench_handlers",
-               "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCHMARKS_DIR), os.environ.get("PYTHONPATH")]))}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "coworker_local", "--no-demo", "--api-port", "0", "--prewarm-workers", "1"],
-            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True)
-        self.url: str | None = None
-        ready = threading.Event()
-
-        def read() -> None:
-            assert self.process.stdout is not None
-            for line in self.process.stdout:
-                match = READY.search(line)
-                if match and self.url is None:
-                    self.url = match.group(1)
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        if not ready.wait(300) or self.url is None:
-            raise RuntimeError("a local runtime did not start")
-
-    def kill(self) -> None:
-        """SIGKILL the runtime and its worker processes (a coordinator dying mid-write)."""
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.kill()
+def start_runtime(endpoint: str) -> Runtime:
+    """One local runtime on the shared database: the stamping handlers, the one table, a worker
+    environment ready at once."""
+    return Runtime(endpoint, env={"COWORKER_TABLE_NAME": TABLE, "COWORKER_HANDLER_MODULES": "bench_handlers"},
+                   args=("--prewarm-workers", "1"))
 
 
 def occurrence_of(key: str) -> datetime:
@@ -117,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(table_name=TABLE, dynamodb_endpoint=database.endpoint)
     create_table(settings)
     configure(settings)
-    runtimes: list[Runtime | None] = [Runtime(database.endpoint), Runtime(database.endpoint)]
+    runtimes: list[Runtime | None] = [start_runtime(database.endpoint), start_runtime(database.endpoint)]
     try:
         first = runtimes[0]
         assert first is not None and first.url is not None
@@ -148,14 +102,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  outage: both coordinators killed at {down:%H:%M:%S}", flush=True)
                 time.sleep(args.outage)
                 outage = (down, datetime.now(UTC))
-                runtimes = [Runtime(database.endpoint), Runtime(database.endpoint)]
+                runtimes = [start_runtime(database.endpoint), start_runtime(database.endpoint)]
                 print(f"  outage over at {outage[1]:%H:%M:%S}", flush=True)
                 continue
             victim = rng.randrange(2)
             runtimes[victim].kill()  # type: ignore[union-attr]
             kills += 1
             time.sleep(rng.uniform(3, 10))
-            runtimes[victim] = Runtime(database.endpoint)
+            runtimes[victim] = start_runtime(database.endpoint)
         finished = datetime.now(UTC)
         time.sleep(30)  # let the last occurrences run (a killed worker's task waits for its lock to expire)
     finally:

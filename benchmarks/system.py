@@ -41,6 +41,7 @@ import re
 import resource
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -111,19 +112,24 @@ def settled_counts(directory: Path) -> collections.Counter[str]:
 
 
 class Runtime:
-    """``python -m coworker_local --no-demo`` on a given database, with the no-op handler; its
-    processes count their DynamoDB requests into ``count_dir``."""
+    """``python -m coworker_local --no-demo [args]`` on a given database, with the no-op handler
+    (or the one ``env`` names); with ``count_dir`` its processes count their DynamoDB requests
+    there. In a session of its own, so that :meth:`kill` takes it whole."""
 
-    def __init__(self, endpoint: str, count_dir: Path) -> None:
-        shutil.copy(BENCHMARKS_DIR / "counting" / "sitecustomize.py", count_dir)
-        (count_dir / "count-requests-here").touch()
-        paths = [str(BENCHMARKS_DIR), str(count_dir), os.environ.get("PYTHONPATH")]
-        env = {**os.environ, **FAKE_CREDENTIALS, "COWORKER_DYNAMODB_ENDPOINT": endpoint,
-               "COWORKER_HANDLER_MODULES": "noop_handlers", "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": os.pathsep.join(filter(None, paths))}
+    def __init__(self, endpoint: str, count_dir: Path | None = None, env: dict[str, str] | None = None,
+                 args: Sequence[str] = ()) -> None:
+        paths = [str(BENCHMARKS_DIR), os.environ.get("PYTHONPATH")]
+        if count_dir is not None:
+            shutil.copy(BENCHMARKS_DIR / "counting" / "sitecustomize.py", count_dir)
+            (count_dir / "count-requests-here").touch()
+            paths.insert(1, str(count_dir))
+        environ = {**os.environ, **FAKE_CREDENTIALS, "COWORKER_DYNAMODB_ENDPOINT": endpoint,
+                   "COWORKER_HANDLER_MODULES": "noop_handlers", "PYTHONUNBUFFERED": "1",
+                   "PYTHONPATH": os.pathsep.join(filter(None, paths)), **(env or {})}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "coworker_local", "--no-demo", "--api-port", "0"],
-            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [sys.executable, "-m", "coworker_local", "--no-demo", "--api-port", "0", *args],
+            cwd=REPO_ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True)
         self.url: str | None = None
         self.output: list[str] = []
         ready = threading.Event()
@@ -145,6 +151,13 @@ class Runtime:
 
     def cpu_seconds(self) -> float:
         return tree_cpu_seconds(self.process.pid)
+
+    def kill(self) -> None:
+        """SIGKILL the runtime (its coordinator dying mid-write); its worker processes see their
+        parent gone and end."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
 
     def stop(self) -> None:
         if self.process.poll() is None:
