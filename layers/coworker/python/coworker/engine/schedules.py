@@ -267,7 +267,7 @@ def set_paused(name: str, paused: bool, now: datetime | None = None) -> tuple[Sc
     if not writes.update(item, actions, condition, f"pause schedule {name!r}"):
         return get(name), False  # paused, resumed or deleted meanwhile: as it is now
     logger.info("schedule paused" if paused else "schedule resumed", extra={"schedule": name})
-    return get(name), True
+    return Schedule.of(item), True  # as written: the update returned the whole item
 
 
 def list_all() -> tuple[list[Schedule], bool]:
