@@ -205,7 +205,8 @@ def test_killed_worker_process_task_is_completed_by_another_after_lock_expiry(ma
     time.sleep(settings.effective_lock_seconds + 0.5)
     dispatch.tick(settings, invoker)
     assert invoker.keys == ["victim"]
-    reports = run_batch(invoker.keys, "rescuer", settings, time.monotonic() + 3)
+    # (a deadline no loaded machine reaches: the rescue is what is tested, not its speed)
+    reports = run_batch(invoker.keys, "rescuer", settings, time.monotonic() + 60)
     task = lifecycle.get_task("victim")
     assert reports[0].outcome is TaskOutcome.FINISHED
     assert (task.status, task.attempts) == ("finished", 2)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+from coworker.config import Settings
 from coworker_local.gateway import build_proxy_event
 
 from tests.rehearsal.template import Targets, environment_of, functions_of, layer_dir, role_grants
@@ -96,6 +97,10 @@ class Deployment:
                  logs: Path, layer: Path | None = None) -> None:
         self.gateway = gateway
         self.names = names
+        # How long a pause takes to reach every environment's claims (the functions' setting).
+        worker_env = functions_of(template)["worker"]["Properties"]["Environment"]["Variables"]
+        self.control_cache_seconds = float(worker_env.get(
+            "COWORKER_CONTROL_CACHE_SECONDS", Settings.model_fields["control_cache_seconds"].default))
         stand_ins = {Targets.of(template).table.removesuffix(".Arn"): names.table,
                      Targets.of(template).worker.removesuffix(".Arn"): names.worker_function}
         if names.bucket:
@@ -195,6 +200,11 @@ def run_lifecycle(deployment: Deployment) -> None:
         assert deployment.call("GET", path)[0] == 200, path
     assert deployment.call("PUT", "/types/r-slow/limit", {"limit": 2})[0] == 200
     assert deployment.call("POST", "/types/r-slow/pause")[0] == 200
+    paused_at = time.monotonic()
+    # A pause reaches every environment's claims within COWORKER_CONTROL_CACHE_SECONDS (documented):
+    # a task put sooner may still be dispatched and run by an API or worker environment whose view
+    # is older, and never parked. At least that long, then (a lower bound: load only lengthens it).
+    time.sleep(max(0.0, deployment.control_cache_seconds - (time.monotonic() - paused_at)) + 0.5)
     assert deployment.call("POST", "/tasks", {"key": "paused-one", "type": "r-slow"})[0] == 201
 
     def held(task_type: str) -> int:
