@@ -106,7 +106,8 @@ def test_each_outcome_is_counted_when_its_task_ends_not_when_its_invocation_does
 
         # Then its outcome is counted (and on the throughput series) while the invocation still runs
         assert pool.outcomes["finished"] == 1
-        assert lifecycle.get_task("slow").status == "processing" and pool.running()
+        # (on a loaded machine the slow task's claim may land after the quick one finished)
+        assert lifecycle.get_task("slow").status in ("todo", "processing") and pool.running()
         assert sum(finished for _second, finished, *_ in pool.series()) == 1
         (running,) = pool.running()
         assert running["outcomes"] == {"quick": "finished"}

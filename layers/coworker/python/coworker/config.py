@@ -141,6 +141,16 @@ class Settings(BaseModel):
                                       description="The API refuses a task whose type has no registered handler "
                                                   "(422, listing the known types); the worker still guards "
                                                   "types removed after a submit.")
+    events: Literal["off", "eventbridge", "log"] = Field(
+        "off", alias="COWORKER_EVENTS",
+        description="Completion events (Task Ignored, Batch Completed, Batch Stopped; docs/events.md): off, "
+                    "eventbridge (PutEvents to COWORKER_EVENT_BUS; the stack's events option sets it) or "
+                    "log (a log line each, and COWORKER_EVENTS_FILE if set: the local runtime's choice).")
+    event_bus: str = Field("default", min_length=1, max_length=1600, alias="COWORKER_EVENT_BUS",
+                           description="Name or ARN of the EventBridge bus events go to.")
+    events_file: str | None = Field(None, alias="COWORKER_EVENTS_FILE",
+                                    description="With events=log, also append each event to this file as a "
+                                                "JSON line (the local dashboard shows them).")
     example_handlers: bool = Field(True, alias="COWORKER_EXAMPLE_HANDLERS",
                                    description="Also register the example task types (quick, slow, flaky, "
                                                "always-fail, crawl) that the demo and the tests use.")

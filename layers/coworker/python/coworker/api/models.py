@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from coworker.api.bulk import BulkAction, check_action
+from coworker.engine.callbacks import CALLBACK_EVENTS, MAX_CALLBACKS_BYTES, callbacks_size
 from coworker.engine.tasks import (
     BATCH_ID_PATTERN,
     MAX_CONCURRENCY_LIMIT,
@@ -81,6 +82,42 @@ class TaskIn(NewTask):
     """One task to create (its fields and their rules are the engine's: ``engine.tasks.NewTask``)."""
 
 
+class CallbackTaskIn(NewTask):
+    """A task a batch puts when it gets somewhere (the fields of a task, without key and run_at)."""
+
+    @model_validator(mode="after")
+    def _no_key_or_time(self) -> CallbackTaskIn:
+        if self.key is not None or self.run_at is not None:
+            raise ValueError("a callback task has no key or run_at: it gets the key <batch id>~<event> and runs "
+                             "when the event happens")
+        return self
+
+
+class BatchCallbacksIn(_Strict):
+    """Tasks a batch puts once each, with its counts (see docs/batches.md)."""
+
+    complete: CallbackTaskIn | None = Field(None, description="Put once every task of the batch is finished or "
+                                                              "ignored (and counted).")
+    success: CallbackTaskIn | None = Field(None, description="Put once every task is finished, none ignored, and "
+                                                             "the batch did not stop (also after a redrive ends so).")
+    stopped: CallbackTaskIn | None = Field(None, description="Put once the batch stops at its failure threshold.")
+
+    @model_validator(mode="after")
+    def _some_and_small(self) -> BatchCallbacksIn:
+        named = self.named()
+        if not named:
+            raise ValueError("name at least one of complete, success and stopped")
+        size = callbacks_size(named)
+        if size > MAX_CALLBACKS_BYTES:
+            raise ValueError(f"the callbacks, payloads included, are {size} bytes as stored; at most "
+                             f"{MAX_CALLBACKS_BYTES // 1024} KB (they are kept on the batch's record)")
+        return self
+
+    def named(self) -> dict[str, NewTask]:
+        """The callback task of each event named."""
+        return {event: task for event in CALLBACK_EVENTS if (task := getattr(self, event)) is not None}
+
+
 class BatchIn(_Strict):
     """Several tasks at once, under one batch id."""
 
@@ -98,6 +135,10 @@ class BatchIn(_Strict):
     tolerated_failure_count: StrictInt | None = Field(
         None, ge=0, le=MAX_TOLERATED_FAILURES,
         description="The same, as a number of ignored tasks; the batch stops at whichever passes first.")
+    callbacks: BatchCallbacksIn | None = Field(
+        None, description="Tasks put once each when the batch completes, succeeds or stops, under the key "
+                          "<batch id>~<event>, with the payload {event, batch: its counts, payload}. The latest "
+                          "submission that names callbacks sets them.")
 
     @field_validator("tolerated_failure_percent")
     @classmethod
@@ -248,6 +289,9 @@ class BatchOut(BaseModel):
     updated_at: str | None
     counted_through: str | None = Field(description="Every write made before this time is in the counts "
                                                     "(null for a batch counted before the table's stream).")
+    callbacks: list[str] = Field([], description="The events the batch has callback tasks for.")
+    fired: list[str] = Field([], description="The events that have happened and were handled (callback put, "
+                                             "event published), each once.")
 
 
 MAX_BULK_PER_REQUEST = 200  # tasks changed by one bulk request (each is a read and a write)

@@ -89,6 +89,9 @@ def router(services: Services) -> APIGatewayRouter:
         now = utcnow()
         if settings.validate_task_types:
             check_task_types([body] if isinstance(body, TaskIn) else body.tasks, batch=isinstance(body, BatchIn))
+            if isinstance(body, BatchIn) and body.callbacks is not None:
+                for event, task in body.callbacks.named().items():
+                    check_task_types([task], batch=False, location=("body", "callbacks", event, "type"))
         if isinstance(body, TaskIn):
             return submit_one(body, services, now)
         assert isinstance(body, BatchIn)
@@ -172,7 +175,8 @@ def submit_batch(body: BatchIn, services: Services, now: datetime) -> Response:
     tolerance = (batches.Tolerance(body.tolerated_failure_percent, body.tolerated_failure_count)
                  if body.tolerated_failure_percent is not None or body.tolerated_failure_count is not None
                  else None)
-    created = submit.put_batch(specs, batch_id, services.settings, tolerance, now)
+    created = submit.put_batch(specs, batch_id, services.settings, tolerance, now,
+                               callbacks=body.callbacks.named() if body.callbacks is not None else None)
     results = [PutResult(key=spec.key, outcome="created" if made else "exists")
                for spec, made in zip(specs, created, strict=True)]
     made_count = sum(created)

@@ -38,7 +38,8 @@ start with any of them; :func:`reserved_prefix`)::
 Index partitions other than ``<status>#<n>``: ``worker-slot`` (slots), ``held#<type>#<n>``
 (tasks of a paused type), ``blocked#<group>`` (tasks waiting for a place in a concurrency
 group), ``gates#waiting`` (gates with blocked tasks), ``schedules`` and ``schedules#paused``
-(recurring schedules, by next occurrence).
+(recurring schedules, by next occurrence), ``batches#watched`` (batch heads with callbacks or
+events still to fire, by when they were last looked at).
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ WAITING_GATES: Final = "gates#waiting"
 # Index partitions of schedules: active ones by next occurrence, paused ones by when paused.
 SCHEDULES_PARTITION: Final = "schedules"
 SCHEDULES_PAUSED_PARTITION: Final = "schedules#paused"
+# The index partition of batches whose callbacks or events may still fire (engine.callbacks).
+WATCHED_BATCHES_PARTITION: Final = "batches#watched"
 # The table's stream: the coordinator counts batch progress from it (see coworker.engine.progress).
 STREAM_SPECIFICATION: Final = {"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"}
 

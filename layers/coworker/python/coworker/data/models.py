@@ -205,13 +205,25 @@ class TaskModel(Model):
         }
 
 
+class WatchedBatchIndex(GlobalSecondaryIndex["BatchModel"]):
+    """The tasks' status index, read for the ``batches#watched`` partition only."""
+
+    class Meta:
+        index_name = layout.STATUS_INDEX_NAME
+        projection = KeysOnlyProjection()
+
+    status_shard = UnicodeAttribute(hash_key=True)
+    due_at = UTCDateTimeAttribute(range_key=True)
+
+
 class BatchModel(Model):
     """One batch, kept in the task table: its head ``batch#<id>`` and its counter items
     ``batch#<id>#<stream shard id>`` (see :mod:`coworker.engine.batches` and
     :mod:`coworker.engine.progress`).
 
-    It has no ``status`` or ``due_at``, so it never enters the status index; the counters are
-    moved by the coordinator as it reads the table's stream.
+    It has no ``status``, so it is never counted as a task; the counters are moved by the
+    coordinator as it reads the table's stream. A head with callbacks or events still to fire
+    sits in the index partition ``batches#watched`` (:mod:`coworker.engine.callbacks`).
     """
 
     class Meta:
@@ -241,6 +253,15 @@ class BatchModel(Model):
     # latest time of a change it counted.
     read_through = UnicodeAttribute(null=True)
     last_change_at = UTCDateTimeAttribute(null=True)
+    # On the head, for callbacks and events (engine.callbacks): the callback tasks by event
+    # (``{}`` when only events are wanted), the events handled, and while some may still fire,
+    # its place in the ``batches#watched`` index partition.
+    callbacks = JSONAttribute(null=True)
+    fired = UnicodeSetAttribute(null=True)
+    status_shard = UnicodeAttribute(null=True, attr_name=layout.STATUS_INDEX_PARTITION_KEY)
+    due_at = UTCDateTimeAttribute(null=True, attr_name=layout.STATUS_INDEX_SORT_KEY)
+
+    watched_index = WatchedBatchIndex()
 
 
 class StreamCheckpointModel(Model):

@@ -9,6 +9,9 @@ A batch lives in the task table as a head item and its counter items::
     batch#<id>#<shard id>   total, finished, ignored: what one stream shard counted,
                             ``read_through`` (its last record counted) and ``last_change_at``
 
+    callbacks, fired, and its place in the ``batches#watched`` index partition while callbacks or
+                            events may still fire (see :mod:`coworker.engine.callbacks`)
+
     total     tasks created for the batch (a re-submitted task that already exists is not counted)
     finished  tasks of the batch that reached ``finished``
     ignored   tasks of the batch that are ``ignored`` now (a redrive takes one back)
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
@@ -39,9 +42,10 @@ from pynamodb.exceptions import DoesNotExist, PynamoDBException
 from pynamodb.transactions import TransactWrite
 
 from coworker.data import writes
-from coworker.data.layout import BATCH_KEY_PREFIX, COUNTED_THROUGH_KEY
+from coworker.data.layout import BATCH_KEY_PREFIX, COUNTED_THROUGH_KEY, WATCHED_BATCHES_PARTITION
 from coworker.data.models import BatchModel, StreamCheckpointModel, TaskModel, iso_utc, utcnow
 from coworker.engine import control
+from coworker.engine.tasks import NewTask
 from coworker.errors import BatchFailedError, BatchNotFoundError, PartialPutError, StorageError
 from coworker.observability import logger
 
@@ -89,6 +93,8 @@ class BatchProgress:
     # the stream follower has counted every write made before it (``counted_through``).
     settled_at: datetime | None = None
     counted_through: datetime | None = None
+    callbacks: tuple[str, ...] = ()  # the events it has callback tasks for
+    fired: tuple[str, ...] = ()  # the events that happened and were handled
 
     @property
     def open(self) -> int:
@@ -127,6 +133,8 @@ class BatchProgress:
             "created_at": iso(self.created_at),
             "updated_at": iso(self.updated_at),
             "counted_through": iso(self.counted_through),
+            "callbacks": list(self.callbacks),
+            "fired": list(self.fired),
         }
 
 
@@ -141,16 +149,19 @@ def is_batch_key(key: str) -> bool:
 
 
 def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = None,
-              tolerance: Tolerance | None = None) -> list[bool]:
+              tolerance: Tolerance | None = None, callbacks: Mapping[str, NewTask] | None = None,
+              watch: bool = False) -> list[bool]:
     """Create ``tasks`` (all with ``batch_id``), each only if its key is new; returns, per task,
     whether it was created (``False``: a task with that key existed and was left untouched).
 
-    First the batch's head item is created or touched (one write; a ``tolerance`` is kept from
-    the first put on), refusing with :class:`BatchFailedError` if the batch stopped at its
-    threshold; it also records the request as under way, promising its puts within
-    PUT_WINDOW_SECONDS. Then each task is one conditional PutItem, PUT_THREADS at a time: the
-    plain write a single task makes, since the batch's ``total`` is counted from the stream.
-    Last, the head records the request as ended (one write), so the batch can read done once
+    First the batch's head item is created or touched (one write; a ``tolerance`` is kept from the
+    first put on), refusing with :class:`BatchFailedError` if the batch stopped at its threshold; it
+    also records the request as under way, promising its puts within PUT_WINDOW_SECONDS.
+    ``callbacks`` (event -> task; the latest put that names any sets them) and ``watch`` (events are
+    published) put the batch in the watched partition, where the coordinator fires them
+    (:mod:`coworker.engine.callbacks`). Then each task is one conditional PutItem, PUT_THREADS at a
+    time: the plain write a single task makes, since the batch's ``total`` is counted from the
+    stream. Last, the head records the request as ended (one write), so the batch can read done once
     the counts pass it. A batch that stops while its tasks are being put may take a few of them;
     they are cancelled with its other open tasks.
     """
@@ -159,7 +170,7 @@ def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = 
         if task.batch_id != batch_id:
             raise ValueError(f"task {task.key!r} does not carry batch id {batch_id!r}")
     deadline = time.monotonic() + PUT_WINDOW_SECONDS - 1
-    _open(batch_id, now, tolerance)
+    _open(batch_id, now, tolerance, watch_actions(callbacks, watch, now))
     created = [False] * len(tasks)
     failures: list[StorageError] = []
     late = f"the batch's puts took over {PUT_WINDOW_SECONDS} s"
@@ -193,7 +204,22 @@ def _put_if_new(task: TaskModel) -> bool:
     return writes.put_if_new(task, f"task {task.key!r}")
 
 
-def _open(batch_id: str, now: datetime, tolerance: Tolerance | None) -> None:
+def watch_actions(callbacks: Mapping[str, NewTask] | None, watch: bool, now: datetime) -> list[Any]:
+    """Update actions that set a batch's ``callbacks`` (``{}`` when only events are wanted and
+    none were named) and put its head in the watched partition; none when neither is asked for."""
+    if not callbacks and not watch:
+        return []
+    spec = {event: task.model_dump(mode="json", exclude_none=True) for event, task in (callbacks or {}).items()}
+    return [BatchModel.callbacks.set(spec) if spec else BatchModel.callbacks.set(BatchModel.callbacks | spec),
+            *rewatch_actions(now)]
+
+
+def rewatch_actions(now: datetime) -> list[Any]:
+    """Update actions that put a batch's head (back) in the watched partition."""
+    return [BatchModel.status_shard.set(WATCHED_BATCHES_PARTITION), BatchModel.due_at.set(now)]
+
+
+def _open(batch_id: str, now: datetime, tolerance: Tolerance | None, watch: Sequence[Any] = ()) -> None:
     """Create or touch the batch's head item and record a put request under way;
     :class:`BatchFailedError` if the batch stopped."""
     actions = [BatchModel.created_at.set(BatchModel.created_at | now), BatchModel.updated_at.set(now),
@@ -205,6 +231,7 @@ def _open(batch_id: str, now: datetime, tolerance: Tolerance | None) -> None:
     if tolerance is not None and tolerance.count is not None:
         actions.append(BatchModel.tolerated_failure_count.set(
             BatchModel.tolerated_failure_count | tolerance.count))
+    actions += watch
     if not writes.update(BatchModel(batch_key(batch_id)), actions, BatchModel.failed_at.does_not_exist(),
                          f"open batch {batch_id!r}"):
         raise BatchFailedError(f"batch {batch_id!r} stopped at its failure threshold ({_reason(batch_id)}); "
@@ -223,10 +250,13 @@ def _close(batch_id: str) -> None:
 
 def settle(batch_id: str) -> None:
     """Record a change to the batch's tasks that the counts must pass before it reads done (a
-    redrive of its ignored tasks)."""
+    redrive of its ignored tasks); a batch with callbacks that had left the watched partition
+    goes back to it (a callback not yet fired may fire after the redrive)."""
+    head = BatchModel(batch_key(batch_id))
     try:
-        BatchModel(batch_key(batch_id)).update(actions=[BatchModel.puts_closed_at.set(utcnow())],
-                                               condition=BatchModel.key.exists())
+        head.update(actions=[BatchModel.puts_closed_at.set(utcnow())], condition=BatchModel.key.exists())
+        if head.callbacks is not None and head.status_shard is None:
+            head.update(actions=rewatch_actions(utcnow()), condition=BatchModel.callbacks.exists())
     except PynamoDBException:
         logger.exception("could not record a redrive on the batch", extra={"batch_id": batch_id})
 
@@ -255,7 +285,7 @@ def stop_if_failing(batch_id: str) -> bool:
     """
     try:
         head = BatchModel.get(batch_key(batch_id), consistent_read=True, attributes_to_get=[
-            "tolerated_failure_percent", "tolerated_failure_count", "failed_at"])
+            "tolerated_failure_percent", "tolerated_failure_count", "failed_at", "callbacks"])
     except DoesNotExist:
         return False
     tolerance = _tolerance_of(head)
@@ -268,9 +298,11 @@ def stop_if_failing(batch_id: str) -> bool:
 
     def build(transaction: TransactWrite) -> None:
         now = utcnow()  # each attempt of the transaction records its own moment
+        # A batch with callbacks or events is watched again: its "stopped" fires.
+        watch = rewatch_actions(now) if head.callbacks is not None else []
         transaction.update(BatchModel(batch_key(batch_id)), actions=[
-            BatchModel.failed_at.set(now), BatchModel.failure_reason.set(reason), BatchModel.updated_at.set(now)],
-            condition=BatchModel.failed_at.does_not_exist())
+            BatchModel.failed_at.set(now), BatchModel.failure_reason.set(reason), BatchModel.updated_at.set(now),
+            *watch], condition=BatchModel.failed_at.does_not_exist())
         control.stop_batch_actions(transaction, batch_id, now)
 
     if writes.transact(build, f"stop batch {batch_id!r}") is not None:
@@ -304,6 +336,11 @@ def get_batch(batch_id: str) -> BatchProgress:
     """The batch's counts (its head and counter items, read strongly consistent, and the
     follower's watermark for ``done``), or :class:`BatchNotFoundError`. They include what the
     coordinator has counted from the stream: up to a tick behind the tasks."""
+    return read_batch(batch_id)[1]
+
+
+def read_batch(batch_id: str) -> tuple[BatchModel, BatchProgress]:
+    """The batch's head item as read, and its counts (see :func:`get_batch`)."""
     base = batch_key(batch_id)
     try:
         head = BatchModel.get(base, consistent_read=True)
@@ -330,10 +367,12 @@ def get_batch(batch_id: str) -> BatchProgress:
         failed_at=head.failed_at,
         failure_reason=head.failure_reason,
         settled_at=_settles_at(items),
+        callbacks=tuple(sorted((head.callbacks or {}).keys())),
+        fired=tuple(sorted(head.fired or ())),
     )
     if progress.settled_at is None:
-        return progress  # a batch counted before the stream: its counts are exact as they are
-    return dataclasses.replace(progress, counted_through=_counted_through())
+        return head, progress  # a batch counted before the stream: its counts are exact as they are
+    return head, dataclasses.replace(progress, counted_through=_counted_through())
 
 
 def _settles_at(items: list[BatchModel]) -> datetime | None:

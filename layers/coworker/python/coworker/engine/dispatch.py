@@ -35,7 +35,18 @@ from coworker.config import Settings
 from coworker.data import index
 from coworker.data.layout import COORDINATOR_LEASE, shard_of
 from coworker.data.models import LeaseState, TaskModel, TaskStatus, utcnow
-from coworker.engine import batches, control, gates, lifecycle, progress, reshard, schedules, slots, worker
+from coworker.engine import (
+    batches,
+    callbacks,
+    control,
+    gates,
+    lifecycle,
+    progress,
+    reshard,
+    schedules,
+    slots,
+    worker,
+)
 from coworker.engine.control import DueAction
 from coworker.engine.feeder import FEED_ORDER
 from coworker.engine.outcomes import TaskReport
@@ -246,6 +257,7 @@ class TickReport:
     released: int = 0  # held tasks of resumed types put back
     woken: int = 0  # blocked tasks put back by the concurrency sweep
     scheduled: int = 0  # tasks put for schedules' occurrences
+    callbacks: int = 0  # batch callback tasks put
     counted: int = 0  # batch changes counted from the table's stream
     backlog: index.Backlog | None = None  # measured this tick (every backlog_seconds), else None
     # Nothing ran, moved or was counted, and nothing is due within the supervision window: a
@@ -284,6 +296,7 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     _reshard(view, now)  # before reading the queue: tasks in retired shards are read this tick
     woken = gates.sweep(view.limits, now)  # before reading the queue: they are due at once
     occurrences = schedules.create_due_occurrences(settings, now, timedelta(seconds=settings.supervise_seconds))
+    fired = _fire_batch_callbacks(settings, now)  # on the counts of the last tick's follow
     running, lost = index.running_and_lost(now)
     backlog = _measure_backlog(settings, now, lost) if measure_backlog else None
     work = _find_due_work(settings, view, now, lost, max(free_threads, settings.batch_size), memory)
@@ -295,7 +308,8 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     released = _release_held(view)
     # Tasks this tick put for schedules are handed out at once, as a submit's are (the queue
     # read leaves the freshest tasks to dispatch on submit and to feeding workers).
-    scheduled = [key for key, task_type in occurrences.put if not view.is_paused(task_type) and key not in work.keys]
+    scheduled = [key for key, task_type in occurrences.put + fired.put
+                 if not view.is_paused(task_type) and key not in work.keys]
     hand_out = (work.keys + scheduled)[:free_threads]
     requests = start_workers(settings, invoker, hand_out, free=free, now=now) if free else []
     sent = [key for request in requests for key in request.keys]
@@ -305,13 +319,15 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     # (the last term reads the index, so it is only asked when everything else is quiet)
     idle = (settings.idle_exit and not requests and work.due == 0 and work.reaped == 0 and running == 0 and not lost
             and len(free) == settings.worker_slots and counted == 0
-            and parked == released == cancelled == woken == occurrences.created == 0 and not occurrences.due_soon
+            and parked == released == cancelled == woken == occurrences.created == fired.created == 0
+            and not occurrences.due_soon and not fired.settling
             and not view.stopped_batches and not view.to_release
             and not index.any_due(now + timedelta(seconds=settings.supervise_seconds)))
     report = TickReport(busy_slots=settings.worker_slots - len(free), free_slots=len(free), due=work.due,
                         dispatched=len(sent), invocations=len(requests), reaped=work.reaped,
                         running_tasks=running, parked=parked, released=released, cancelled=cancelled,
-                        woken=woken, scheduled=occurrences.created, counted=counted, backlog=backlog, idle=idle)
+                        woken=woken, scheduled=occurrences.created, callbacks=fired.created, counted=counted,
+                        backlog=backlog, idle=idle)
     _publish_tick(report)
     logger.debug("coordinator tick", extra=dataclasses.asdict(report))
     return report
@@ -414,6 +430,16 @@ def _each(write: Callable[[TaskModel], bool], tasks: Sequence[TaskModel]) -> int
         return 0
     with ThreadPoolExecutor(max_workers=min(FAN_OUT_THREADS, len(tasks))) as pool:
         return sum(pool.map(write, tasks))
+
+
+def _fire_batch_callbacks(settings: Settings, now: datetime) -> callbacks.CallbackReport:
+    """Fire the watched batches' callbacks and events (:mod:`coworker.engine.callbacks`); a
+    failure is logged and the next tick looks again (each fires once however often it is tried)."""
+    try:
+        return callbacks.fire_due(settings, now)
+    except Exception:  # noqa: BLE001 - must not stop dispatch
+        logger.exception("could not look at the watched batches this tick")
+        return callbacks.CallbackReport()
 
 
 def _count_batch_progress(settings: Settings, now: datetime) -> int:

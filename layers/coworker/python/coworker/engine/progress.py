@@ -51,9 +51,9 @@ from coworker.config import Settings
 from coworker.data import layout, writes
 from coworker.data.layout import COUNTED_THROUGH_KEY, STREAM_KEY_PREFIX
 from coworker.data.models import BatchModel, ErrorKind, StreamCheckpointModel, TaskModel, utcnow
-from coworker.engine import batches
+from coworker.engine import batches, events
 from coworker.errors import StorageError
-from coworker.observability import logger
+from coworker.observability import logger, metrics
 
 CHECKPOINT_PREFIX = STREAM_KEY_PREFIX
 # GetRecords calls per shard and tick (each up to 1,000 records): bounds a tick's work when the
@@ -355,6 +355,8 @@ class StreamFollower:
         if place.ended:
             return
         changes: list[Change] = []
+        ignored: list[events.Event] = []
+        publisher = events.publisher(self.settings)
         last_sequence = place.read_through
         for _ in range(CALLS_PER_TICK):
             if time.monotonic() > deadline:
@@ -377,6 +379,10 @@ class StreamFollower:
                 change = change_of(record)
                 if change is not None:
                     changes.append(change)
+                if publisher.enabled:
+                    event = events.task_ignored(record, self.settings.table_name)
+                    if event is not None:
+                        ignored.append(event)
                 settles = settles_at(record)
                 if settles is not None and (self._unsettled is None or settles > self._unsettled):
                     self._unsettled = settles
@@ -395,11 +401,24 @@ class StreamFollower:
                 place.iterator, place.ended = None, False  # not counted: the next pass reads them again
                 raise
             report.batches += len({change.batch_id for change in changes})
+        self._publish(publisher, ignored)
         advanced = last_sequence != place.read_through
         place.read_through = last_sequence
         idle_for = time.monotonic() - place.saved_at
-        if changes or place.ended or (advanced and idle_for >= IDLE_CHECKPOINT_SECONDS):
+        if changes or ignored or place.ended or (advanced and idle_for >= IDLE_CHECKPOINT_SECONDS):
             self._save(shard_id, place, now)
+
+    @staticmethod
+    def _publish(publisher: events.Publisher, ignored: list[events.Event]) -> None:
+        """Send the Task Ignored events of records read. One that cannot be sent after retries
+        is logged with its event and counted (EventsDropped), not retried by holding the stream
+        back: batch counting must not wait on EventBridge."""
+        try:
+            publisher.publish(ignored)
+        except StorageError:
+            logger.exception("could not publish task events; dropped",
+                             extra={"events": [event.detail for event in ignored]})
+            metrics.add_metric(name="EventsDropped", unit="Count", value=len(ignored))
 
     def _save(self, shard_id: str, place: _ShardPlace, now: datetime) -> None:
         StreamCheckpointModel(CHECKPOINT_PREFIX + shard_id, read_through=place.read_through, ended=place.ended,

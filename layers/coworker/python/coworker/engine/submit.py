@@ -7,7 +7,7 @@ handler asks for are put with its completion instead (:func:`coworker.engine.lif
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from coworker.config import Settings
@@ -15,7 +15,7 @@ from coworker.data import writes
 from coworker.data.models import utcnow
 from coworker.engine import batches, control, dispatch, lifecycle
 from coworker.engine.batches import Tolerance
-from coworker.engine.tasks import TaskSpec
+from coworker.engine.tasks import NewTask, TaskSpec
 
 
 class PutOutcome(str, enum.Enum):
@@ -34,19 +34,20 @@ def put_task(spec: TaskSpec, settings: Settings, now: datetime | None = None) ->
     (spec,) = lifecycle.stage_payloads([spec], settings)
     task = lifecycle.new_task(spec, settings, now)
     if spec.batch_id:
-        created = batches.put_tasks([task], spec.batch_id, now)[0]
+        created = batches.put_tasks([task], spec.batch_id, now, watch=settings.events != "off")[0]
         return PutOutcome.CREATED if created else PutOutcome.EXISTS
     return PutOutcome.CREATED if writes.put_if_new(task, f"task {spec.key!r}") else PutOutcome.EXISTS
 
 
 def put_batch(specs: Sequence[TaskSpec], batch_id: str, settings: Settings, tolerance: Tolerance | None = None,
-              now: datetime | None = None) -> list[bool]:
+              now: datetime | None = None, callbacks: Mapping[str, NewTask] | None = None) -> list[bool]:
     """Create ``specs`` as tasks of batch ``batch_id`` (each only if its key is new); per task,
-    whether it was created. Every payload is checked before anything is written."""
+    whether it was created. Every payload is checked before anything is written. ``callbacks``
+    (event -> task, :mod:`coworker.engine.callbacks`) fire once each when the batch gets there."""
     now = now or utcnow()
     staged = lifecycle.stage_payloads(specs, settings)
     items = [lifecycle.new_task(spec, settings, now) for spec in staged]
-    return batches.put_tasks(items, batch_id, now, tolerance)
+    return batches.put_tasks(items, batch_id, now, tolerance, callbacks=callbacks, watch=settings.events != "off")
 
 
 def start_due(specs: Sequence[TaskSpec], settings: Settings, invoker: dispatch.Invoker | None,
