@@ -19,8 +19,10 @@ the local runtime) live in ``coworker_local`` and never ship in the Lambda layer
 """
 
 from coworker.config import Settings
+from coworker.engine.callbacks import read_results
 from coworker.engine.handlers import TaskContext, task_handler
 from coworker.errors import CoworkerError, TaskFailed, TaskFailedError
 
-__all__ = ["CoworkerError", "Settings", "TaskContext", "TaskFailed", "TaskFailedError", "task_handler"]
+__all__ = ["CoworkerError", "Settings", "TaskContext", "TaskFailed", "TaskFailedError", "read_results",
+           "task_handler"]
 __version__ = "0.1.0"

@@ -193,10 +193,12 @@ def callbacks_size(callbacks: Mapping[str, NewTask]) -> int:
                                 for event, task in callbacks.items()})
 
 
-def read_results(keys: Sequence[str], settings: Settings) -> dict[str, Any]:
+def read_results(keys: Sequence[str], settings: Settings | None = None) -> dict[str, Any]:
     """The results of the tasks ``keys`` that are finished, by key (a result kept in the object
     store is loaded); keys of tasks not finished, or not found, are left out. For a callback's
-    handler reading its batch's results: BatchGetItem, KEYS_PER_READ keys a call."""
+    handler reading its batch's results (``from coworker import read_results``): BatchGetItem,
+    KEYS_PER_READ keys a call. ``settings`` default to the process's environment."""
+    settings = settings or Settings.from_env()
     unique = list(dict.fromkeys(keys))
     results: dict[str, Any] = {}
     refs: dict[str, dict[str, Any]] = {}
