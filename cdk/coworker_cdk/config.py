@@ -39,6 +39,8 @@ _SETTINGS_CONTEXT: dict[str, str] = {
     c.CTX_EXAMPLE_HANDLERS: "example_handlers",
     c.CTX_INLINE_RESULT_BYTES: "inline_result_bytes",
     c.CTX_STATUS_SHARDS: "status_shards",
+    c.CTX_EVENTS: "events",
+    c.CTX_EVENT_BUS: "event_bus",
 }
 # Deployment options that are not library settings: context key -> option name.
 _DEPLOY_CONTEXT: dict[str, str] = {

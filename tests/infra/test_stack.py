@@ -369,6 +369,7 @@ def test_least_privilege_on_the_table(template: Template, functions) -> None:
         assert not stream_actions(template, role_of(functions[other])) & stream_reads
     assert table_actions(template, role_of(functions["worker"])) == {
         "dynamodb:GetItem",
+        "dynamodb:BatchGetItem",  # a batch callback's handler reads the batch's results (read_results)
         "dynamodb:UpdateItem",
         "dynamodb:Query",
         "dynamodb:PutItem",  # follow-up tasks
@@ -383,6 +384,31 @@ def test_least_privilege_on_the_table(template: Template, functions) -> None:
                if "dynamodb:DeleteItem" in actions_of(st)]
     assert [st.get("Condition") for st in deletes] == [
         {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["schedule#*"]}}]
+
+
+def events_statements(template: Template) -> dict[str, list[dict]]:
+    return {role: [st for st in statements if "events:PutEvents" in actions_of(st)]
+            for role, statements in policy_statements(template).items()}
+
+
+def test_events_are_off_by_default_and_then_nothing_may_publish(default_template: Template) -> None:
+    assert not [st for sts in events_statements(default_template).values() for st in sts]
+    for fn in functions_by_role(default_template).values():
+        assert fn["Environment"]["Variables"].get("COWORKER_EVENTS", "off") == "off"
+
+
+def test_with_events_only_the_coordinator_may_publish_and_only_to_its_bus(synthesize) -> None:
+    stack, assembly = synthesize({"events": "eventbridge", "eventBus": "orders"})
+    template = Template.from_json(assembly.get_stack_by_name(stack.stack_name).template)
+    functions = functions_by_role(template)
+    publishing = {role: sts for role, sts in events_statements(template).items() if sts}
+    assert set(publishing) == {role_of(functions["coordinator"])}
+    (statement,) = publishing[role_of(functions["coordinator"])]
+    assert actions_of(statement) == ["events:PutEvents"]
+    assert "event-bus/orders" in json.dumps(statement["Resource"])
+    for role in ("api", "worker", "coordinator"):  # the API watches batches for their events too
+        env = functions[role]["Environment"]["Variables"]
+        assert (env["COWORKER_EVENTS"], env["COWORKER_EVENT_BUS"]) == ("eventbridge", "orders"), role
 
 
 def test_each_function_writes_logs_to_its_own_log_group_only(template: Template, functions) -> None:

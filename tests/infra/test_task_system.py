@@ -225,7 +225,8 @@ def test_large_results_go_to_a_private_bucket_the_worker_writes_and_the_api_read
                 assert bucket_id in where
                 by_role.setdefault(role, set()).update((action, where.split("/")[-2]) for action in actions)
     assert by_role == {"worker": {("s3:PutObject", "results"), ("s3:PutObject", "payloads"),
-                                  ("s3:GetObject", "payloads")},
+                                  ("s3:GetObject", "payloads"),
+                                  ("s3:GetObject", "results")},  # a callback reads its batch's results
                        "api": {("s3:GetObject", "results"), ("s3:PutObject", "payloads")}}
 
 

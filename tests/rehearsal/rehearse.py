@@ -52,6 +52,15 @@ def write_rehearsal_handlers(root: Path, requirements: str = "", init: str = "")
         def quick(payload, context):
             return {"ok": True, "size": len(str(payload))}
 
+        @task_handler("r-callback")
+        def batch_done(payload, context):
+            """A batch's callback: reads its tasks' results (one kept in the object store)."""
+            from coworker import read_results
+
+            results = read_results(payload["payload"]["keys"])
+            return {"event": payload["event"], "finished": payload["batch"]["finished"],
+                    "rows": len(results["spawner"].get("rows", ())), "read": sorted(results)}
+
         @task_handler("r-spawn")
         def spawn(payload, context):
             """A follow-up (large enough for the object store when there is a bucket), a large result."""
@@ -194,7 +203,8 @@ def run_lifecycle(deployment: Deployment) -> None:
         {"key": "doomed", "type": "r-fail", "max_attempts": 1},
         {"key": "later", "type": "r-quick", "run_at": "2999-01-01T00:00:00Z"},
         {"key": "many", "type": "r-many"},
-    ], "batch_id": "rehearsal", "tolerated_failure_count": 5})
+    ], "batch_id": "rehearsal", "tolerated_failure_count": 5,
+        "callbacks": {"complete": {"type": "r-callback", "payload": {"keys": ["spawner", "many", "doomed"]}}}})
     assert code == 201, body
     for path in ("/tasks/plain", "/tasks?status=todo", "/stats", "/types", "/batches/rehearsal"):
         assert deployment.call("GET", path)[0] == 200, path
@@ -238,6 +248,12 @@ def run_lifecycle(deployment: Deployment) -> None:
     # a coordinator run counts the batch from the table's stream
     deployment.wait(lambda: deployment.call("GET", "/batches/rehearsal")[1].get("done") is True,
                     "the batch counted done")
+    # and puts its callback, whose handler reads the batch's results from the worker's role
+    deployment.wait(lambda: deployment.status("rehearsal~complete") == "finished", "the batch's callback finished")
+    summary = deployment.call("GET", "/tasks/rehearsal~complete/result")[1]
+    # (the spawner's result is kept in the object store when there is one; without, only a preview)
+    assert summary == {"event": "complete", "finished": summary["finished"], "rows": 2_000 if has_bucket else 0,
+                       "read": ["many", "spawner"]}, summary
 
 
 @contextmanager

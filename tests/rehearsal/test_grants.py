@@ -20,12 +20,14 @@ from typing import Any
 
 import botocore.client
 import pytest
+from coworker import read_results
 from coworker.config import Settings
 from coworker.data import layout
-from coworker.engine import dispatch, offload, progress
+from coworker.engine import dispatch, lifecycle, offload, progress
 from coworker.engine.handlers import TaskContext, task_handler
 from coworker.engine.offload import FolderObjectStore
 from coworker.engine.worker import WorkerRequest, run_invocation
+from coworker.errors import TaskNotFoundError
 
 from tests.rehearsal.template import (
     ROLES,
@@ -64,6 +66,13 @@ def _spawn_many(payload: Any, context: TaskContext) -> None:
     transactions that check the claim."""
     for number in range(110):
         context.spawn("quick", {"n": number}, key=f"{context.key}/{number}")
+
+
+@task_handler("rehearsal-callback")
+def _batch_done(payload: Any, context: TaskContext) -> dict[str, Any]:
+    """A batch's callback reading its tasks' results, one of them in the object store."""
+    results = read_results(["spawner", "many", "doomed"])
+    return {"rows": len(results["spawner"]["rows"]), "finished": payload["batch"]["finished"]}
 
 
 @task_handler("rehearsal-beat")
@@ -172,7 +181,8 @@ def run_scenario(settings: Settings, recorder: Recorder) -> None:
         {"key": "doomed", "type": "always-fail", "max_attempts": 1},
         {"key": "later", "type": "quick", "run_at": "2999-01-01T00:00:00Z"},
         {"key": "many", "type": "rehearsal-spawn-many"},
-    ], "batch_id": "rehearsal", "tolerated_failure_count": 5})[0] == 201
+    ], "batch_id": "rehearsal", "tolerated_failure_count": 5,
+        "callbacks": {"complete": {"type": "rehearsal-callback"}}})[0] == 201
     for path in ("/tasks/plain", "/tasks?status=todo", "/stats", "/types", "/batches/rehearsal"):
         assert api.call("GET", path)[0] == 200
     assert api.call("PUT", "/types/slow/limit", {"limit": 2})[0] == 200
@@ -204,6 +214,23 @@ def run_scenario(settings: Settings, recorder: Recorder) -> None:
     work()
     recorder.role = "coordinator"
     progress.catch_up(settings)
+    # Once the batch is counted done, a tick puts its callback and starts its worker.
+    for _ in range(30):
+        supervise(settings)
+        work()
+        recorder.role = None  # the test's own reads
+        if _status("rehearsal~complete") == "finished":
+            break
+        recorder.role = "coordinator"
+        progress.catch_up(settings)
+    assert lifecycle.get_task("rehearsal~complete").result["rows"] == 2_000
+
+
+def _status(key: str) -> str | None:
+    try:
+        return lifecycle.get_task(key).status
+    except TaskNotFoundError:
+        return None
 
 
 def test_every_call_of_each_function_is_granted_to_its_role(make_settings, recorder, synthesize) -> None:

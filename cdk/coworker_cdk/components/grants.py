@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jsii
+from aws_cdk import Stack
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
@@ -46,6 +47,14 @@ def grant_stream_read(table: dynamodb.ITableV2, grantee: iam.IGrantable) -> None
         raise ValueError("the task table has no stream")
     grantee.grant_principal.add_to_principal_policy(
         iam.PolicyStatement(actions=list(STREAM_READS), resources=[table.table_stream_arn]))
+
+
+def grant_put_events(scope: Construct, grantee: iam.IGrantable, bus: str) -> None:
+    """``events:PutEvents`` on one event bus (a name in this account and region, or an ARN)."""
+    arn = bus if bus.startswith("arn:") else Stack.of(scope).format_arn(
+        service="events", resource="event-bus", resource_name=bus)
+    grantee.grant_principal.add_to_principal_policy(
+        iam.PolicyStatement(actions=["events:PutEvents"], resources=[arn]))
 
 
 def grant_invoke(function: lambda_.IFunction, grantee: iam.IGrantable) -> None:

@@ -16,7 +16,13 @@ from constructs import Construct
 from coworker_cdk import constants as c
 from coworker_cdk.bundling import function_code
 from coworker_cdk.components.function import CoworkerFunction
-from coworker_cdk.components.grants import SendToQueue, grant_invoke, grant_stream_read, grant_table
+from coworker_cdk.components.grants import (
+    SendToQueue,
+    grant_invoke,
+    grant_put_events,
+    grant_stream_read,
+    grant_table,
+)
 from coworker_cdk.components.results import PAYLOAD_PREFIX, RESULT_PREFIX, grant_objects
 from coworker_cdk.config import StackConfig
 
@@ -24,9 +30,11 @@ from coworker_cdk.config import StackConfig
 # Workers claim, heartbeat and record tasks and their slot lease by UpdateItem and feed
 # themselves more due work from the index (Query). Follow-up tasks are put (PutItem) in
 # transactions that check the claim (ConditionCheckItem); a task too large to claim is ended
-# after reading its batch (GetItem).
+# after reading its batch (GetItem). A batch callback's handler reads the batch's results by key
+# (coworker.read_results: BatchGetItem).
 WORKER_TABLE_ACTIONS = (
     "dynamodb:GetItem",
+    "dynamodb:BatchGetItem",
     "dynamodb:UpdateItem",
     "dynamodb:Query",
     "dynamodb:PutItem",
@@ -38,7 +46,8 @@ WORKER_TABLE_ACTIONS = (
 # conditional PutItem per missing slot), deleting the free slots left from a larger
 # max_concurrency (a conditional DeleteItem each). It follows the table's stream (found with
 # DescribeTable; read rights from grants.grant_stream_read) and moves batch counters (BatchGetItem,
-# UpdateItem) and its checkpoints (PutItem).
+# UpdateItem) and its checkpoints (PutItem). It puts schedules' occurrences and batches' callback
+# tasks (PutItem) and, with the events option, publishes events (grants.grant_put_events).
 COORDINATOR_TABLE_ACTIONS = (
     "dynamodb:Query",
     "dynamodb:GetItem",
@@ -127,6 +136,8 @@ class Processing(Construct):
             grant_objects(self._results_bucket, worker.function, "s3:PutObject", RESULT_PREFIX)
             grant_objects(self._results_bucket, worker.function, "s3:PutObject", PAYLOAD_PREFIX)
             grant_objects(self._results_bucket, worker.function, "s3:GetObject", PAYLOAD_PREFIX)
+            # a batch callback's handler reads the batch's results (coworker.read_results)
+            grant_objects(self._results_bucket, worker.function, "s3:GetObject", RESULT_PREFIX)
         return worker
 
     def _build_coordinator(
@@ -155,6 +166,8 @@ class Processing(Construct):
         )
         grant_table(table, coordinator.function, COORDINATOR_TABLE_ACTIONS)
         grant_stream_read(table, coordinator.function)
+        if config.settings.events == "eventbridge":  # the coordinator publishes every event
+            grant_put_events(self, coordinator.function, config.settings.event_bus)
         grant_invoke(self.worker.function, coordinator.function)
         return coordinator
 
