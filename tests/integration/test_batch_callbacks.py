@@ -14,6 +14,7 @@ from coworker.data.models import BatchModel, TaskModel, utcnow
 from coworker.engine import batches, callbacks, dispatch, events, lifecycle, progress, redrive
 from coworker.engine.tasks import NewTask, TaskSpec
 from coworker.engine.worker import run_batch
+from coworker.errors import StorageError
 
 from tests.support.doubles import RecordingInvoker
 
@@ -194,3 +195,18 @@ def test_read_results_gives_the_finished_tasks_results_by_key(make_settings, tmp
     lifecycle.new_task(TaskSpec(key="waiting", type="quick"), settings, utcnow()).save()
     found = callbacks.read_results(["small", "large", "waiting", "missing", "small"], settings)
     assert found == {"small": {"n": 1}, "large": {"text": "x" * 2000}}
+
+
+def test_an_event_bridge_outage_does_not_hold_batch_counting_back(make_settings, monkeypatch, log_lines):
+    settings = make_settings(events="log")
+    _put_batch(settings, "b", [("bad", "always-fail")], watch=True)
+
+    def refused(self, sent):
+        if sent:
+            raise StorageError("EventBridge did not take 1 event(s): down")
+
+    monkeypatch.setattr(events.Publisher, "publish", refused)
+    _run(settings, ["bad"])  # the follower reads the move to ignored: its event cannot be sent
+    assert batches.get_batch("b").done  # counted all the same
+    dropped = [line for line in log_lines() if line["message"] == "could not publish task events; dropped"]
+    assert [event["key"] for line in dropped for event in line["events"]] == ["bad"]
