@@ -123,6 +123,13 @@ def _add_submit(commands: Commands) -> None:
     submit.add_argument("--concurrency-limit", dest="concurrency_limit", type=int, help="default 1")
     submit.add_argument("--file", help="JSON lines, one task object per line; '-' reads stdin")
     submit.add_argument("--batch-id", dest="batch_id", help="batch id for --file (generated when absent)")
+    for event, when in (("complete", "every task is finished or ignored"),
+                        ("success", "every task is finished, none ignored"),
+                        ("stopped", "the batch stops at its failure threshold")):
+        submit.add_argument(f"--on-{event}", dest=f"on_{event}", metavar="TYPE",
+                            help=f"with --file: a task of this type runs once {when} (its payload: the "
+                                 "batch's counts, and --callback-payload)")
+    submit.add_argument("--callback-payload", dest="callback_payload", help="JSON payload of the --on-* tasks")
     submit.add_argument("--chunk-size", dest="chunk_size", type=_chunk_size, default=CHUNK_TASKS,
                         metavar=f"1..{CHUNK_TASKS}", help="tasks per request (default %(default)s)")
     submit.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -118,14 +118,20 @@ class Coworker:
         return str(self.api.request("POST", "/tasks", body=dict(task))["outcome"])
 
     def submit(self, tasks: Iterable[Mapping[str, Any]], *, batch_id: str | None = None,
-               chunk_size: int = CHUNK_TASKS, on_progress: Callable[[Submitted], None] | None = None) -> Submitted:
+               chunk_size: int = CHUNK_TASKS, on_progress: Callable[[Submitted], None] | None = None,
+               callbacks: Mapping[str, Mapping[str, Any]] | None = None) -> Submitted:
         """Put every task of ``tasks`` (any iterable, read once) in one batch, ``chunk_size`` per
-        request; ``on_progress`` is told after each request. A task without a key is given one."""
+        request; ``on_progress`` is told after each request. A task without a key is given one.
+        ``callbacks`` (``complete``, ``success``, ``stopped`` -> a task without key) go with
+        every request: each fires once, when the batch gets there (docs/batches.md)."""
         batch_id = batch_id or uuid.uuid4().hex
         keys: list[str] = []
         created = existing = 0
         for chunk in chunked(tasks, chunk_size):
-            answer = self.api.request("POST", "/tasks", body={"batch_id": batch_id, "tasks": chunk})
+            body: dict[str, Any] = {"batch_id": batch_id, "tasks": chunk}
+            if callbacks:
+                body["callbacks"] = dict(callbacks)
+            answer = self.api.request("POST", "/tasks", body=body)
             # Tasks stored by an attempt the API asked to re-send answer "exists" the second time.
             again = sum(1 for result in answer["results"]
                         if result["outcome"] == "exists" and result["key"] in self.api.stored_before_resend)

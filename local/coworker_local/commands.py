@@ -102,12 +102,25 @@ def _read_tasks(lines: Iterable[str], source: str) -> Iterator[dict[str, Any]]:
         yield task
 
 
+def _callbacks(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The batch callbacks the --on-* flags name (with --callback-payload, if given)."""
+    payload = None
+    if args.callback_payload is not None:
+        try:
+            payload = json.loads(args.callback_payload)
+        except ValueError as exc:
+            raise UsageError(f"--callback-payload is not valid JSON: {exc}") from None
+    named = {event: getattr(args, f"on_{event}") for event in ("complete", "success", "stopped")}
+    return {event: {"type": task_type, **({"payload": payload} if payload is not None else {})}
+            for event, task_type in named.items() if task_type}
+
+
 def cmd_submit(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.file is None:
         if not args.type:
             raise UsageError("give --type (one task from flags) or --file (JSON lines, '-' for stdin)")
-        if args.batch_id:
-            raise UsageError("--batch-id goes with --file; a single task has no batch")
+        if args.batch_id or _callbacks(args):
+            raise UsageError("--batch-id and --on-* go with --file; a single task has no batch")
         answer = client.request("POST", "/tasks", body=_task_from_flags(args))
         if args.json:
             _print_json(answer, out)
@@ -141,7 +154,7 @@ def cmd_submit(client: ApiClient, args: argparse.Namespace, out: TextIO, err: Te
 
     try:
         submitted = Coworker(api=client).submit(tasks, batch_id=args.batch_id, chunk_size=args.chunk_size,
-                                                on_progress=show)
+                                                on_progress=show, callbacks=_callbacks(args))
     except ApiError as exc:
         # Entries are numbered within the refused request; say where that is in the input.
         if exc.errors:

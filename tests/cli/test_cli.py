@@ -120,6 +120,27 @@ def test_submit_many_from_a_file_in_chunks_and_watch_the_batch(served, tmp_path)
     assert out.strip().splitlines()[-1].endswith("23/23 finished 23, ignored 0, open 0 - done")
 
 
+def test_submit_a_file_with_batch_callbacks(served, tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(json.dumps({"key": f"c{i}", "type": "quick"}) for i in range(3)) + "\n")
+    result = served.run("submit", "--file", str(path), "--batch-id", "crawl", "--chunk-size", "2",
+                        "--on-complete", "quick", "--on-stopped", "quick", "--callback-payload", '{"to": "ops"}')
+    assert result.returncode == 0, result.stderr
+    posts = [json.loads(e["body"]) for e in served.events if e["httpMethod"] == "POST"]
+    assert [post["callbacks"] for post in posts] == [
+        {"complete": {"type": "quick", "payload": {"to": "ops"}}, "stopped": {"type": "quick", "payload": {"to": "ops"}}}
+    ] * 2
+    served.work()
+    served.count()
+    served.work()  # a tick puts the callback and starts its worker
+    task = json.loads(served.run("status", "crawl~complete").stdout)
+    assert task["status"] == "finished" and task["payload"]["payload"] == {"to": "ops"}
+    refused = served.run("submit", "--type", "quick", "--on-complete", "quick")
+    assert refused.returncode != 0 and "--on-* go with --file" in refused.stderr
+    bad = served.run("submit", "--file", str(path), "--on-complete", "quick", "--callback-payload", "{")
+    assert bad.returncode != 0 and "--callback-payload is not valid JSON" in bad.stderr
+
+
 def test_submit_from_stdin_and_list(served):
     stdin = "\n".join(json.dumps({"key": f"s{i}", "type": "slow" if i % 2 else "quick"}) for i in range(5))
     result = served.run("submit", "--file", "-", "--json")
