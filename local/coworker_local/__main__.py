@@ -62,9 +62,11 @@ def settings_flags(parser: argparse.ArgumentParser) -> None:
         if name in NOT_FLAGS:
             continue
         default = LOCAL_DEFAULTS.get(name, field.default)
+        kind = _field_type(field.annotation)
+        choices = typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else None
         group.add_argument(
-            "--" + name.replace("_", "-"), dest=name, default=None,
-            type=_yes_no if _field_type(field.annotation) is bool else _field_type(field.annotation),
+            "--" + name.replace("_", "-"), dest=name, default=None, choices=choices,
+            type=_yes_no if kind is bool else str if choices else kind,
             metavar=field.alias, help=f"{field.description} [{field.alias}; default here: {default}]",
         )
 

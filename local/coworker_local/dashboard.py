@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,6 +83,11 @@ def dashboard_routes(runtime: LocalRuntime) -> dict[str, ExtraRoute]:
         limit = _int(request.query.get("limit", ["10"])[0], 1, 50)
         return _json(200, {"items": recent_failures(limit)})
 
+    def recent_events(request: GatewayRequest) -> GatewayResponse:
+        limit = _int(request.query.get("limit", ["20"])[0], 1, 200)
+        settings = runtime.settings
+        return _json(200, {"events": settings.events, "items": last_events(settings.events_file, limit)})
+
     def batch_progress(request: GatewayRequest) -> GatewayResponse:
         found = []
         for batch_id in list(dict.fromkeys(request.query.get("id", [])))[:MAX_BATCHES_PER_REQUEST]:
@@ -100,7 +106,24 @@ def dashboard_routes(runtime: LocalRuntime) -> dict[str, ExtraRoute]:
         "/local/invocations": invocations,
         "/local/failures": failures,
         "/local/batches": batch_progress,
+        "/local/events": recent_events,
     }
+
+
+def last_events(path: str | None, limit: int) -> list[dict[str, Any]]:
+    """The ``limit`` last events of the events file (newest first), read from its last 256 KB."""
+    if path is None or not os.path.exists(path):
+        return []
+    with open(path, "rb") as events_file:
+        events_file.seek(max(0, os.path.getsize(path) - 256 * 1024))
+        lines = events_file.read().decode("utf-8", errors="replace").splitlines()[-limit:]
+    found = []
+    for line in reversed(lines):
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut by the seek, or being written
+    return found
 
 
 def recent_failures(limit: int) -> list[dict[str, Any]]:

@@ -262,6 +262,11 @@ class LocalRuntime:
                 folder = Path(tempfile.mkdtemp(prefix="coworker-results-"))
                 self._temporary_result_dir = folder
             self.settings = self.settings.model_copy(update={"result_dir": str(folder)})
+        if self.settings.events == "log" and self.settings.events_file is None:
+            # Events as JSON lines, for the dashboard: kept with the data folder, else with the results.
+            folder = Path(self.data_dir) if self.data_dir is not None else Path(str(self.settings.result_dir))
+            folder.mkdir(parents=True, exist_ok=True)
+            self.settings = self.settings.model_copy(update={"events_file": str(folder / "events.jsonl")})
         if self.settings.dynamodb_endpoint is None:
             self.database = start_database(self.database_backend, host=self.host, data_dir=self.data_dir,
                                            log=self.log if not isinstance(self.log, int) else None)

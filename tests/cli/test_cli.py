@@ -128,7 +128,8 @@ def test_submit_a_file_with_batch_callbacks(served, tmp_path):
     assert result.returncode == 0, result.stderr
     posts = [json.loads(e["body"]) for e in served.events if e["httpMethod"] == "POST"]
     assert [post["callbacks"] for post in posts] == [
-        {"complete": {"type": "quick", "payload": {"to": "ops"}}, "stopped": {"type": "quick", "payload": {"to": "ops"}}}
+        {"complete": {"type": "quick", "payload": {"to": "ops"}},
+         "stopped": {"type": "quick", "payload": {"to": "ops"}}}
     ] * 2
     served.work()
     served.count()

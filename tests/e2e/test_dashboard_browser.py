@@ -7,6 +7,7 @@ except in CI (``CI`` set), where it fails instead.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -291,5 +292,22 @@ def test_each_panel_is_drawn_as_its_answer_arrives_with_one_request_per_panel(br
     # and no refresh asked for a task or a batch one by one
     assert not [url for url in requests if url.startswith(("/tasks/", "/batches/"))], requests
     assert any(url.startswith("/local/failures") for url in requests)
+    assert not errors, errors
+    page.close()
+
+
+def test_events_of_a_runtime_started_with_them_are_on_the_dashboard(browser, start_runtime):
+    runtime = start_runtime("--no-demo", "--events", "log")
+    run = uuid.uuid4().hex[:6]
+    tasks = [{"key": f"{run}-ok", "type": "quick"}, {"key": f"{run}-bad", "type": "always-fail", "max_attempts": 1}]
+    assert runtime.post("/tasks", json={"batch_id": f"ev-{run}", "tasks": tasks}).status_code == 201
+    page, errors = _open_dashboard(browser, runtime)
+    page.locator(f"#events a[data-key='{run}-bad']").wait_for(timeout=60_000)
+    page.wait_for_function(f"document.getElementById('events').textContent.includes('batch ev-{run}')",
+                           timeout=60_000)
+    text = page.locator("#events").inner_text()
+    assert "Task Ignored" in text and "Batch Completed" in text and "1 finished, 1 ignored of 2" in text
+    items = runtime.get("/local/events").json()["items"]
+    assert [item["detail-type"] for item in items if run in json.dumps(item)] == ["Batch Completed", "Task Ignored"]
     assert not errors, errors
     page.close()

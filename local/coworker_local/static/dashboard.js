@@ -467,6 +467,33 @@ $("bulk-form").addEventListener("submit", bulkCount);
 $("bulk-apply").addEventListener("click", bulkApply);
 bulkStatuses();
 
+// ---- events --------------------------------------------------------------------------------
+
+function renderEvents(answer) {
+  const items = (answer && answer.items) || [];
+  if (!items.length) {
+    const why = answer && answer.events === "log" ? "no events yet" : "events are off: start with --events log";
+    $("events").innerHTML = `<tr><td colspan="4" class="empty">${why}</td></tr>`;
+    return;
+  }
+  $("events").innerHTML = items.map(event => {
+    const d = event.detail || {};
+    const about = d.key ? `<a href="#" data-key="${esc(d.key)}">${esc(d.key)}</a>` : `batch ${esc(d.batch_id)}`;
+    const what = d.key
+      ? `${esc(d.type)}, ${esc(d.attempts)}/${esc(d.max_attempts)} attempts${d.error ? `: ${esc(d.error.kind)} ${esc(d.error.message)}` : ""}`
+      : `${esc(d.state)}: ${esc(d.finished)} finished, ${esc(d.ignored)} ignored of ${esc(d.total)}`;
+    return `<tr><td class="nowrap">${esc(event["detail-type"])}</td><td>${about}</td><td>${what}</td>
+      <td class="note">${esc(d.event_id)}</td></tr>`;
+  }).join("");
+}
+
+$("events").addEventListener("click", event => {
+  const link = event.target.closest("a[data-key]");
+  if (!link) return;
+  event.preventDefault();
+  select(link.dataset.key);
+});
+
 // ---- refresh loop -------------------------------------------------------------------------
 
 async function refresh() {
@@ -481,6 +508,7 @@ async function refresh() {
     Promise.all([stats, info]).then(([counts, answer]) => renderCounts(counts, answer)),
     getJSON("/types").then(answer => renderTypes(answer)).catch(noted),
     getJSON("/schedules").then(renderSchedules).catch(noted),
+    getJSON("/local/events").then(renderEvents).catch(noted),
     // the batches panel shows the failures' batches too: it follows that panel's answer
     loadFailures().then(renderFailures).catch(noted).then(() => info).then(renderBatches).catch(noted),
     renderDetail().catch(noted),
