@@ -36,3 +36,17 @@ def bench_long(payload: dict[str, Any] | None, context: TaskContext) -> dict[str
         time.sleep(0.1)
     return {"started_at": started, "ended_at": time.time(), "attempt": context.attempt,
             "claim_lost": context.claim_lost()}
+
+
+@task_handler("bench-fail")
+def bench_fail(payload: Any, context: TaskContext) -> None:
+    """Fail every attempt: the task ends ignored at its ceiling."""
+    raise RuntimeError("bench-fail always fails")
+
+
+@task_handler("bench-callback")
+def bench_callback(payload: dict[str, Any], context: TaskContext) -> dict[str, Any]:
+    """A batch's callback: return the event and the counts it was given, with its start time."""
+    batch = payload["batch"]
+    return {"started_at": time.time(), "event": payload["event"], "batch_id": batch["batch_id"],
+            "finished": batch["finished"], "ignored": batch["ignored"], "attempt": context.attempt}
