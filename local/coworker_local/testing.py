@@ -35,7 +35,7 @@ from coworker.data import index
 from coworker.data.models import TaskStatus, utcnow
 from coworker.engine import dispatch, lifecycle, offload, progress, slots, submit
 from coworker.engine.outcomes import TaskReport
-from coworker.engine.tasks import TaskSpec
+from coworker.engine.tasks import NewTask, TaskSpec
 
 from coworker_local.database import (
     FAKE_CREDENTIALS,
@@ -130,12 +130,19 @@ class LocalTaskSystem:
 
     def put(self, task_type: str, payload: Any = None, *, key: str | None = None,
             max_attempts: int | None = None, run_at: datetime | None = None,
-            batch_id: str | None = None) -> str:
-        """Put one task, as the API does; returns its key (a new one unless given)."""
+            batch_id: str | None = None, callbacks: dict[str, dict[str, Any]] | None = None) -> str:
+        """Put one task, as the API does; returns its key (a new one unless given). ``callbacks``
+        (``{"complete": {"type": ...}}``, with a ``batch_id``) are its batch's (docs/batches.md)."""
         key = key or f"{task_type}-{uuid.uuid4().hex[:12]}"
         spec = TaskSpec(key=key, type=task_type, payload=payload, max_attempts=max_attempts,
                                   run_at=run_at, batch_id=batch_id)
-        submit.put_task(spec, self._settings)
+        if callbacks:
+            if batch_id is None:
+                raise ValueError("callbacks are a batch's: give a batch_id")
+            named = {event: NewTask.model_validate(task) for event, task in callbacks.items()}
+            submit.put_batch([spec], batch_id, self._settings, callbacks=named)
+        else:
+            submit.put_task(spec, self._settings)
         return key
 
     def get(self, key: str) -> dict[str, Any]:

@@ -165,3 +165,17 @@ def test_the_example_crawl_fans_one_seed_out_to_1111_pages_each_crawled_once(dyn
         # threads still recording, as Lambda would: on a loaded machine a few can be missing.)
         finished_reports = [r.key for r in system.reports if r.outcome is TaskOutcome.FINISHED]
         assert len(finished_reports) == len(set(finished_reports)) and len(finished_reports) > 1000
+
+
+def test_the_example_crawls_callback_summarises_every_page_once_the_batch_is_done(dynamodb_server) -> None:
+    with LocalTaskSystem(dynamodb_endpoint=dynamodb_server.endpoint, max_concurrency=20, batch_size=10) as system:
+        shape = {"fanout": 3, "max_depth": 2, "key_prefix": "small"}
+        system.put("crawl", shape, key=crawl_key("/", "small"), batch_id="small-crawl",
+                   callbacks={"complete": {"type": "crawl-summary", "payload": shape}})
+        system.drain()  # the crawl
+        system.drain()  # a tick puts the callback once the batch is counted done, and runs it
+        summary = system.result("small-crawl~complete")
+        assert (summary["pages_crawled"], summary["pages_on_site"], summary["not_crawled_count"]) == (13, 13, 0)
+        assert summary["by_depth"] == {"0": 1, "1": 3, "2": 9}
+        assert summary["batch"] == {"batch_id": "small-crawl", "total": 13, "finished": 13, "ignored": 0,
+                                    "state": "done"}

@@ -10,6 +10,7 @@ import random
 import time
 from typing import Any
 
+from coworker.engine.callbacks import read_results
 from coworker.engine.handlers import TaskContext, task_handler
 from coworker.errors import TaskFailed
 
@@ -88,3 +89,41 @@ def crawl(payload: dict[str, Any] | None, context: TaskContext) -> dict[str, Any
         context.spawn("crawl", {**payload, "url": link, "depth": link_depth}, key=crawl_key(link, prefix),
                       inherit_batch=True)
     return {"url": url, "depth": depth, "links": len(links) + len(seen_before)}
+
+
+def crawl_urls(fanout: int = 10, max_depth: int = 3) -> list[tuple[str, int]]:
+    """Every page of the example crawl's made-up site, with its depth, home page first."""
+    pages = [("/", 0)]
+    level = ["/"]
+    for depth in range(1, max_depth + 1):
+        level = [url.rstrip("/") + f"/{n}" for url in level for n in range(fanout)]
+        pages += [(url, depth) for url in level]
+    return pages
+
+
+@task_handler("crawl-summary")
+def crawl_summary(payload: dict[str, Any], context: TaskContext) -> dict[str, Any]:
+    """The example crawl's batch callback: what the crawl found, read from its pages' results.
+
+    Name it as the crawl batch's ``complete`` callback with the crawl's ``fanout``, ``max_depth``
+    and ``key_prefix`` as its payload; it reads every page's result by key (``read_results``,
+    100 keys a request) and returns the summary, kept as its result.
+    """
+    crawl = payload.get("payload") or {}
+    fanout, max_depth = int(crawl.get("fanout", 10)), int(crawl.get("max_depth", 3))
+    if not (0 <= max_depth <= MAX_CRAWL_DEPTH and 0 <= fanout <= MAX_CRAWL_FANOUT):
+        raise TaskFailed("crawl-summary: fanout is 0-10 and max_depth 0-4, as the crawl's", retryable=False)
+    prefix = str(crawl.get("key_prefix", "crawl"))
+    pages = crawl_urls(fanout, max_depth)
+    keys = {crawl_key(url, prefix): (url, depth) for url, depth in pages}
+    results = read_results(list(keys))
+    by_depth: dict[str, int] = {}
+    for key in results:
+        depth = str(keys[key][1])
+        by_depth[depth] = by_depth.get(depth, 0) + 1
+    missing = [keys[key][0] for key in keys if key not in results]
+    batch = payload.get("batch") or {}
+    return {"event": payload.get("event"), "pages_crawled": len(results), "pages_on_site": len(pages),
+            "by_depth": by_depth, "links_seen": sum(int(result.get("links", 0)) for result in results.values()),
+            "not_crawled": missing[:10], "not_crawled_count": len(missing),
+            "batch": {name: batch.get(name) for name in ("batch_id", "total", "finished", "ignored", "state")}}
