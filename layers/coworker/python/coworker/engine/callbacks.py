@@ -54,6 +54,8 @@ STOPPED = "stopped"
 CALLBACK_EVENTS = (COMPLETE, SUCCESS, STOPPED)
 # Watched batches looked at per tick; with more watched, those looked at move to the back.
 MAX_WATCHED_PER_TICK = 100
+# Watched batches looked at at once (each look is two or three reads).
+LOOK_THREADS = 8
 # The callbacks a batch names, payloads included, as stored on its head.
 MAX_CALLBACKS_BYTES = 16 * 1024
 # Keys read per BatchGetItem by read_results.
@@ -97,22 +99,24 @@ def fire_due(settings: Settings, now: datetime | None = None) -> CallbackReport:
     now = now or utcnow()
     entries = list(BatchModel.watched_index.query(WATCHED_BATCHES_PARTITION, limit=MAX_WATCHED_PER_TICK + 1))
     crowded = len(entries) > MAX_WATCHED_PER_TICK
-    put: list[tuple[str, str]] = []
-    published = 0
-    settling = False
-    for entry in entries[:MAX_WATCHED_PER_TICK]:
-        batch_id = entry.key.removeprefix(BATCH_KEY_PREFIX)
+    batch_ids = [entry.key.removeprefix(BATCH_KEY_PREFIX) for entry in entries[:MAX_WATCHED_PER_TICK]]
+
+    def fire(batch_id: str) -> CallbackReport:
         try:
-            outcome = _fire(batch_id, settings, now, rotate=crowded)
+            return _fire(batch_id, settings, now, rotate=crowded)
         except Exception:  # noqa: BLE001 - one batch must not stop the others or the tick
             logger.exception("could not fire the batch's callbacks; tried again next tick",
                              extra={"batch_id": batch_id})
-            continue
-        put += outcome.put
-        published += outcome.published
-        settling = settling or outcome.settling
-    return CallbackReport(watched=min(len(entries), MAX_WATCHED_PER_TICK), put=tuple(put), published=published,
-                          settling=settling)
+            return CallbackReport()
+
+    if len(batch_ids) <= 1:
+        outcomes = [fire(batch_id) for batch_id in batch_ids]
+    else:
+        with ThreadPoolExecutor(max_workers=min(LOOK_THREADS, len(batch_ids))) as pool:
+            outcomes = list(pool.map(fire, batch_ids))
+    return CallbackReport(watched=len(batch_ids), put=tuple(item for outcome in outcomes for item in outcome.put),
+                          published=sum(outcome.published for outcome in outcomes),
+                          settling=any(outcome.settling for outcome in outcomes))
 
 
 def _fire(batch_id: str, settings: Settings, now: datetime, rotate: bool) -> CallbackReport:
