@@ -124,3 +124,29 @@ def test_a_503_tells_the_client_what_to_do_not_what_dynamodb_said(api, monkeypat
     assert (status, answer["error"]) == (503, "storage_unavailable")
     assert "retry later" in answer["message"]
     assert "arn:" not in answer["message"] and "not authorized" not in answer["message"]
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/types"), ("GET", "/stats"), ("GET", "/tasks/x"),
+                                              ("GET", "/batches/b")])
+def test_a_raw_dynamodb_error_on_any_route_is_a_503_not_a_500(api, monkeypatch, method, path) -> None:
+    """The engine wraps the DynamoDB errors it expects; one that reaches a route unwrapped (a read
+    throttled past botocore's retries, an expired token) is still the client's to retry."""
+    from botocore.exceptions import ClientError
+    from pynamodb.connection.base import Connection
+    from pynamodb.exceptions import GetError
+
+    def throttled(*args, **kwargs):
+        raise ClientError({"Error": {"Code": "ProvisionedThroughputExceededException",
+                                     "Message": "arn:aws:dynamodb:us-east-1:123456789012:table/secret throttled"}},
+                          "Query")
+
+    def get_failed(*args, **kwargs):
+        raise GetError("Failed to get item: throttled", cause=throttled)
+
+    monkeypatch.setattr(Connection, "query", throttled)
+    monkeypatch.setattr(Connection, "get_item", get_failed)
+    monkeypatch.setattr(Connection, "batch_get_item", throttled)
+    monkeypatch.setattr(Connection, "scan", throttled)
+    status, answer, _ = api.call(method, path)
+    assert (status, answer["error"]) == (503, "storage_unavailable"), answer
+    assert "retry later" in answer["message"] and "arn:" not in answer["message"]

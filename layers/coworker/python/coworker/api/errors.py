@@ -16,6 +16,8 @@ from typing import Any
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from botocore.exceptions import BotoCoreError, ClientError
+from pynamodb.exceptions import PynamoDBException
 
 from coworker.api.models import ErrorOut
 from coworker.errors import (
@@ -191,8 +193,18 @@ def _request_id() -> str:
     return f"; request id {request_id}" if request_id else ""
 
 
+def storage_error_response(exc: Exception) -> Response:
+    """503 for a DynamoDB or S3 error that reached a route unwrapped (the engine turns the ones it
+    expects into :class:`StorageError`): throttling or an outage is the client's to retry, not a
+    500. What the service said stays in the log."""
+    logger.exception("request failed on a storage error", extra={"error": type(exc).__name__})
+    return error_response(HTTPStatus.SERVICE_UNAVAILABLE, "storage_unavailable",
+                          SERVICE_UNAVAILABLE_MESSAGE + _request_id())
+
+
 def install_error_handlers(app: APIGatewayRestResolver) -> None:
     """Answer validation and domain errors raised by any route of ``app`` in the API's format."""
     app.exception_handler(RequestValidationError)(validation_error_response)
     app.exception_handler(PartialPutError)(partly_stored_response)
     app.exception_handler(CoworkerError)(domain_error_response)
+    app.exception_handler([PynamoDBException, BotoCoreError, ClientError])(storage_error_response)
