@@ -108,6 +108,7 @@ class Deployment:
         self.names = names
         # How long a pause takes to reach every environment's claims (the functions' setting).
         worker_env = functions_of(template)["worker"]["Properties"]["Environment"]["Variables"]
+        self.events_on = worker_env.get("COWORKER_EVENTS") == "eventbridge"
         self.control_cache_seconds = float(worker_env.get(
             "COWORKER_CONTROL_CACHE_SECONDS", Settings.model_fields["control_cache_seconds"].default))
         stand_ins = {Targets.of(template).table.removesuffix(".Arn"): names.table,
@@ -251,6 +252,13 @@ def run_lifecycle(deployment: Deployment) -> None:
     # and puts its callback, whose handler reads the batch's results from the worker's role
     deployment.wait(lambda: deployment.status("rehearsal~complete") == "finished", "the batch's callback finished")
     summary = deployment.call("GET", "/tasks/rehearsal~complete/result")[1]
+    if deployment.events_on:  # the coordinator published the batch's completion and the ignored task
+        def sent(kind: str, field: str, value: str) -> bool:
+            return any(entry["DetailType"] == kind and json.loads(entry["Detail"]).get(field) == value
+                       for entry in deployment.gateway.events)
+        deployment.wait(lambda: sent("Batch Completed", "batch_id", "rehearsal"), "the batch's event sent")
+        assert sent("Task Ignored", "key", "doomed"), deployment.gateway.events
+        assert {entry["EventBusName"] for entry in deployment.gateway.events} == {"rehearsal-bus"}
     # (the spawner's result is kept in the object store when there is one; without, only a preview)
     assert summary == {"event": "complete", "finished": summary["finished"], "rows": 2_000 if has_bucket else 0,
                        "read": ["many", "spawner"]}, summary

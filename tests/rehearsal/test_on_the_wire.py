@@ -28,7 +28,8 @@ pytest.importorskip("aws_cdk")
     {},
     {"resultsBucket": "false", "maxConcurrency": "30", "batchSize": "5", "statusShards": "2",
      "handlerModules": "{package}.reports.summary", "dispatchOnSubmit": "false", "exampleHandlers": "true",
-     "retentionDays": "7", "inlineResultBytes": "1024", "legacyStatusIndex": "true"},
+     "retentionDays": "7", "inlineResultBytes": "1024", "legacyStatusIndex": "true",
+     "events": "eventbridge", "eventBus": "rehearsal-bus"},
 ], ids=["defaults", "other-options"])
 def test_each_function_runs_the_lifecycle_from_its_asset_with_its_own_role(deploy, options) -> None:
     # Given the stack synthesized with a team's handlers package, deployed on the local services
@@ -51,6 +52,9 @@ def test_each_function_runs_the_lifecycle_from_its_asset_with_its_own_role(deplo
     assert "dynamodb:GetRecords" in allowed["coordinator"]  # the batch counted from the stream
     assert "dynamodb:TransactWriteItems" not in allowed["worker"]  # (IAM knows only the item actions)
     assert "lambda:InvokeFunction" in allowed["coordinator"]
+    if options.get("events"):  # events published by the coordinator, on its bus alone
+        assert "events:PutEvents" in allowed["coordinator"]
+        assert not {"events:PutEvents"} & (allowed["api"] | allowed["worker"])
     if deployment.names.bucket:
         assert "lambda:InvokeFunction" in allowed["api"]  # dispatch on submit
         worker_objects = {resource.split("/")[1] for action, resource in deployment.gateway.allowed("worker")

@@ -4,12 +4,13 @@ each function from its synthesized asset.
 
 Each function runs with the access key ``rehearsal<role>`` and ``AWS_ENDPOINT_URL`` pointing
 here, so its unchanged code (boto3 and pynamodb resolve the endpoint themselves, as they resolve
-AWS's) sends DynamoDB, DynamoDB Streams, S3 and Lambda requests to :class:`Gateway`. The gateway
+AWS's) sends DynamoDB, DynamoDB Streams, S3, Lambda and EventBridge requests to :class:`Gateway`. The gateway
 reads the caller's role from the request's signature, turns the request into the IAM actions and
 resources it needs (:func:`template.needs`) and checks them against that role's statements in the
 template: a request the role does not allow gets the ``AccessDenied`` answer AWS gives, and is
 recorded. Allowed requests go on to DynamoDB Local, to a moto server (S3), or, for
-``lambda:Invoke``, to the named function's pool of execution environments.
+``lambda:Invoke``, to the named function's pool of execution environments; events allowed by
+``events:PutEvents`` are kept in :attr:`Gateway.events`.
 """
 
 from __future__ import annotations
@@ -184,6 +185,7 @@ class Gateway:
         self.s3 = urlsplit(s3_endpoint).netloc if s3_endpoint else None
         self.functions: dict[str, FunctionPool] = {}
         self.decisions: list[Decision] = []
+        self.events: list[dict[str, Any]] = []  # PutEvents entries taken: EventBridge's stand-in
         self._lock = threading.Lock()
         gateway = self
 
@@ -258,6 +260,8 @@ class Gateway:
             return self._s3(role, method, path, headers, body)
         if service == "lambda":
             return self._lambda(role, path, headers, body)
+        if service == "events":
+            return self._events(role, headers, body)
         return 400, {}, f"the rehearsal does not serve {service}".encode()
 
     # -- the services ----------------------------------------------------------------------------
@@ -280,6 +284,25 @@ class Gateway:
                 "__type": "com.amazon.coral.service#AccessDeniedException",
                 "Message": _denial(role, denied)}).encode()
         return _forward(self.dynamodb, "POST", "/", headers, body)
+
+    def _events(self, role: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
+        """EventBridge's PutEvents: each entry needs ``events:PutEvents`` on its bus (a name is
+        the bus of the stack's account and region, as the template renders that ARN)."""
+        content = {"Content-Type": "application/x-amz-json-1.1"}
+        if headers.get("X-Amz-Target") != "AWSEvents.PutEvents":
+            return 400, content, b'{"__type": "UnknownOperationException"}'
+        entries = json.loads(body or b"{}").get("Entries", [])
+        buses = {entry.get("EventBusName") or "default" for entry in entries}
+        in_stack = "arn:AWS::Partition:events:AWS::Region:AWS::AccountId:event-bus/"
+        arns = [bus if bus.startswith("arn:") else in_stack + bus for bus in sorted(buses)]
+        denied = self._decide(role, [("events:PutEvents", arn) for arn in arns])
+        if denied is not None:
+            return 400, content, json.dumps({"__type": "AccessDeniedException",
+                                             "message": _denial(role, denied)}).encode()
+        with self._lock:
+            self.events += entries
+        return 200, content, json.dumps({"FailedEntryCount": 0, "Entries": [
+            {"EventId": f"rehearsal-{n}"} for n in range(len(entries))]}).encode()
 
     def _s3(self, role: str, method: str, path: str, headers: dict[str, str], body: bytes
             ) -> tuple[int, dict[str, str], bytes]:
