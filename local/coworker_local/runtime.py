@@ -264,7 +264,12 @@ class LocalRuntime:
             self.settings = self.settings.model_copy(update={"result_dir": str(folder)})
         if self.settings.events == "log" and self.settings.events_file is None:
             # Events as JSON lines, for the dashboard: kept with the data folder, else with the results.
-            folder = Path(self.data_dir) if self.data_dir is not None else Path(str(self.settings.result_dir))
+            if self.data_dir is not None:
+                folder = Path(self.data_dir)
+            elif self.settings.result_dir is not None:
+                folder = Path(self.settings.result_dir)
+            else:  # results in a bucket: the events file is for this run only
+                folder = Path(tempfile.mkdtemp(prefix="coworker-events-"))
             folder.mkdir(parents=True, exist_ok=True)
             self.settings = self.settings.model_copy(update={"events_file": str(folder / "events.jsonl")})
         if self.settings.dynamodb_endpoint is None:
