@@ -73,14 +73,19 @@ class Progress:
 
 # -- commands ----------------------------------------------------------------------------------
 
+def _json_flag(text: str, flag: str) -> Any:
+    """The JSON value of a flag, or a usage error naming it."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"{flag} is not valid JSON: {exc}") from None
+
+
 def _task_from_flags(args: argparse.Namespace) -> dict[str, Any]:
     # A key of its own, so that a put the API asks to re-send is stored once.
     task: dict[str, Any] = {"type": args.type, "key": args.key if args.key is not None else str(uuid.uuid4())}
     if args.payload is not None:
-        try:
-            task["payload"] = json.loads(args.payload)
-        except ValueError as exc:
-            raise UsageError(f"--payload is not valid JSON: {exc}") from None
+        task["payload"] = _json_flag(args.payload, "--payload")
     for name in ("max_attempts", "run_at", "priority", "concurrency_key", "concurrency_limit"):
         if getattr(args, name) is not None:
             task[name] = getattr(args, name)
@@ -104,12 +109,7 @@ def _read_tasks(lines: Iterable[str], source: str) -> Iterator[dict[str, Any]]:
 
 def _callbacks(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """The batch callbacks the --on-* flags name (with --callback-payload, if given)."""
-    payload = None
-    if args.callback_payload is not None:
-        try:
-            payload = json.loads(args.callback_payload)
-        except ValueError as exc:
-            raise UsageError(f"--callback-payload is not valid JSON: {exc}") from None
+    payload = _json_flag(args.callback_payload, "--callback-payload") if args.callback_payload is not None else None
     named = {event: getattr(args, f"on_{event}") for event in ("complete", "success", "stopped")}
     return {event: {"type": task_type, **({"payload": payload} if payload is not None else {})}
             for event, task_type in named.items() if task_type}
@@ -439,10 +439,7 @@ def cmd_schedule(client: ApiClient, args: argparse.Namespace, out: TextIO, err: 
                              "coworker schedule put nightly 'cron(0 3 * * *)' --type crawl")
         task: dict[str, Any] = {"type": args.type}
         if args.payload is not None:
-            try:
-                task["payload"] = json.loads(args.payload)
-            except ValueError as exc:
-                raise UsageError(f"--payload is not valid JSON: {exc}") from None
+            task["payload"] = _json_flag(args.payload, "--payload")
         if args.max_attempts is not None:
             task["max_attempts"] = args.max_attempts
         body = {"expression": args.expression, "timezone": args.timezone, "missed": args.missed,

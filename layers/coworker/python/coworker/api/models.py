@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -82,15 +82,24 @@ class TaskIn(NewTask):
     """One task to create (its fields and their rules are the engine's: ``engine.tasks.NewTask``)."""
 
 
-class CallbackTaskIn(NewTask):
-    """A task a batch puts when it gets somewhere (the fields of a task, without key and run_at)."""
+class _TaskTemplateIn(NewTask):
+    """A task Coworker puts later (the fields of a task, without key and run_at: the occasion sets
+    them); ``_WHY`` says how."""
+
+    _WHY: ClassVar[str]
 
     @model_validator(mode="after")
-    def _no_key_or_time(self) -> CallbackTaskIn:
+    def _no_key_or_time(self) -> _TaskTemplateIn:
         if self.key is not None or self.run_at is not None:
-            raise ValueError("a callback task has no key or run_at: it gets the key <batch id>~<event> and runs "
-                             "when the event happens")
+            raise ValueError(self._WHY)
         return self
+
+
+class CallbackTaskIn(_TaskTemplateIn):
+    """A task a batch puts when it gets somewhere (the fields of a task, without key and run_at)."""
+
+    _WHY = ("a callback task has no key or run_at: it gets the key <batch id>~<event> and runs when the event "
+            "happens")
 
 
 class BatchCallbacksIn(_Strict):
@@ -403,15 +412,11 @@ class StatsOut(BaseModel):
     note: str
 
 
-class ScheduleTaskIn(NewTask):
+class ScheduleTaskIn(_TaskTemplateIn):
     """The task a schedule puts (the fields of a task, without key and run_at: the occurrence sets them)."""
 
-    @model_validator(mode="after")
-    def _no_key_or_time(self) -> ScheduleTaskIn:
-        if self.key is not None or self.run_at is not None:
-            raise ValueError("a schedule's task has no key or run_at: each occurrence gets the key "
-                             "<name>@<occurrence time> and runs at that time")
-        return self
+    _WHY = ("a schedule's task has no key or run_at: each occurrence gets the key <name>@<occurrence time> and runs "
+            "at that time")
 
 
 class ScheduleIn(_Strict):
