@@ -211,3 +211,14 @@ def test_an_event_bridge_outage_does_not_hold_batch_counting_back(make_settings,
     assert batches.get_batch("b").done  # counted all the same
     dropped = [line for line in log_lines() if line["message"] == "could not publish task events; dropped"]
     assert [event["key"] for line in dropped for event in line["events"]] == ["bad"]
+
+
+def test_a_pass_over_many_watched_batches_reads_the_followers_watermark_once(settings, monkeypatch):
+    for n in range(5):
+        _put_batch(settings, f"w{n}", [(f"w{n}-t", "quick")], {"complete": NewTask(type="quick")})
+    progress.catch_up(settings)  # counted, not run: each batch is read through the watermark
+    reads = []
+    original = batches.counted_through
+    monkeypatch.setattr(batches, "counted_through", lambda: reads.append(1) or original())
+    assert callbacks.fire_due(settings).watched == 5
+    assert len(reads) == 1

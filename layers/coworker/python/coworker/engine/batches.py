@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
@@ -339,8 +339,11 @@ def get_batch(batch_id: str) -> BatchProgress:
     return read_batch(batch_id)[1]
 
 
-def read_batch(batch_id: str) -> tuple[BatchModel, BatchProgress]:
-    """The batch's head item as read, and its counts (see :func:`get_batch`)."""
+def read_batch(batch_id: str, watermark: Callable[[], datetime | None] | None = None
+               ) -> tuple[BatchModel, BatchProgress]:
+    """The batch's head item as read, and its counts (see :func:`get_batch`). ``watermark``
+    gives the follower's watermark (default: :func:`counted_through`, read each call); a pass
+    over many batches reads it once."""
     base = batch_key(batch_id)
     try:
         head = BatchModel.get(base, consistent_read=True)
@@ -372,7 +375,7 @@ def read_batch(batch_id: str) -> tuple[BatchModel, BatchProgress]:
     )
     if progress.settled_at is None:
         return head, progress  # a batch counted before the stream: its counts are exact as they are
-    return head, dataclasses.replace(progress, counted_through=_counted_through())
+    return head, dataclasses.replace(progress, counted_through=(watermark or counted_through)())
 
 
 def _settles_at(items: list[BatchModel]) -> datetime | None:
@@ -385,7 +388,7 @@ def _settles_at(items: list[BatchModel]) -> datetime | None:
     return max(known) if known else None
 
 
-def _counted_through() -> datetime | None:
+def counted_through() -> datetime | None:
     """The stream follower's watermark (an eventually consistent read: an older value only makes
     ``done`` come later)."""
     try:

@@ -23,15 +23,16 @@ is done, its head leaves the partition, on the condition that nothing changed si
 stop puts it back.
 
 **Cost.** A tick with nothing watched reads one empty query page (0.5 read units). A watched batch
-costs its counts' read each tick while it runs (a consistent read of the head, a BatchGetItem of
-its counters and the follower's watermark: 2-3 read units), and about three writes in all: into
+costs its counts' read each tick while it runs (a consistent read of the head and a BatchGetItem
+of its counters: 1-2 read units; the follower's watermark is read once per pass), and about three writes in all: into
 the partition with its first put (the head's own write, one more index write), ``fired``, and out.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
@@ -100,10 +101,11 @@ def fire_due(settings: Settings, now: datetime | None = None) -> CallbackReport:
     entries = list(BatchModel.watched_index.query(WATCHED_BATCHES_PARTITION, limit=MAX_WATCHED_PER_TICK + 1))
     crowded = len(entries) > MAX_WATCHED_PER_TICK
     batch_ids = [entry.key.removeprefix(BATCH_KEY_PREFIX) for entry in entries[:MAX_WATCHED_PER_TICK]]
+    watermark = _once(batches.counted_through)  # one read per pass, not per batch
 
     def fire(batch_id: str) -> CallbackReport:
         try:
-            return _fire(batch_id, settings, now, rotate=crowded)
+            return _fire(batch_id, settings, now, rotate=crowded, watermark=watermark)
         except Exception:  # noqa: BLE001 - one batch must not stop the others or the tick
             logger.exception("could not fire the batch's callbacks; tried again next tick",
                              extra={"batch_id": batch_id})
@@ -119,8 +121,23 @@ def fire_due(settings: Settings, now: datetime | None = None) -> CallbackReport:
                           settling=any(outcome.settling for outcome in outcomes))
 
 
-def _fire(batch_id: str, settings: Settings, now: datetime, rotate: bool) -> CallbackReport:
-    head, progress = batches.read_batch(batch_id)
+def _once(read: Callable[[], datetime | None]) -> Callable[[], datetime | None]:
+    """``read``, called at most once however many threads ask (they share its answer)."""
+    lock = threading.Lock()
+    answer: list[datetime | None] = []
+
+    def once() -> datetime | None:
+        with lock:
+            if not answer:
+                answer.append(read())
+            return answer[0]
+
+    return once
+
+
+def _fire(batch_id: str, settings: Settings, now: datetime, rotate: bool,
+          watermark: Callable[[], datetime | None] | None = None) -> CallbackReport:
+    head, progress = batches.read_batch(batch_id, watermark)
     if head.status_shard != WATCHED_BATCHES_PARTITION:
         return CallbackReport()  # let go meanwhile
     named: Mapping[str, Any] = head.callbacks or {}
