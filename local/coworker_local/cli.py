@@ -11,6 +11,7 @@
     coworker bulk cancel --status todo --type T   # a progress bar; prints how to resume if stopped
     coworker stats
     coworker types | coworker pause TYPE | coworker resume TYPE | coworker limit TYPE N|none
+    coworker rates | coworker rate key:example.com [5 --per 1 | none] | coworker rate type:crawl 100 --per 60
     coworker schedule put nightly 'cron(0 3 * * *)' --type crawl [--timezone Europe/Berlin] [--missed skip]
     coworker schedules | coworker schedule show|pause|resume|delete NAME
     coworker migrate-index --table NAME [--shards N] [--dry-run]   # talks to DynamoDB itself
@@ -48,6 +49,8 @@ from coworker_local.commands import (
     cmd_list,
     cmd_migrate_index,
     cmd_pause,
+    cmd_rate,
+    cmd_rates,
     cmd_retry,
     cmd_schedule,
     cmd_schedules,
@@ -121,6 +124,11 @@ def _add_submit(commands: Commands) -> None:
     submit.add_argument("--concurrency-key", dest="concurrency_key",
                         help="at most --concurrency-limit tasks with this key run at once (a domain, a tenant)")
     submit.add_argument("--concurrency-limit", dest="concurrency_limit", type=int, help="default 1")
+    submit.add_argument("--rate-key", dest="rate_key",
+                        help="at most --rate-limit tasks with this key start per --rate-interval (a domain, a key)")
+    submit.add_argument("--rate-limit", dest="rate_limit", type=int, help="starts per interval, 1-1000")
+    submit.add_argument("--rate-interval", dest="rate_interval_seconds", type=float, metavar="SECONDS",
+                        help="the interval of --rate-limit (default 1)")
     submit.add_argument("--file", help="JSON lines, one task object per line; '-' reads stdin")
     submit.add_argument("--batch-id", dest="batch_id", help="batch id for --file (generated when absent)")
     for event, when in (("complete", "every task is finished or ignored"),
@@ -189,7 +197,7 @@ def _add_bulk(commands: Commands) -> None:
 
 
 def _add_type_commands(commands: Commands) -> None:
-    """types, pause, resume, limit."""
+    """types, pause, resume, limit, rates, rate."""
     types = commands.add_parser("types", help="task types: registered, paused, held")
     types.set_defaults(run=cmd_types)
     pause = commands.add_parser("pause", help="pause a task type: its tasks wait, running ones finish")
@@ -203,6 +211,15 @@ def _add_type_commands(commands: Commands) -> None:
     limit.add_argument("type")
     limit.add_argument("limit", metavar="LIMIT", help="1-1000, or 'none'")
     limit.set_defaults(run=cmd_limit)
+
+    rates = commands.add_parser("rates", help="the rate limits set, with their recent starts")
+    rates.set_defaults(run=cmd_rates)
+    rate = commands.add_parser("rate", help="show a rate group, or set how many of its tasks start per interval "
+                                            "('none' lifts it)")
+    rate.add_argument("group", help="key:<rate key> or type:<task type>")
+    rate.add_argument("limit", metavar="LIMIT", nargs="?", help="1-1000, or 'none'; absent: show the group")
+    rate.add_argument("--per", type=float, default=1.0, metavar="SECONDS", help="the interval (default 1)")
+    rate.set_defaults(run=cmd_rate)
 
 
 def _add_schedule_commands(commands: Commands) -> None:

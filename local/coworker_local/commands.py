@@ -86,7 +86,8 @@ def _task_from_flags(args: argparse.Namespace) -> dict[str, Any]:
     task: dict[str, Any] = {"type": args.type, "key": args.key if args.key is not None else str(uuid.uuid4())}
     if args.payload is not None:
         task["payload"] = _json_flag(args.payload, "--payload")
-    for name in ("max_attempts", "run_at", "priority", "concurrency_key", "concurrency_limit"):
+    for name in ("max_attempts", "run_at", "priority", "concurrency_key", "concurrency_limit", "rate_key",
+                 "rate_limit", "rate_interval_seconds"):
         if getattr(args, name) is not None:
             task[name] = getattr(args, name)
     return task
@@ -410,6 +411,50 @@ def cmd_limit(client: ApiClient, args: argparse.Namespace, out: TextIO, err: Tex
     else:
         already = "" if answer["changed"] else " (unchanged)"
         out.write(_type_line(answer) + already + "\n")
+    return EXIT_OK
+
+
+def _rate_line(entry: dict[str, Any]) -> str:
+    if entry["limit"] is None:
+        return f"{entry['group']}: not limited"
+    line = (f"{entry['group']}: {entry['limit']} per {entry['interval_seconds']:g} s ({entry['source']}), "
+            f"{entry['started_in_interval']} started in the last interval")
+    if entry.get("next_free_at"):
+        line += f", next start {entry['next_free_at']}"
+    if entry.get("booked_until"):
+        line += f", waiters booked until {entry['booked_until']}"
+    return line
+
+
+def cmd_rates(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    answer = client.request("GET", "/rate-limits")
+    if args.json:
+        _print_json(answer, out)
+    else:
+        out.writelines(_rate_line(entry) + "\n" for entry in answer["limits"])
+        if not answer["limits"]:
+            out.write("no rate limit is set (tasks may carry their own: coworker rate key:KEY shows one)\n")
+    return EXIT_OK
+
+
+def cmd_rate(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    path = f"/rate-limits/{_key_path(args.group)}"
+    if args.limit is None:
+        answer = client.request("GET", path)
+    else:
+        if args.limit.lower() in ("none", "off"):
+            limit = None
+        else:
+            try:
+                limit = int(args.limit)
+            except ValueError:
+                raise UsageError(f"LIMIT must be a whole number or 'none', not {args.limit!r}") from None
+        answer = client.request("PUT", path, body={"limit": limit, "interval_seconds": args.per})
+    if args.json:
+        _print_json(answer, out)
+    else:
+        already = " (unchanged)" if answer.get("changed") is False else ""
+        out.write(_rate_line(answer) + already + "\n")
     return EXIT_OK
 
 

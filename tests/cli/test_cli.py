@@ -304,6 +304,27 @@ def test_limit_a_type_and_submit_with_a_concurrency_key(served):
     assert (record["concurrency_key"], record["concurrency_limit"]) == ("example.com", 3)
 
 
+def test_rate_limits_set_listed_lifted_and_carried_by_a_submitted_task(served):
+    result = served.run("rate", "key:example.com", "5", "--per", "2")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "key:example.com: 5 per 2 s (set), 0 started in the last interval\n"
+    assert served.run("rate", "key:example.com", "5", "--per", "2").stdout.endswith("(unchanged)\n")
+    assert served.run("rates").stdout == "key:example.com: 5 per 2 s (set), 0 started in the last interval\n"
+    result = served.run("rate", "key:example.com", "five")
+    assert result.returncode == 2 and "LIMIT must be a whole number or 'none'" in result.stderr
+    result = served.run("rate", "example.com", "5")
+    assert result.returncode == 1 and "key:<rate key> or type:<task type>" in result.stderr
+    result = served.run("rate", "key:example.com", "none")
+    assert (result.returncode, result.stdout) == (0, "key:example.com: not limited\n")
+    assert served.run("rates").stdout.startswith("no rate limit is set")
+
+    result = served.run("submit", "--type", "quick", "--key", "r1", "--rate-key", "api.example.com",
+                        "--rate-limit", "3", "--rate-interval", "0.5")
+    assert result.returncode == 0, result.stderr
+    record = json.loads(served.run("status", "r1", "--json").stdout)
+    assert (record["rate_key"], record["rate_limit"], record["rate_interval_seconds"]) == ("api.example.com", 3, 0.5)
+
+
 def test_a_reader_that_goes_away_stops_the_output_quietly(served):
     # Given output piped to a reader that has already gone (`coworker stats | head -0`)
     served.run("submit", "--type", "quick", "--key", "piped/1")

@@ -238,6 +238,35 @@ def test_limit_a_type_from_the_dashboard(browser, runtime):
     page.close()
 
 
+def test_rate_limit_a_key_from_the_dashboard_and_lift_it(browser, runtime):
+    page, errors = _open_dashboard(browser, runtime)
+    run = uuid.uuid4().hex[:6]
+    group = f"key:dash-{run}"
+    page.locator("#rate-group").wait_for(timeout=30_000)
+    page.locator("#rate-group").fill(group)
+    page.locator("#rate-limit").fill("2")
+    page.locator("#rate-per").fill("0.5")
+    page.locator("#rate-form button[type='submit']").click()
+    row = f"#rates tr[data-group='{group}']"
+    page.locator(row).wait_for(timeout=30_000)
+    assert "2 per 0.5 s" in page.locator(row).inner_text()
+    answer = runtime.get(f"/rate-limits/{group}").json()
+    assert (answer["limit"], answer["interval_seconds"], answer["source"]) == (2, 0.5, "set")
+    time.sleep(1.5)  # claimers see a new limit within COWORKER_CONTROL_CACHE_SECONDS (1 s here)
+
+    # its tasks wait their turn in the queue and all run
+    tasks = [{"key": f"{run}-rate{i}", "type": "quick", "rate_key": f"dash-{run}"} for i in range(6)]
+    assert runtime.post("/tasks", json={"batch_id": f"rated-{run}", "tasks": tasks}).status_code == 201
+    runtime.wait_for(lambda: runtime.get(f"/batches/rated-{run}").json()["done"], 60, "the rate-limited tasks")
+    assert {runtime.task(t["key"])["status"] for t in tasks} == {"finished"}
+
+    page.locator(f"{row} button[data-verb='lift']").click()
+    page.locator(row).wait_for(state="detached", timeout=30_000)
+    assert runtime.get(f"/rate-limits/{group}").json()["source"] == "last start"  # none set: its tasks ran free
+    assert not errors, errors
+    page.close()
+
+
 def test_schedules_on_the_dashboard_pause_resume_and_delete(browser, runtime):
     name = f"dash-{uuid.uuid4().hex[:6]}"
     put = requests.put(f"{runtime.url}/schedules/{name}", timeout=30,

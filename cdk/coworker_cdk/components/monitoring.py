@@ -280,7 +280,7 @@ class Monitoring(Construct):
                     m(MetricName.LOST_CLAIM),
                 ],
                 [m(MetricName.NOT_CLAIMED), m(MetricName.LOST_CLAIM_SIGNALLED), m(MetricName.BLOCKED),
-                 m(MetricName.WOKEN)],
+                 m(MetricName.WOKEN), m(MetricName.RATE_LIMITED)],
             ),
             graph("Task duration (ms)", [m(MetricName.DURATION, p) for p in c.DURATION_PERCENTILES]),
         )

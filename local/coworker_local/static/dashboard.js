@@ -327,6 +327,49 @@ $("types").addEventListener("click", async event => {
   }
 });
 
+// ---- rate limits ----------------------------------------------------------------------------
+
+function renderRates(answer) {
+  const limits = (answer && answer.limits) || [];
+  if (!limits.length) {
+    $("rates").innerHTML = '<tr><td colspan="6" class="empty">no rate limit is set</td></tr>';
+    return;
+  }
+  const when = iso => iso ? esc(new Date(iso).toLocaleTimeString()) : "—";
+  $("rates").innerHTML = limits.map(r => {
+    const group = esc(r.group);
+    return `<tr data-group="${group}"><td class="kind">${group}</td>
+      <td class="nowrap">${fmt(r.limit)} per ${fmt(r.interval_seconds)} s</td>
+      <td class="num">${fmt(r.started_in_interval)}</td><td class="nowrap">${when(r.next_free_at)}</td>
+      <td class="nowrap">${when(r.booked_until)}</td>
+      <td><button type="button" data-verb="lift" data-group="${group}">Lift</button></td></tr>`;
+  }).join("");
+}
+
+async function setRate(group, body) {
+  try {
+    await sendJSON("PUT", `/rate-limits/${encodeURIComponent(group)}`, body);
+    $("error-banner").style.display = "none";
+    renderRates(await getJSON("/rate-limits"));
+  } catch (error) {
+    $("error-banner").style.display = "block";
+    $("error-banner").textContent = error.message;
+  }
+}
+
+$("rate-form").addEventListener("submit", async event => {
+  event.preventDefault();
+  await setRate($("rate-group").value.trim(),
+                {limit: Number($("rate-limit").value), interval_seconds: Number($("rate-per").value || 1)});
+});
+
+$("rates").addEventListener("click", async event => {
+  const button = event.target.closest("button[data-verb=lift]");
+  if (!button) return;
+  button.disabled = true;
+  await setRate(button.dataset.group, {limit: null});
+});
+
 // ---- schedules ------------------------------------------------------------------------------
 
 function renderSchedules(answer) {
@@ -508,6 +551,7 @@ async function refresh() {
     Promise.all([stats, info]).then(([counts, answer]) => renderCounts(counts, answer)),
     getJSON("/types").then(answer => renderTypes(answer)).catch(noted),
     getJSON("/schedules").then(renderSchedules).catch(noted),
+    getJSON("/rate-limits").then(renderRates).catch(noted),
     getJSON("/local/events").then(renderEvents).catch(noted),
     // the batches panel shows the failures' batches too: it follows that panel's answer
     loadFailures().then(renderFailures).catch(noted).then(() => info).then(renderBatches).catch(noted),

@@ -52,6 +52,10 @@ class TooManyPausedTypesError(CoworkerError):
     """The claim condition can exclude at most ``control.MAX_PAUSED_TYPES`` types."""
 
 
+class TooManyRateLimitsError(CoworkerError):
+    """Setting one more rate limit would pass the control record's bound."""
+
+
 class TaskNotFoundError(CoworkerError):
     """No task has the given key."""
 

@@ -162,5 +162,6 @@ class MetricName:
     PARKED = "TasksParked"  # due tasks of a paused type moved out of the queue
     RELEASED = "TasksReleased"  # held tasks of a resumed type put back
     BLOCKED = "TasksBlocked"  # claimed, but the concurrency group was full: waits out of the queue
+    RATE_LIMITED = "TasksRateLimited"  # claimed, but its rate group had no token: due again when one frees
     WOKEN = "BlockedTasksWoken"  # blocked tasks the coordinator's sweep put back (places no release announced)
     DISPATCHED_ON_SUBMIT = "WorkersStartedOnSubmit"

@@ -21,6 +21,10 @@ OpenAPI document is served at ``GET /openapi.json`` and Swagger UI at ``GET /doc
     POST /types/{type}/pause       stop dispatching and claiming a type (running tasks finish)
     POST /types/{type}/resume      let a paused type run again
     PUT  /types/{type}/limit       set or lift how many tasks of a type run at once
+    routes_rates
+    GET  /rate-limits              the rate limits set, with recent starts
+    GET  /rate-limits/{group}      one group (key:<rate key> or type:<type>): limit, starts, waiters
+    PUT  /rate-limits/{group}      set or lift how many tasks of a group start per interval
     routes_batches
     GET  /batches/{id}             a batch's counters and done flag
     POST /batches/{id}/retry       redrive a batch's ignored (or failed) tasks, a bounded slice per call
@@ -54,7 +58,7 @@ from aws_lambda_powertools.event_handler.api_gateway import ResponseBuilder
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.models import APIKey
 
-from coworker.api import routes_batches, routes_schedules, routes_stats, routes_tasks, routes_types
+from coworker.api import routes_batches, routes_rates, routes_schedules, routes_stats, routes_tasks, routes_types
 from coworker.api.errors import error_response, install_error_handlers
 from coworker.api.services import Services
 from coworker.config import Settings
@@ -63,7 +67,7 @@ from coworker.engine import dispatch
 API_TITLE = "Coworker task API"
 API_VERSION = "1.0.0"
 # The route modules, in the order their routes are registered (and listed in the OpenAPI document).
-ROUTE_MODULES = (routes_tasks, routes_types, routes_batches, routes_stats, routes_schedules)
+ROUTE_MODULES = (routes_tasks, routes_types, routes_rates, routes_batches, routes_stats, routes_schedules)
 
 
 # -- the request body: JSON only, UTF-8, numbers DynamoDB and JSON can both keep -----------------

@@ -31,6 +31,7 @@ from coworker.errors import (
     StorageError,
     TaskNotFoundError,
     TooManyPausedTypesError,
+    TooManyRateLimitsError,
 )
 from coworker.observability import logger
 
@@ -47,6 +48,10 @@ class TaskTypeNotFoundError(CoworkerError):
     """No handler is registered for the type, and it is neither paused nor held."""
 
 
+class RateGroupNotFoundError(CoworkerError):
+    """No rate limit is set for the group and none of its tasks has started."""
+
+
 # The one mapping from domain errors to HTTP answers: (status, short error name).
 ERROR_STATUS: dict[type[CoworkerError], tuple[HTTPStatus, str]] = {
     TaskNotFoundError: (HTTPStatus.NOT_FOUND, "task_not_found"),
@@ -55,7 +60,9 @@ ERROR_STATUS: dict[type[CoworkerError], tuple[HTTPStatus, str]] = {
     BatchFailedError: (HTTPStatus.CONFLICT, "batch_failed"),
     TaskStateConflictError: (HTTPStatus.CONFLICT, "conflict"),
     TaskTypeNotFoundError: (HTTPStatus.NOT_FOUND, "type_not_found"),
+    RateGroupNotFoundError: (HTTPStatus.NOT_FOUND, "rate_group_not_found"),
     TooManyPausedTypesError: (HTTPStatus.CONFLICT, "too_many_paused_types"),
+    TooManyRateLimitsError: (HTTPStatus.CONFLICT, "too_many_rate_limits"),
     PayloadTooLargeError: (HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "payload_too_large"),
     BadRequestError: (HTTPStatus.BAD_REQUEST, "bad_request"),
     StorageError: (HTTPStatus.SERVICE_UNAVAILABLE, "storage_unavailable"),

@@ -26,7 +26,10 @@ from coworker.engine.callbacks import CALLBACK_EVENTS, MAX_CALLBACKS_BYTES, call
 from coworker.engine.tasks import (
     BATCH_ID_PATTERN,
     MAX_CONCURRENCY_LIMIT,
+    MAX_RATE_INTERVAL_SECONDS,
+    MAX_RATE_LIMIT,
     MAX_TYPE_CHARS,
+    MIN_RATE_INTERVAL_SECONDS,
     NewTask,
     as_utc,
     no_control_characters,
@@ -250,6 +253,9 @@ class TaskOut(BaseModel):
     priority: int | None
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    rate_key: str | None = None
+    rate_limit: int | None = None
+    rate_interval_seconds: float | None = None
     blocked: bool = Field(False, description="Waiting for a place in its concurrency group (its key's or its "
                                              "type's limit is reached): out of the queue until one frees.")
     result: Any = None
@@ -384,6 +390,39 @@ class LimitIn(_Strict):
         description=f"At most this many tasks of the type run at once, fleet-wide (1-{MAX_CONCURRENCY_LIMIT}); "
                     "null lifts the limit. Claimers see a change within COWORKER_CONTROL_CACHE_SECONDS.",
         ge=1, le=MAX_CONCURRENCY_LIMIT)
+
+
+class RateLimitIn(_Strict):
+    """A rate group's limit: at most ``limit`` starts per ``interval_seconds``."""
+
+    limit: StrictInt | None = Field(
+        description=f"At most this many tasks of the group start per interval, fleet-wide (1-{MAX_RATE_LIMIT}); "
+                    "null lifts the limit set here (a key's tasks may still carry their own). Claimers see "
+                    "a change within COWORKER_CONTROL_CACHE_SECONDS.",
+        ge=1, le=MAX_RATE_LIMIT)
+    interval_seconds: float = Field(
+        1.0, ge=MIN_RATE_INTERVAL_SECONDS, le=MAX_RATE_INTERVAL_SECONDS, strict=True, allow_inf_nan=False,
+        description=f"The interval, in seconds ({MIN_RATE_INTERVAL_SECONDS:g}-{MAX_RATE_INTERVAL_SECONDS:g}; "
+                    "default 1).")
+
+
+class RateLimitOut(BaseModel):
+    group: str = Field(description="key:<rate key> or type:<task type>")
+    limit: int | None = Field(None, description="Starts allowed per interval (null: not limited).")
+    interval_seconds: float | None = None
+    source: str = Field(description="set: set through the API or CLI; last start: none is set, this is the "
+                                    "limit the group's last start ran under (carried by its task); none: no "
+                                    "limit known")
+    started_in_interval: int = Field(description="Starts in the last interval.")
+    next_free_at: str | None = Field(None, description="When the next start is allowed, if not now.")
+    booked_until: str | None = Field(None, description="Waiters are booked up to here (ISO-8601 UTC): their "
+                                                       "tasks are due one after another as tokens free.")
+    changed: bool | None = Field(None, description="For PUT: false when the limit was so already.")
+
+
+class RateLimitsOut(BaseModel):
+    limits: list[RateLimitOut]
+    note: str
 
 
 class TypesOut(BaseModel):

@@ -32,6 +32,7 @@ start with any of them; :func:`reserved_prefix`)::
     slot#NNNN                        worker slots: capacity accounting       (engine.slots)
     lease#coordinator                the coordinator's single-flight lease   (engine.slots)
     gate#<group>                     a concurrency group's places            (engine.gates)
+    gate#rate:<group>                a rate group's recent starts            (engine.rates)
     schedule#<name>                  a recurring schedule                    (engine.schedules)
     stream#<shard>, stream#counted-through   the stream follower's place     (engine.progress)
 
@@ -79,6 +80,8 @@ STREAM_KEY_PREFIX: Final = "stream#"
 COUNTED_THROUGH_KEY: Final = STREAM_KEY_PREFIX + "counted-through"
 # Concurrency gates (``gate#<group>`` items).
 GATE_PREFIX: Final = "gate#"
+# Rate groups' start logs (``gate#rate:<group>`` items: under the gates' reserved prefix).
+RATE_GATE_PREFIX: Final = GATE_PREFIX + "rate:"
 # Recurring schedules (``schedule#<name>`` items).
 SCHEDULE_KEY_PREFIX: Final = "schedule#"
 RESERVED_KEY_PREFIXES: Final = (BATCH_KEY_PREFIX, CONTROL_KEY_PREFIX, SLOT_KEY_PREFIX, LEASE_KEY_PREFIX,

@@ -146,6 +146,13 @@ class TaskModel(Model):
     # At most concurrency_limit tasks with the same concurrency_key run at once (fleet-wide).
     concurrency_key = UnicodeAttribute(null=True)
     concurrency_limit = NumberAttribute(null=True)
+    # Starts of tasks with the same rate_key are limited to rate_limit per rate_interval_seconds
+    # (fleet-wide, see engine.rates); a limit set for the key in the control record wins.
+    rate_key = UnicodeAttribute(null=True)
+    rate_limit = NumberAttribute(null=True)
+    rate_interval_seconds = NumberAttribute(null=True)
+    # The start (epoch ms) its rate group last booked for it: it keeps its place in line.
+    rate_booked_at = NumberAttribute(null=True)
     delete_after_epoch = TTLAttribute(null=True, attr_name=layout.TTL_ATTRIBUTE)
 
     status_index = StatusIndex()
@@ -190,6 +197,10 @@ class TaskModel(Model):
             "concurrency_key": self.concurrency_key,
             "concurrency_limit": int(self.concurrency_limit) if self.concurrency_limit is not None else None,
             "blocked": bool(self.status_shard and self.status_shard.startswith(layout.BLOCKED_PREFIX)),
+            "rate_key": self.rate_key,
+            "rate_limit": int(self.rate_limit) if self.rate_limit is not None else None,
+            "rate_interval_seconds": (float(self.rate_interval_seconds)
+                                      if self.rate_interval_seconds is not None else None),
             "result": self.result,
             "result_ref": self.result_ref,
             "errors": [
@@ -330,6 +341,8 @@ class ControlModel(Model):
     held_types = UnicodeSetAttribute(null=True)  # types whose tasks may be parked
     stopped_batches = UnicodeSetAttribute(null=True)  # batches stopped at their failure threshold
     limits: MapAttribute[str, Any] = MapAttribute(null=True)  # task type -> most of its tasks running at once
+    # rate group ("type:<type>" or "key:<rate key>") -> {"limit": N, "interval_ms": I} (engine.rates)
+    rate_limits: MapAttribute[str, Any] = MapAttribute(null=True)
     # The most index shards per status the table may hold items in, and when the coordinator
     # first saw the count lowered below it (see engine.reshard).
     status_shards = NumberAttribute(null=True)
@@ -393,6 +406,23 @@ class GateModel(Model):
     waiting_index = GateIndex()
 
 
+class RateGateModel(Model):
+    """The start log of one rate group, ``gate#rate:<group>`` (see :mod:`coworker.engine.rates`)."""
+
+    class Meta:
+        table_name = layout.DEFAULT_TABLE_NAME
+        region = "us-east-1"
+
+    key = UnicodeAttribute(hash_key=True, attr_name=layout.PARTITION_KEY)
+    # The group's last starts (epoch ms, non-decreasing), at most its limit of them.
+    starts: ListAttribute[int] = ListAttribute(of=NumberAttribute, null=True)  # type: ignore[arg-type]  # the stubs want the element's type
+    version = NumberAttribute(null=True)  # one more on every change of ``starts``
+    limit = NumberAttribute(null=True)  # the limit and interval of the last start
+    interval_ms = NumberAttribute(null=True)
+    # Tasks turned away are given a start time from here on, spaced interval / limit apart.
+    booked_until = NumberAttribute(null=True)
+
+
 class ScheduleIndex(GlobalSecondaryIndex["ScheduleModel"]):
     """The tasks' status index, read for the ``schedules`` partitions only."""
 
@@ -432,4 +462,5 @@ class ScheduleModel(Model):
 
 # Every model of the table: bound together (``connection.bind``), sharing one client.
 ALL_MODELS: tuple[type[Model], ...] = (TaskModel, BatchModel, LeaseModel, ControlModel, GateModel,
-                                       StreamCheckpointModel, SecretModel, CursorStateModel, ScheduleModel)
+                                       StreamCheckpointModel, SecretModel, CursorStateModel, ScheduleModel,
+                                       RateGateModel)

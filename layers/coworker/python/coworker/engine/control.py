@@ -44,7 +44,7 @@ from pynamodb.transactions import TransactWrite
 from coworker.data import index, layout, writes
 from coworker.data.layout import CONTROL_KEY, HELD_PREFIX
 from coworker.data.models import ControlModel, TaskModel, TaskStatus, status_shards, utcnow
-from coworker.errors import TooManyPausedTypesError
+from coworker.errors import TooManyPausedTypesError, TooManyRateLimitsError
 from coworker.observability import logger
 
 # DynamoDB's IN takes at most 100 operands: the claim condition lists the paused types.
@@ -52,6 +52,24 @@ MAX_PAUSED_TYPES = 100
 # Batches stopped at their failure threshold and still settling, at most (the control record
 # lists them; batch ids are at most 128 characters, so this stays far below DynamoDB's 400 KB).
 MAX_STOPPED_BATCHES = 1000
+# Rate limits set in the record, at most: every claimer reads it every few seconds, so it stays
+# a few KB (a task's own rate_limit covers keys without number, like every crawled domain).
+MAX_RATE_LIMITS = 100
+
+
+@dataclass(frozen=True)
+class Rate:
+    """At most ``limit`` starts per ``interval_ms`` milliseconds (see :mod:`coworker.engine.rates`)."""
+
+    limit: int
+    interval_ms: int
+
+    @property
+    def interval_seconds(self) -> float:
+        return self.interval_ms / 1000
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"limit": self.limit, "interval_seconds": self.interval_seconds}
 
 
 @dataclass(frozen=True)
@@ -67,6 +85,9 @@ class ControlView:
     # since when the count in use is lower (see coworker.engine.reshard).
     status_shards: int | None = None
     shards_lowered_at: datetime | None = None
+    # Rate limits set for a group: "type:<type>" or "key:<rate key>" (the latter wins over the
+    # limit its tasks carry).
+    rate_limits: Mapping[str, Rate] = dataclasses.field(default_factory=dict)
 
     def is_paused(self, task_type: str | None) -> bool:
         return task_type is not None and task_type in self.paused
@@ -94,10 +115,12 @@ def read(consistent: bool = False) -> ControlView:
     except DoesNotExist:
         return ControlView()
     limits: dict[str, Any] = item.limits.as_dict() if item.limits is not None else {}
+    rates: dict[str, Any] = item.rate_limits.as_dict() if item.rate_limits is not None else {}
     return ControlView(frozenset(item.paused or ()), frozenset(item.held_types or ()), int(item.version or 0),
                        frozenset(item.stopped_batches or ()), {name: int(n) for name, n in limits.items()},
                        int(item.status_shards) if item.status_shards is not None else None,
-                       item.shards_lowered_at)
+                       item.shards_lowered_at,
+                       {group: Rate(int(rate["limit"]), int(rate["interval_ms"])) for group, rate in rates.items()})
 
 
 def _update(actions: list[Any], condition: Condition | None = None) -> bool:
@@ -140,6 +163,28 @@ def set_limit(task_type: str, limit: int | None, now: datetime | None = None) ->
     # A record made before limits existed has no map to set an entry in: make it first.
     _update([ControlModel.limits.set(ControlModel.limits | {})])
     changed = _update([path.set(limit) if limit is not None else path.remove(), ControlModel.version.add(1),
+                       ControlModel.updated_at.set(now)])
+    if changed:
+        _cache.invalidate()
+    return changed
+
+
+def set_rate(group: str, rate: Rate | None, now: datetime | None = None) -> bool:
+    """Limit the starts of rate group ``group`` (``type:<type>`` or ``key:<rate key>``) to
+    ``rate`` (``None``: lift the limit set here); ``False`` if that was the limit already.
+    Claimers see it within ``control_cache_seconds``."""
+    now = now or utcnow()
+    current = read(consistent=True).rate_limits
+    if current.get(group) == rate:
+        return False
+    if rate is not None and group not in current and len(current) >= MAX_RATE_LIMITS:
+        raise TooManyRateLimitsError(f"{MAX_RATE_LIMITS} rate limits are set already; lift one first "
+                                     "(tasks may carry their key's limit instead: rate_limit)")
+    path = ControlModel.rate_limits[group]
+    # A record made before rate limits existed has no map to set an entry in: make it first.
+    _update([ControlModel.rate_limits.set(ControlModel.rate_limits | {})])
+    value = {"limit": rate.limit, "interval_ms": rate.interval_ms} if rate is not None else None
+    changed = _update([path.set(value) if value is not None else path.remove(), ControlModel.version.add(1),
                        ControlModel.updated_at.set(now)])
     if changed:
         _cache.invalidate()

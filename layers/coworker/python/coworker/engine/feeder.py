@@ -4,11 +4,12 @@ finds on the status index itself."""
 from __future__ import annotations
 
 import collections
+import heapq
 import random
 import threading
 import time
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from coworker.config import Settings
 from coworker.data import index
@@ -42,6 +43,12 @@ FEED_POLL_MAX_SECONDS = 1.0
 QUIET_STATUS_SECONDS = 5.0
 
 
+# A worker whose feeding has ended still waits this long for a deferred key's booked start (a
+# rate-limited task it turned away); one booked later is left to the coordinator and the feeders.
+HOLD_DEFERRED_SECONDS = 5.0
+# A booked start is tried this long after it, so that its claim finds it due.
+DEFERRED_SLACK_SECONDS = 0.005
+
 # Statuses whose last feed query found nothing, with when to look again (process-wide: warm
 # invocations share it). The coordinator re-checks them every tick anyway.
 _quiet_until: dict[TaskStatus, float] = {}
@@ -65,6 +72,8 @@ class Feeder:
         self._settings = settings
         self._queue: collections.deque[tuple[str, TaskSource]] = collections.deque(
             (key, TaskSource.HINT) for key in hints)
+        # Deferred keys (turned away by their rate group) by their booked start, a monotonic time.
+        self._deferred: list[tuple[float, str]] = []
         self._seen: set[str] = set(hints)
         self._exhausted = not self_feed
         self._feed_until = feed_until
@@ -92,9 +101,14 @@ class Feeder:
         while the others keep working (only a thread finding the queue empty waits for it).
         """
         with self._cond:
+            self._take_deferred()
             while not self._queue:
+                if self._take_deferred():
+                    break
                 if self._exhausted:
-                    return None
+                    if not self._wait_deferred():
+                        return None
+                    continue
                 if not self._fetching:
                     if not self._may_feed():
                         self._exhausted = True
@@ -120,6 +134,36 @@ class Feeder:
             self._queue.appendleft((key, TaskSource.HINT))
             self._seen.add(key)
             self._cond.notify_all()
+
+    def hand_at(self, key: str, start: datetime) -> None:
+        """Run ``key`` at its booked ``start`` (a task its rate group turned away), if this
+        invocation still runs then; a later page may hand it out too (its claim decides)."""
+        when = time.monotonic() + (start - utcnow()).total_seconds() + DEFERRED_SLACK_SECONDS
+        with self._cond:
+            self._seen.discard(key)
+            heapq.heappush(self._deferred, (when, key))
+            self._cond.notify_all()
+
+    def _take_deferred(self) -> bool:
+        """Queue the deferred keys whose start has come (call with the lock held)."""
+        now, taken = time.monotonic(), False
+        while self._deferred and self._deferred[0][0] <= now:
+            _, key = heapq.heappop(self._deferred)
+            self._queue.appendleft((key, TaskSource.HINT))  # its start was booked: before new work
+            self._seen.add(key)
+            taken = True
+        return taken
+
+    def _wait_deferred(self) -> bool:
+        """With feeding ended, wait for the next deferred key's start if it is near and the
+        invocation may still take work (call with the lock held); ``False``: nothing to wait for."""
+        if not self._deferred or not self._may_feed():
+            return False
+        pause = self._deferred[0][0] - time.monotonic()
+        if pause > HOLD_DEFERRED_SECONDS:
+            return False
+        self._cond.wait(max(0.0, min(pause, self._feed_until - time.monotonic())))
+        return True
 
     def forget(self, key: str) -> None:
         """Let a later page hand out ``key`` again (it was blocked, and will be due once woken)."""

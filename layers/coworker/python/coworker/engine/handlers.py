@@ -55,7 +55,8 @@ class TaskContext:
     def spawn(self, task_type: str, payload: Any = None, *, key: str | None = None,
               max_attempts: int | None = None, run_at: datetime | None = None, priority: int | None = None,
               inherit_batch: bool = False, concurrency_key: str | None = None,
-              concurrency_limit: int | None = None) -> str:
+              concurrency_limit: int | None = None, rate_key: str | None = None,
+              rate_limit: int | None = None, rate_interval_seconds: float | None = None) -> str:
         """Ask for a follow-up task; returns its key.
 
         Nothing is written until this attempt finishes: then the follow-ups are put with the
@@ -65,7 +66,8 @@ class TaskContext:
         a key that exists is left as it is, so a retried parent, or two parents naming the same
         page, put it once. Default key ``<this key>/<n>``. ``inherit_batch`` puts it in this
         task's batch (its total grows, so the batch is done when the follow-ups are).
-        ``concurrency_key`` / ``concurrency_limit`` limit it like a task put through the API.
+        ``concurrency_key`` / ``concurrency_limit`` and ``rate_key`` / ``rate_limit`` /
+        ``rate_interval_seconds`` limit it like a task put through the API.
         Raises ``ValueError`` for a task the API would refuse, or past ``MAX_FOLLOW_UPS``.
         """
         if task_type not in _registry:
@@ -76,7 +78,8 @@ class TaskContext:
         try:
             task = NewTask(key=key, type=task_type, payload=payload, max_attempts=max_attempts,
                            run_at=run_at, priority=priority, concurrency_key=concurrency_key,
-                           concurrency_limit=concurrency_limit)
+                           concurrency_limit=concurrency_limit, rate_key=rate_key, rate_limit=rate_limit,
+                           rate_interval_seconds=rate_interval_seconds)
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'task'}: {e['msg']}" for e in exc.errors())
             raise ValueError(f"follow-up task refused: {problems}") from None

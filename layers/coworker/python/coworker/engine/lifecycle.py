@@ -164,6 +164,9 @@ def new_task(spec: TaskSpec, settings: Settings, now: datetime) -> TaskModel:
         parent=spec.parent,
         concurrency_key=spec.concurrency_key,
         concurrency_limit=(spec.concurrency_limit or 1) if spec.concurrency_key else None,
+        rate_key=spec.rate_key,
+        rate_limit=spec.rate_limit if spec.rate_key else None,
+        rate_interval_seconds=(spec.rate_interval_seconds or 1.0) if spec.rate_key and spec.rate_limit else None,
     )
 
 
@@ -218,24 +221,27 @@ def claim(key: str, owner: str, settings: Settings, now: datetime | None = None,
     return Claim(task=task, owner=owner, attempt=int(task.attempts))
 
 
-def release_unstarted(claim: Claim, now: datetime | None = None) -> bool:
-    """Give back a claim whose handler never started (the worker had no time left): the task
-    returns to the status it was claimed from, due now, and the attempt does not count. Fenced;
-    ``False`` when the claim was no longer this worker's."""
+def release_unstarted(claim: Claim, now: datetime | None = None, due: datetime | None = None,
+                      also: Sequence[Any] = ()) -> bool:
+    """Give back a claim whose handler never started (the worker had no time left, or its rate
+    group had no token): the task returns to the status it was claimed from, due now (or at
+    ``due``), and the attempt does not count; ``also`` are more update actions for the same
+    write. Fenced; ``False`` when the claim was no longer this worker's."""
     now = now or utcnow()
-    return _write(TaskModel(claim.key), give_back_actions(claim, now), fenced(claim), "release")
+    return _write(TaskModel(claim.key), [*give_back_actions(claim, now, due=due), *also], fenced(claim), "release")
 
 
-def give_back_actions(claim: Claim, now: datetime, partition: str | None = None) -> list[Any]:
-    """Update actions that return an unstarted claim: the status it was claimed from, due now,
-    lock removed, the attempt not counted (write them under :func:`fenced`).
+def give_back_actions(claim: Claim, now: datetime, partition: str | None = None,
+                      due: datetime | None = None) -> list[Any]:
+    """Update actions that return an unstarted claim: the status it was claimed from, due now
+    (or at ``due``), lock removed, the attempt not counted (write them under :func:`fenced`).
 
     ``partition`` puts its index entry there instead of in its status's queue (a task blocked
     on its concurrency group), due as of its creation (less its priority): blocked tasks wait
     oldest first, and one put back goes to the head of the queue, not behind newer work.
     """
     status = claim.task.claimed_from or TaskStatus.TODO.value
-    due = now
+    due = due or now
     if partition is not None:
         due = min(now, claim.task.created_at - timedelta(seconds=int(claim.task.priority or 0)))
     return [

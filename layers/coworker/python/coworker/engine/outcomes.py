@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from datetime import datetime
 
 from coworker.engine.lifecycle import RecordOutcome
 from coworker.observability import MetricName
@@ -19,6 +20,7 @@ class TaskOutcome(str, enum.Enum):
 
     NOT_CLAIMED = "not_claimed"  # another worker has it, or it is no longer due: nothing to do
     BLOCKED = "blocked"  # its concurrency group was full: it waits for a place, out of the queue
+    DEFERRED = "deferred"  # its rate group had no token: it is due again when one frees (retry_at)
     SKIPPED = "skipped"  # too little time left to start it; it stays due for the next dispatch
     FINISHED = "finished"
     FAILED = "failed"
@@ -34,6 +36,7 @@ class TaskReport:
     seconds: float = 0.0
     source: TaskSource = TaskSource.HINT
     woken: tuple[str, ...] = ()  # blocked tasks its release woke: the worker may run them next
+    retry_at: datetime | None = None  # a deferred task's booked start
 
 
 OUTCOME_METRIC = {

@@ -13,7 +13,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator, model_validator
 
 from coworker.data.layout import BATCH_KEY_PREFIX, reserved_prefix
 
@@ -23,6 +23,9 @@ MAX_ATTEMPTS_CEILING = 100
 MAX_PRIORITY = 2**31 - 1
 MAX_CONCURRENCY_KEY_CHARS = 256
 MAX_CONCURRENCY_LIMIT = 1000  # a gate item holds ~30 bytes per place: 1,000 places stay under 32 KB
+MAX_RATE_LIMIT = 1000  # a rate gate keeps the last N starts (~8 bytes each): 1,000 stay under 10 KB
+MAX_RATE_INTERVAL_SECONDS = 86_400.0
+MIN_RATE_INTERVAL_SECONDS = 0.001  # the start log counts milliseconds
 BATCH_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 # Containers (objects, arrays) nested in a payload at most: below every later stage's limit (the
 # storage library's JSON encoding, the response models), so a payload taken is a payload read.
@@ -133,17 +136,35 @@ class NewTask(BaseModel):
         description=f"How many tasks of this concurrency key may run at once (1-{MAX_CONCURRENCY_LIMIT}; "
                     "default 1). Only with concurrency_key.")
 
+    rate_key: str | None = Field(
+        None, min_length=1, max_length=MAX_CONCURRENCY_KEY_CHARS,
+        description="Tasks with the same rate key start at most rate_limit times per rate_interval_seconds, "
+                    "fleet-wide (a crawled domain, a tenant's API key); a task over the rate waits in the "
+                    "queue, not in a worker. A limit set for the key (PUT /rate-limits/key:<key>) wins.")
+    rate_limit: StrictInt | None = Field(
+        None, ge=1, le=MAX_RATE_LIMIT,
+        description=f"How many tasks of this rate key may start per interval (1-{MAX_RATE_LIMIT}). Only with "
+                    "rate_key; without it, the key is limited only by a limit set for it.")
+    rate_interval_seconds: float | None = Field(
+        None, ge=MIN_RATE_INTERVAL_SECONDS, le=MAX_RATE_INTERVAL_SECONDS, strict=True, allow_inf_nan=False,
+        description=f"The interval of rate_limit, in seconds ({MIN_RATE_INTERVAL_SECONDS:g}-"
+                    f"{MAX_RATE_INTERVAL_SECONDS:g}; default 1). Only with rate_limit.")
+
     @model_validator(mode="after")
     def _limit_needs_a_key(self) -> NewTask:
         if self.concurrency_limit is not None and self.concurrency_key is None:
             raise ValueError("concurrency_limit needs a concurrency_key: the limit applies to the tasks "
                              "that share the key")
+        if self.rate_limit is not None and self.rate_key is None:
+            raise ValueError("rate_limit needs a rate_key: the limit applies to the tasks that share the key")
+        if self.rate_interval_seconds is not None and self.rate_limit is None:
+            raise ValueError("rate_interval_seconds needs a rate_limit: it is the interval of that limit")
         return self
 
-    @field_validator("concurrency_key")
+    @field_validator("concurrency_key", "rate_key")
     @classmethod
-    def _concurrency_key_is_usable(cls, value: str | None) -> str | None:
-        return value if value is None else no_control_characters(value, "concurrency_key")
+    def _group_key_is_usable(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return value if value is None else no_control_characters(value, str(info.field_name))
 
     @field_validator("key")
     @classmethod
@@ -183,7 +204,8 @@ class NewTask(BaseModel):
         return TaskSpec(key=self.key or str(uuid.uuid4()), type=self.type, payload=self.payload,
                         max_attempts=self.max_attempts, run_at=self.run_at, priority=self.priority,
                         concurrency_key=self.concurrency_key, concurrency_limit=self.concurrency_limit,
-                        batch_id=batch_id, parent=parent)
+                        rate_key=self.rate_key, rate_limit=self.rate_limit,
+                        rate_interval_seconds=self.rate_interval_seconds, batch_id=batch_id, parent=parent)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,4 +226,7 @@ class TaskSpec:
     parent: str | None = None  # the task that spawned this one (a follow-up)
     concurrency_key: str | None = None  # at most concurrency_limit tasks of one key run at once
     concurrency_limit: int | None = None
+    rate_key: str | None = None  # at most rate_limit starts of one key per rate_interval_seconds
+    rate_limit: int | None = None
+    rate_interval_seconds: float | None = None
     payload_ref: dict[str, Any] | None = None  # set when staged: the payload is in the object store

@@ -16,13 +16,14 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
 
 from coworker.config import Settings
-from coworker.data.models import ErrorKind, ErrorRecord, utcnow
-from coworker.engine import control, gates, lifecycle, offload, slots
+from coworker.data.models import ErrorKind, ErrorRecord, TaskModel, utcnow
+from coworker.engine import control, gates, lifecycle, offload, rates, slots
 from coworker.engine.feeder import Feeder, feed_cutoff
 from coworker.engine.handlers import TaskContext, get_handler
 from coworker.engine.heartbeat import Heartbeat, Running
@@ -137,8 +138,11 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float,
     running = heartbeat.watch(claim, context, locked_at=sent) if heartbeat is not None else Running(claim, context)
     try:
         claim, turned_away = _enter_gates(claim, view.limits, settings)
+        retry_at = None
+        if turned_away is None:
+            turned_away, retry_at = _take_rate_tokens(claim, view.rate_limits)
         if turned_away is not None:
-            report = TaskReport(key, turned_away, source=source)
+            report = TaskReport(key, turned_away, source=source, retry_at=retry_at)
         else:
             running.claim = claim
             report = _run(running, settings, handler_deadline, source)
@@ -165,6 +169,27 @@ def _enter_gates(claim: Claim, type_limits: Mapping[str, int], settings: Setting
     metrics.add_metric(name=MetricName.BLOCKED, unit=MetricUnit.Count, value=1)
     logger.debug("concurrency group full", extra={"task_key": claim.key, "entry": entry.value})
     return claim, TaskOutcome.BLOCKED if entry is gates.Entry.BLOCKED else TaskOutcome.NOT_CLAIMED
+
+
+def _take_rate_tokens(claim: Claim, rate_limits: Mapping[str, control.Rate]
+                      ) -> tuple[TaskOutcome | None, datetime | None]:
+    """Take the claim's start tokens in its rate groups: ``(None, None)`` to start it now, or the
+    outcome of a task turned away with when it is due again (its claim given back, its start
+    booked: see :mod:`coworker.engine.rates`)."""
+    groups = rates.groups_of(claim.task, rate_limits)
+    if not groups:
+        return None, None
+    _, refused_by, free_ms = rates.admit(groups)
+    if refused_by is None:
+        return None, None
+    start = rates.book(refused_by, free_ms, again=rates.returning(claim.task, refused_by))
+    metrics.add_metric(name=MetricName.RATE_LIMITED, unit=MetricUnit.Count, value=1)
+    logger.debug("rate group has no token", extra={"task_key": claim.key, "rate_group": refused_by.name,
+                                                   "retry_at": start.isoformat()})
+    booked = TaskModel.rate_booked_at.set(rates.epoch_ms(start))
+    if not lifecycle.release_unstarted(claim, due=start, also=[booked]):
+        return TaskOutcome.NOT_CLAIMED, None
+    return TaskOutcome.DEFERRED, start
 
 
 def _run(running: Running, settings: Settings, handler_deadline: float, source: TaskSource) -> TaskReport:
@@ -299,6 +324,8 @@ class Invocation:
                     self.on_report(report)
                 if report.outcome is TaskOutcome.BLOCKED:
                     feeder.forget(key)  # once woken it is due again: this invocation may take it
+                if report.outcome is TaskOutcome.DEFERRED and report.retry_at is not None:
+                    feeder.hand_at(key, report.retry_at)  # its booked start: try it then, if still here
                 for woken in report.woken:
                     feeder.hand(woken)  # the place this task freed: its waiter starts here, now
                 if report.outcome is TaskOutcome.SKIPPED:

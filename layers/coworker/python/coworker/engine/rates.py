@@ -1,0 +1,304 @@
+"""Rate limits: at most N starts of one *rate group* in any window of I milliseconds, fleet-wide.
+
+A task belongs to up to two rate groups:
+
+* its **rate key**, ``key:<rate_key>``, with the limit set for the key in the control record
+  (:func:`coworker.engine.control.set_rate`), or else the one the task carries (``rate_limit``
+  per ``rate_interval_seconds``); a key with neither is not limited;
+* its **type**, ``type:<type>``, when a rate is set for the type in the control record.
+
+Each group has a *start log*, one item ``gate#rate:<group>`` in the task table: its last N start
+times (epoch ms, non-decreasing) and a version.
+
+**Taking a token** (after the claim and the concurrency places, just before the handler starts;
+:func:`admit`): the start is stamped ``t = max(now, last start)`` and written, on the condition
+that the log's version is the one read, only if the log holds fewer than N starts or its N-th
+last is at least I before ``t``. Every start so admitted saw fewer than N starts in ``(t - I, t]``
+and every later one is stamped at or after it, so no window of I holds more than N stamps,
+however many workers race (a refused condition re-reads the log). A process keeps the log it last
+saw, so a key run by one worker pays no read.
+
+**Waiting** (:func:`book`): a task turned away gives its claim back (the attempt does not count)
+and is due again at a start time it books from the group's ``booked_until``: the later of the
+next free token and that mark, which then moves on by I / N. So the waiters of a busy key come
+due about as fast as tokens free, one after another, instead of all racing for each token; the
+worker that turned it away keeps its key and tries it then if it is still running
+(:meth:`coworker.engine.feeder.Feeder.hand_at`). No worker thread waits.
+
+A task in several groups takes its token in each, in order; one refused gives back the tokens it
+took, each only if no start was stamped after it (a token given back late is simply unused: the
+log is never wrong in the direction of too many starts).
+
+**Cost** in write units (a log of N starts is about 10 + 8 N bytes; 1 unit up to 1 KB, so up to
+about 100 starts per interval): an admitted start pays 1 per group; a racing writer 1 failed
+write and half a read unit; a task turned away its claim and give-back (6 with the index moves)
+and 1 for its booking.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+
+from pynamodb.exceptions import DoesNotExist
+from pynamodb.expressions.condition import Condition
+
+from coworker.data import writes
+from coworker.data.layout import RATE_GATE_PREFIX
+from coworker.data.models import RateGateModel, TaskModel, utcnow
+from coworker.engine.control import Rate
+from coworker.observability import logger
+
+KEY_GROUP = "key:"
+TYPE_GROUP = "type:"
+DEFAULT_INTERVAL_SECONDS = 1.0
+# Conditional writes one token tries while other writers change the log under it.
+RACE_RETRIES = 8
+# A task claimed at most this long (or its group's interval, if longer) after the start it
+# booked is a returning waiter (see :func:`book`).
+RETURN_WINDOW_SECONDS = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RateGroup:
+    """A set of tasks of which at most ``rate.limit`` start per ``rate.interval_ms``."""
+
+    name: str  # "key:<rate key>" or "type:<type>"
+    rate: Rate
+
+    @property
+    def gate_key(self) -> str:
+        return RATE_GATE_PREFIX + self.name
+
+
+@dataclasses.dataclass(frozen=True)
+class Token:
+    """A start taken in one group: the log's version it wrote, and the start's stamp."""
+
+    group: RateGroup
+    version: int
+    stamp: int
+
+
+def groups_of(task: TaskModel, rate_limits: Mapping[str, Rate]) -> tuple[RateGroup, ...]:
+    """The rate groups ``task`` belongs to: its type's (if set), then its rate key's."""
+    groups = []
+    type_rate = rate_limits.get(TYPE_GROUP + task.task_type)
+    if type_rate is not None:
+        groups.append(RateGroup(TYPE_GROUP + task.task_type, type_rate))
+    if task.rate_key:
+        rate = rate_limits.get(KEY_GROUP + task.rate_key) or task_rate(task)
+        if rate is not None:
+            groups.append(RateGroup(KEY_GROUP + task.rate_key, rate))
+    return tuple(groups)
+
+
+def task_rate(task: TaskModel) -> Rate | None:
+    """The rate a task carries for its key, if any."""
+    if not task.rate_limit:
+        return None
+    seconds = float(task.rate_interval_seconds or DEFAULT_INTERVAL_SECONDS)
+    return Rate(int(task.rate_limit), interval_ms(seconds))
+
+
+def interval_ms(seconds: float) -> int:
+    """An interval in whole milliseconds (at least 1)."""
+    return max(1, round(seconds * 1000))
+
+
+def epoch_ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def from_epoch_ms(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+@dataclasses.dataclass
+class _Log:
+    version: int
+    starts: list[int]
+    booked_until: int | None = None
+
+
+# The log each group had when this process last read or wrote it: a process that runs a key's
+# tasks alone writes without reading first.
+_known: dict[str, _Log] = {}
+_known_lock = threading.Lock()
+
+
+def _known_as(key: str) -> str:
+    return f"{RateGateModel.Meta.table_name}\0{key}"
+
+
+def _remember(key: str, log: _Log | None) -> None:
+    with _known_lock:
+        if log is None:
+            _known.pop(_known_as(key), None)
+        else:
+            _known[_known_as(key)] = log
+
+
+def _recall(key: str) -> _Log | None:
+    with _known_lock:
+        log = _known.get(_known_as(key))
+        return dataclasses.replace(log, starts=list(log.starts)) if log is not None else None
+
+
+def read_log(group_name: str) -> RateGateModel | None:
+    """A group's start log as stored (one consistent read), or ``None``."""
+    try:
+        return RateGateModel.get(RATE_GATE_PREFIX + group_name, consistent_read=True)
+    except DoesNotExist:
+        return None
+
+
+def _read(group: RateGroup) -> _Log:
+    item = read_log(group.name)
+    log = _Log(0, [])
+    if item is not None:
+        log = _Log(int(item.version or 0), [int(s) for s in item.starts or ()],
+                   int(item.booked_until) if item.booked_until is not None else None)
+    _remember(group.gate_key, log)
+    return log
+
+
+def free_at(starts: Sequence[int], rate: Rate) -> int:
+    """When (epoch ms) the next start is allowed after ``starts``: at once (0) while fewer than
+    ``rate.limit`` are logged, else an interval after the limit-th last."""
+    return starts[-rate.limit] + rate.interval_ms if len(starts) >= rate.limit else 0
+
+
+def _version_is(version: int) -> Condition:
+    return (RateGateModel.version == version) if version else RateGateModel.version.does_not_exist()
+
+
+def _take(group: RateGroup, now_ms: int) -> Token | int:
+    """Take a start token in ``group``: the token, or when (epoch ms) the next one frees."""
+    rate = group.rate
+    log = _recall(group.gate_key) or _read(group)
+    fresh = False
+    for _ in range(RACE_RETRIES):
+        stamp = max(now_ms, log.starts[-1] if log.starts else 0)
+        free = free_at(log.starts, rate)
+        if free > stamp:
+            if fresh:
+                return free
+            log, fresh = _read(group), True  # what this process saw may be old: look again
+            continue
+        starts = [*log.starts, stamp][-rate.limit:]
+        actions = [RateGateModel.starts.set(starts), RateGateModel.version.set(log.version + 1),
+                   RateGateModel.limit.set(rate.limit), RateGateModel.interval_ms.set(rate.interval_ms)]
+        if writes.update(RateGateModel(group.gate_key), actions, _version_is(log.version),
+                         f"take a start of {group.name!r}", refresh=False):
+            _remember(group.gate_key, _Log(log.version + 1, starts, log.booked_until))
+            return Token(group, log.version + 1, stamp)
+        log, fresh = _read(group), True
+    # The log kept changing: try again after about one start's share of the interval.
+    return now_ms + math.ceil(rate.interval_ms / rate.limit)
+
+
+def _give_back(token: Token) -> None:
+    """Undo ``token`` if no start was stamped after it (else it stays, unused)."""
+    key = token.group.gate_key
+    log = _recall(key)
+    if log is None or log.version != token.version or not log.starts or log.starts[-1] != token.stamp:
+        return
+    starts = log.starts[:-1]
+    actions = [RateGateModel.starts.set(starts), RateGateModel.version.set(token.version + 1)]
+    if writes.update(RateGateModel(key), actions, _version_is(token.version),
+                     f"give back a start of {token.group.name!r}", refresh=False):
+        _remember(key, _Log(token.version + 1, starts, log.booked_until))
+    else:
+        _remember(key, None)
+
+
+def admit(groups: Sequence[RateGroup], now: datetime | None = None) -> tuple[list[Token], RateGroup | None, int]:
+    """Take a start token in each of ``groups``, all or nothing.
+
+    Returns ``(tokens, None, 0)`` when every group let the task start now, or ``([], group,
+    free_ms)`` with the group that refused it and when (epoch ms) its next token frees.
+    """
+    now_ms = epoch_ms(now or utcnow())
+    tokens: list[Token] = []
+    for group in groups:
+        taken = _take(group, now_ms)
+        if isinstance(taken, Token):
+            tokens.append(taken)
+            continue
+        for token in reversed(tokens):
+            try:
+                _give_back(token)
+            except Exception:  # noqa: BLE001 - an unused token only slows its group down
+                logger.exception("could not give back a rate token", extra={"rate_group": token.group.name})
+        return [], group, taken
+    return tokens, None, 0
+
+
+def returning(task: TaskModel, group: RateGroup, now: datetime | None = None) -> bool:
+    """Whether ``task`` comes back from a start it booked lately (within the longer of the
+    group's interval and RETURN_WINDOW_SECONDS): it keeps its place in line."""
+    if task.rate_booked_at is None:
+        return False
+    now_ms = epoch_ms(now or utcnow())
+    return now_ms - max(group.rate.interval_ms, RETURN_WINDOW_SECONDS * 1000) <= int(task.rate_booked_at) <= now_ms
+
+
+def book(group: RateGroup, free_ms: int, now: datetime | None = None, *, again: bool = False) -> datetime:
+    """A start time for a task ``group`` turned away: the later of its next free token
+    (``free_ms``) and the group's booking mark, which moves on by one start's share of the
+    interval, so that its waiters come due one after another as tokens free.
+
+    A waiter that comes back from its booked start (``again``: it came a moment after the token
+    it was booked for, which the waiter before it took late) keeps its place: it is booked at the
+    next free token, and the mark does not move."""
+    spacing = math.ceil(group.rate.interval_ms / group.rate.limit)
+    free_ms = max(free_ms, epoch_ms(now or utcnow()))
+    if again:
+        return from_epoch_ms(free_ms)
+    log = _recall(group.gate_key) or _read(group)
+    for _ in range(RACE_RETRIES):
+        booked = log.booked_until
+        slot = max(free_ms, booked or 0)
+        seen = (RateGateModel.booked_until == booked) if booked is not None \
+            else RateGateModel.booked_until.does_not_exist()
+        if writes.update(RateGateModel(group.gate_key), [RateGateModel.booked_until.set(slot + spacing)], seen,
+                         f"book a start of {group.name!r}", refresh=False):
+            log.booked_until = slot + spacing
+            _remember(group.gate_key, log)
+            return from_epoch_ms(slot)
+        log = _read(group)
+    return from_epoch_ms(free_ms)
+
+
+@dataclasses.dataclass(frozen=True)
+class RateState:
+    """What one group's log says at a moment: its rate, the starts in the last interval, and
+    when the next start is allowed."""
+
+    rate: Rate | None
+    started_in_interval: int
+    next_free_at: datetime | None
+    booked_until: datetime | None
+
+
+def state(group_name: str, rate: Rate | None = None, now: datetime | None = None) -> RateState:
+    """The state of ``group_name``'s log (one consistent read); ``rate`` defaults to the last
+    start's."""
+    now_ms = epoch_ms(now or utcnow())
+    item = read_log(group_name)
+    if item is None:
+        return RateState(rate, 0, None, None)
+    if rate is None and item.limit is not None and item.interval_ms is not None:
+        rate = Rate(int(item.limit), int(item.interval_ms))
+    starts = [int(s) for s in item.starts or ()]
+    if rate is None:
+        return RateState(None, 0, None, None)
+    recent = sum(1 for s in starts if s > now_ms - rate.interval_ms)
+    free = free_at(starts, rate)
+    booked = int(item.booked_until) if item.booked_until is not None else None
+    return RateState(rate, recent, from_epoch_ms(free) if free > now_ms else None,
+                     from_epoch_ms(booked) if booked is not None and booked > now_ms else None)

@@ -1,0 +1,235 @@
+"""Rate limits (keys and task types): never more than N starts of a group in any window of its
+interval, however many workers race; a task over the rate gives its claim back and is due again
+at a start it booked, spaced from the other waiters; other keys are not held back; a limit set
+for a key or type in the control record wins over what tasks carry; rate and concurrency limits
+combine."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from coworker.data.models import utcnow
+from coworker.engine import control, gates, lifecycle, rates, submit
+from coworker.engine.control import Rate
+from coworker.engine.feeder import Feeder
+from coworker.engine.handlers import TaskContext, task_handler
+from coworker.engine.outcomes import TaskOutcome
+from coworker.engine.tasks import NewTask, TaskSpec
+from coworker.engine.worker import process_task
+
+pytestmark = pytest.mark.both_backends
+
+_starts: dict[str, list[float]] = collections.defaultdict(list)
+_guard = threading.Lock()
+
+
+@task_handler("test-rated")
+@task_handler("test-rated-type")
+def _rated(payload, context: TaskContext):
+    with _guard:
+        _starts[payload["group"]].append(time.time())
+    time.sleep(payload.get("seconds", 0.0))
+    return {"ok": True}
+
+
+def _put(settings, key, rkey=None, limit=None, interval=None, type_="test-rated", ago=10.0, **extra):
+    spec = TaskSpec(key=key, type=type_, payload={"group": rkey or type_}, rate_key=rkey, rate_limit=limit,
+                    rate_interval_seconds=interval, **extra)
+    submit.put_task(spec, settings, now=utcnow() - timedelta(seconds=ago))
+
+
+def _most_in_a_window(stamps: list[int], interval_ms: int) -> int:
+    """The most stamps (epoch ms) in any half-open window (t - interval, t]."""
+    stamps = sorted(stamps)
+    most, first = 0, 0
+    for last, stamp in enumerate(stamps):
+        while stamps[first] <= stamp - interval_ms:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+@pytest.fixture(autouse=True)
+def _fresh_control_view():
+    """Each test's table has its own control record: no view of another's is kept."""
+    control._cache.invalidate()
+    yield
+    control._cache.invalidate()
+
+
+@pytest.fixture
+def stamped(monkeypatch) -> dict[str, list[int]]:
+    """Every start token taken, by group: the stamps the rule is about."""
+    taken: dict[str, list[int]] = collections.defaultdict(list)
+    admit = rates.admit
+
+    def recording(groups, now=None):
+        tokens, refused_by, free = admit(groups, now)
+        with _guard:
+            for token in tokens:
+                taken[token.group.name].append(token.stamp)
+        return tokens, refused_by, free
+
+    monkeypatch.setattr(rates, "admit", recording)
+    return taken
+
+
+def test_a_task_carries_its_rate_and_the_api_refuses_half_of_one():
+    task = NewTask(type="t", rate_key="example.com", rate_limit=5, rate_interval_seconds=2)
+    spec = task.to_spec()
+    assert (spec.rate_key, spec.rate_limit, spec.rate_interval_seconds) == ("example.com", 5, 2)
+    for bad in ({"rate_limit": 5}, {"rate_key": "k", "rate_interval_seconds": 1},
+                {"rate_key": "k", "rate_limit": 0}, {"rate_key": "k", "rate_limit": 5, "rate_interval_seconds": 0},
+                {"rate_key": "k", "rate_limit": 5, "rate_interval_seconds": float("inf")},
+                {"rate_key": "k", "rate_limit": 5, "rate_interval_seconds": "1"},
+                {"rate_key": "a\nb"}, {"rate_key": ""}):
+        with pytest.raises(ValueError):
+            NewTask(type="t", **bad)
+
+
+def test_starts_of_one_key_never_pass_the_rate_under_racing_workers(make_settings, stamped):
+    settings = make_settings()
+    # 3 starts per 0.4 s for the key; a key of its own runs at full speed beside it
+    limited = [f"a-{i:02d}" for i in range(18)]
+    free = [f"b-{i:02d}" for i in range(18)]
+    for number, key in enumerate(limited):
+        _put(settings, key, rkey="site-a", limit=3, interval=0.4, ago=100 - number)
+    for number, key in enumerate(free):
+        _put(settings, key, ago=50 - number)
+    outcomes: collections.Counter[TaskOutcome] = collections.Counter()
+    deadline = time.monotonic() + 90
+    everything = limited + free
+
+    def work(owner: str) -> None:
+        while time.monotonic() < deadline:
+            open_keys = [k for k in everything if lifecycle.get_task(k, consistent=False).status != "finished"]
+            if not open_keys:
+                return
+            for key in open_keys:
+                report = process_task(key, owner, settings, time.monotonic() + 30)
+                with _guard:
+                    outcomes[report.outcome] += 1
+            time.sleep(0.02)
+
+    threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert {lifecycle.get_task(key).status for key in everything} == {"finished"}
+    assert len(stamped["key:site-a"]) >= len(limited)
+    assert _most_in_a_window(stamped["key:site-a"], 400) <= 3
+    assert _most_in_a_window(stamped["key:site-a"], 400) == 3  # the rate was used, not just respected
+    assert outcomes[TaskOutcome.DEFERRED] > 0
+    assert {int(lifecycle.get_task(key).attempts) for key in limited} == {1}  # waiting costs no attempt
+    assert "test-rated" not in stamped  # a task of no rate group takes no token
+
+
+def test_a_task_over_the_rate_is_due_again_at_a_booked_start_spaced_from_the_others(make_settings):
+    settings = make_settings()
+    for number in range(5):
+        _put(settings, f"k{number}", rkey="api", limit=2, interval=10, ago=10 - number)
+    reports = [process_task(f"k{n}", "w", settings, time.monotonic() + 30) for n in range(5)]
+    assert [r.outcome for r in reports] == [TaskOutcome.FINISHED] * 2 + [TaskOutcome.DEFERRED] * 3
+    starts = [r.retry_at for r in reports[2:]]
+    assert all(start is not None for start in starts)
+    # the first waiter at the first free token, the next ones 10 s / 2 apart
+    first_stamp = min(rates.read_log("key:api").starts)
+    assert abs(rates.epoch_ms(starts[0]) - (first_stamp + 10_000)) <= 1
+    assert [round((b - a).total_seconds(), 3) for a, b in zip(starts, starts[1:], strict=False)] == [5.0, 5.0]
+    for number, start in zip(range(2, 5), starts, strict=True):
+        task = lifecycle.get_task(f"k{number}")
+        assert task.status == "todo" and int(task.attempts) == 0 and task.lock_owner is None
+        assert task.due_at == start
+    # not due before its start: nobody can claim it
+    assert process_task("k2", "w2", settings, time.monotonic() + 30).outcome is TaskOutcome.NOT_CLAIMED
+
+
+def test_a_deferred_task_runs_at_its_start(make_settings):
+    settings = make_settings()
+    for number in range(3):
+        _put(settings, f"k{number}", rkey="slow-api", limit=1, interval=0.3, ago=10 - number)
+    results = [process_task(f"k{n}", "w", settings, time.monotonic() + 30) for n in range(3)]
+    assert [r.outcome for r in results] == [TaskOutcome.FINISHED, TaskOutcome.DEFERRED, TaskOutcome.DEFERRED]
+    # what a self-feeding invocation does with them: hold each until its booked start
+    feeder = Feeder(settings, [], self_feed=False, feed_until=time.monotonic() + 30)
+    for report in results[1:]:
+        feeder.hand_at(report.key, report.retry_at)
+    ran = []
+    while (item := feeder.next()) is not None:
+        report = process_task(item[0], "w", settings, time.monotonic() + 30)
+        ran.append(report)
+        if report.outcome is TaskOutcome.DEFERRED:  # as the worker's thread loop does
+            feeder.hand_at(report.key, report.retry_at)
+    assert [r.key for r in ran if r.outcome is TaskOutcome.FINISHED] == ["k1", "k2"]
+    # a waiter that came a moment after its token (the one before it started late) keeps its
+    # place: booked again at the next free token, not behind the line
+    assert len(ran) <= 4
+    assert _most_in_a_window(rates.read_log("key:slow-api").starts, 300) == 1
+
+
+def test_a_limit_set_for_a_key_wins_and_a_type_can_be_limited(make_settings):
+    settings = make_settings()
+    assert control.set_rate("key:tenant-1", Rate(1, 60_000))
+    assert not control.set_rate("key:tenant-1", Rate(1, 60_000))  # already so
+    assert control.set_rate("type:test-rated-type", Rate(2, 60_000))
+    view = control.read(consistent=True)
+    assert view.rate_limits == {"key:tenant-1": Rate(1, 60_000), "type:test-rated-type": Rate(2, 60_000)}
+
+    _put(settings, "t1", rkey="tenant-1", limit=100)  # the task's own 100/s loses to 1 a minute
+    _put(settings, "t2", rkey="tenant-1", limit=100, ago=9)
+    assert process_task("t1", "w", settings, time.monotonic() + 30).outcome is TaskOutcome.FINISHED
+    assert process_task("t2", "w", settings, time.monotonic() + 30).outcome is TaskOutcome.DEFERRED
+
+    for number in range(3):
+        _put(settings, f"y{number}", type_="test-rated-type", ago=5 - number)
+    outcomes = [process_task(f"y{n}", "w", settings, time.monotonic() + 30).outcome for n in range(3)]
+    assert outcomes == [TaskOutcome.FINISHED, TaskOutcome.FINISHED, TaskOutcome.DEFERRED]
+
+    assert control.set_rate("type:test-rated-type", None)  # lifted
+    assert "type:test-rated-type" not in control.read(consistent=True).rate_limits
+    assert lifecycle.get_task("y2").due_at > utcnow()  # its booked start stands; then it runs unlimited
+
+
+def test_a_task_in_two_groups_refused_by_the_second_gives_back_the_firsts_token(make_settings):
+    settings = make_settings()
+    control.set_rate("type:test-rated", Rate(5, 60_000))
+    _put(settings, "x1", rkey="narrow", limit=1, interval=60, ago=10)
+    _put(settings, "x2", rkey="narrow", limit=1, interval=60, ago=9)
+    assert process_task("x1", "w", settings, time.monotonic() + 30).outcome is TaskOutcome.FINISHED
+    assert process_task("x2", "w", settings, time.monotonic() + 30).outcome is TaskOutcome.DEFERRED
+    # x2 took a token of the type, then none of its key: the type's token went back
+    assert len(rates.read_log("type:test-rated").starts) == 1
+    assert rates.state("type:test-rated").started_in_interval == 1
+
+
+def test_rate_and_concurrency_combine_and_a_deferred_task_frees_its_place(make_settings):
+    settings = make_settings()
+    for number in range(3):
+        _put(settings, f"c{number}", rkey="both", limit=1, interval=60, ago=10 - number,
+             concurrency_key="both", concurrency_limit=2)
+    assert process_task("c0", "w", settings, time.monotonic() + 30).outcome is TaskOutcome.FINISHED
+    assert process_task("c1", "w", settings, time.monotonic() + 30).outcome is TaskOutcome.DEFERRED
+    gate = gates.read_gate("key:both")
+    assert gate is None or gates.holding(gate, utcnow()) == 0  # the place it entered went back
+
+
+def test_a_cancelled_claim_is_not_deferred(make_settings, monkeypatch):
+    settings = make_settings()
+    _put(settings, "z1", rkey="gone", limit=1, interval=60, ago=10)
+    _put(settings, "z2", rkey="gone", limit=1, interval=60, ago=9)
+    assert process_task("z1", "w", settings, time.monotonic() + 30).outcome is TaskOutcome.FINISHED
+    book = rates.book
+
+    def cancel_meanwhile(group, free_ms, now=None, **options):
+        lifecycle.cancel("z2", settings)
+        return book(group, free_ms, now, **options)
+
+    monkeypatch.setattr(rates, "book", cancel_meanwhile)
+    assert process_task("z2", "w", settings, time.monotonic() + 30).outcome is TaskOutcome.NOT_CLAIMED
+    assert lifecycle.get_task("z2").status == "ignored"
