@@ -179,3 +179,28 @@ def test_the_example_crawls_callback_summarises_every_page_once_the_batch_is_don
         assert summary["by_depth"] == {"0": 1, "1": 3, "2": 9}
         assert summary["batch"] == {"batch_id": "small-crawl", "total": 13, "finished": 13, "ignored": 0,
                                     "state": "done"}
+
+
+def test_a_polite_crawl_fetches_at_most_its_rate_of_pages_per_second(dynamodb_server) -> None:
+    with LocalTaskSystem(dynamodb_endpoint=dynamodb_server.endpoint, max_concurrency=20, batch_size=10) as system:
+        shape = {"fanout": 3, "max_depth": 2, "key_prefix": "polite", "domain": "polite.test", "rate_per_second": 4}
+        system.put("crawl", shape, key=crawl_key("/", "polite"), batch_id="polite-crawl")
+        system.drain()
+        pages = [task for task in TaskModel.scan() if task.task_type == "crawl" and task.key.startswith("polite:")]
+        assert len(pages) == 13 and {task.status for task in pages} == {"finished"}
+        spawned = [task for task in pages if task.payload.get("url", "/") != "/"]
+        assert {(task.rate_key, int(task.rate_limit)) for task in spawned} == {("polite.test", 4)}
+        fetched = sorted(float(task.result["fetched_at"]) for task in spawned)
+        # the 12 pages it spawned: never more than 4 fetched in any second
+        most = max(sum(1 for other in fetched if start <= other < start + 1.0) for start in fetched)
+        assert most <= 4
+        assert fetched[-1] - fetched[0] >= 2.0  # 12 pages at 4 a second take at least 2 s
+
+
+def test_a_crawl_with_a_bad_rate_is_refused_not_retried(dynamodb_server) -> None:
+    with LocalTaskSystem(dynamodb_endpoint=dynamodb_server.endpoint) as system:
+        system.put("crawl", {"fanout": 2, "max_depth": 1, "rate_per_second": 0}, key="bad-rate")
+        system.drain()
+        task = lifecycle.get_task("bad-rate")
+        assert (task.status, int(task.attempts)) == ("ignored", 1)
+        assert "rate_per_second" in task.errors[-1].message

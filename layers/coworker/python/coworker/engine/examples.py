@@ -71,6 +71,12 @@ def crawl(payload: dict[str, Any] | None, context: TaskContext) -> dict[str, Any
     do. Each link's task key is :func:`crawl_key` of its URL, so a page linked from many others
     (the home page, a parent) is crawled once; the follow-ups join the seed's batch. With the
     defaults, one seed (key ``crawl_key("/")``) grows to 1 + 10 + 100 + 1,000 = 1,111 tasks.
+
+    Politeness: with ``rate_per_second`` (1-1,000), every page it spawns carries the rate key
+    ``domain`` (default ``example.test``) with that limit, so the crawl fetches at most that
+    many pages of the site per second across every worker (put the seed with the same rate, or
+    set the key's limit: ``PUT /rate-limits/key:<domain>``). The result says when the page was
+    fetched (``fetched_at``, epoch seconds).
     """
     payload = payload or {}
     url = str(payload.get("url", "/"))
@@ -81,14 +87,21 @@ def crawl(payload: dict[str, Any] | None, context: TaskContext) -> dict[str, Any
         # One request must not ask for fanout ** max_depth pages: refused, not retried.
         raise TaskFailed(f"crawl: fanout is 0-{MAX_CRAWL_FANOUT} and max_depth 0-{MAX_CRAWL_DEPTH} "
                          f"(a crawl of at most {MAX_CRAWL_FANOUT ** MAX_CRAWL_DEPTH:,} pages)", retryable=False)
+    rate = payload.get("rate_per_second")
+    if rate is not None and (not isinstance(rate, int) or isinstance(rate, bool) or not 1 <= rate <= 1000):
+        raise TaskFailed("crawl: rate_per_second is a whole number of pages per second, 1-1000", retryable=False)
+    fetched_at = time.time()
+    polite: dict[str, Any] = {}
+    if rate is not None:
+        polite = {"rate_key": str(payload.get("domain", "example.test")), "rate_limit": rate}
     prefix = str(payload.get("key_prefix", "crawl"))
     parent = url.rsplit("/", 1)[0] or "/"
     links = [url.rstrip("/") + f"/{n}" for n in range(fanout)] if depth < max_depth else []
     seen_before = ["/", parent]  # already crawled (or being crawled): their keys exist
     for link, link_depth in [*((link, depth + 1) for link in links), *((old, 0) for old in seen_before)]:
         context.spawn("crawl", {**payload, "url": link, "depth": link_depth}, key=crawl_key(link, prefix),
-                      inherit_batch=True)
-    return {"url": url, "depth": depth, "links": len(links) + len(seen_before)}
+                      inherit_batch=True, **polite)
+    return {"url": url, "depth": depth, "links": len(links) + len(seen_before), "fetched_at": fetched_at}
 
 
 def crawl_urls(fanout: int = 10, max_depth: int = 3) -> list[tuple[str, int]]:

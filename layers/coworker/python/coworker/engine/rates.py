@@ -40,7 +40,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from pynamodb.exceptions import DoesNotExist
@@ -57,6 +58,10 @@ TYPE_GROUP = "type:"
 DEFAULT_INTERVAL_SECONDS = 1.0
 # Conditional writes one token tries while other writers change the log under it.
 RACE_RETRIES = 8
+# The most a start may begin after its token's stamp (see :func:`margin_ms`).
+MAX_MARGIN_MS = 25
+# How far ahead a start is stamped, at least and at most (see :func:`lead_ms`).
+LEAD_MS = (10, 250)
 # A task claimed at most this long (or its group's interval, if longer) after the start it
 # booked is a returning waiter (see :func:`book`).
 RETURN_WINDOW_SECONDS = 60.0
@@ -134,6 +139,16 @@ def _known_as(key: str) -> str:
     return f"{RateGateModel.Meta.table_name}\0{key}"
 
 
+# One writer per group at a time in this process: its threads take turns instead of racing each
+# other's conditional writes (a failed one is billed like any write); processes still race.
+_group_locks: dict[str, threading.Lock] = {}
+
+
+def _turn(key: str) -> threading.Lock:
+    with _known_lock:
+        return _group_locks.setdefault(_known_as(key), threading.Lock())
+
+
 def _remember(key: str, log: _Log | None) -> None:
     with _known_lock:
         if log is None:
@@ -166,24 +181,39 @@ def _read(group: RateGroup) -> _Log:
     return log
 
 
+def margin_ms(rate: Rate) -> int:
+    """How late after its stamp a start may begin: a twentieth of the interval, at most
+    MAX_MARGIN_MS. Tokens are spaced that much wider than the interval, so that starts, not
+    only stamps, keep to the limit."""
+    return min(MAX_MARGIN_MS, rate.interval_ms // 20)
+
+
 def free_at(starts: Sequence[int], rate: Rate) -> int:
     """When (epoch ms) the next start is allowed after ``starts``: at once (0) while fewer than
-    ``rate.limit`` are logged, else an interval after the limit-th last."""
-    return starts[-rate.limit] + rate.interval_ms if len(starts) >= rate.limit else 0
+    ``rate.limit`` are logged, else an interval (and the margin) after the limit-th last."""
+    return starts[-rate.limit] + rate.interval_ms + margin_ms(rate) if len(starts) >= rate.limit else 0
 
 
 def _version_is(version: int) -> Condition:
     return (RateGateModel.version == version) if version else RateGateModel.version.does_not_exist()
 
 
-def _take(group: RateGroup, now_ms: int) -> Token | int:
-    """Take a start token in ``group``: the token, or when (epoch ms) the next one frees."""
+def _take(group: RateGroup, floor_ms: int, wait_ms: int, waiter: bool) -> Token | int:
+    """Take a start token in ``group`` stamped at or after ``floor_ms`` (or up to ``wait_ms``
+    later, when the next token frees by then): the token, or when (epoch ms) the next one frees.
+
+    A task that is not a ``waiter`` (back at the start it booked) does not pass the waiters:
+    while starts are booked ahead of it, it is refused, and books after them."""
     rate = group.rate
     log = _recall(group.gate_key) or _read(group)
     fresh = False
     for _ in range(RACE_RETRIES):
-        stamp = max(now_ms, log.starts[-1] if log.starts else 0)
+        stamp = max(floor_ms, log.starts[-1] if log.starts else 0)
         free = free_at(log.starts, rate)
+        if not waiter and log.booked_until is not None and log.booked_until > floor_ms + wait_ms:
+            free = max(free, log.booked_until)  # waiters are booked until then: after them
+        if stamp < free <= floor_ms + wait_ms:
+            stamp = free  # a token that frees this soon is worth the wait
         if free > stamp:
             if fresh:
                 return free
@@ -192,13 +222,44 @@ def _take(group: RateGroup, now_ms: int) -> Token | int:
         starts = [*log.starts, stamp][-rate.limit:]
         actions = [RateGateModel.starts.set(starts), RateGateModel.version.set(log.version + 1),
                    RateGateModel.limit.set(rate.limit), RateGateModel.interval_ms.set(rate.interval_ms)]
+        sent = time.monotonic()
         if writes.update(RateGateModel(group.gate_key), actions, _version_is(log.version),
                          f"take a start of {group.name!r}", refresh=False):
+            _write_took((time.monotonic() - sent) * 1000)
             _remember(group.gate_key, _Log(log.version + 1, starts, log.booked_until))
             return Token(group, log.version + 1, stamp)
         log, fresh = _read(group), True
     # The log kept changing: try again after about one start's share of the interval.
-    return now_ms + math.ceil(rate.interval_ms / rate.limit)
+    return floor_ms + math.ceil(rate.interval_ms / rate.limit)
+
+
+# How long this process's token writes take (an average that follows the latest): a start is
+# stamped that far ahead (three times it, within LEAD_MS), so that its write is back before the stamp
+# and the handler starts on it.
+_write_ms = 10.0
+_write_ms_lock = threading.Lock()
+
+
+def _write_took(ms: float) -> None:
+    global _write_ms
+    with _write_ms_lock:
+        _write_ms += 0.2 * (ms - _write_ms)
+
+
+def lead_ms() -> int:
+    """How far ahead of now a start is stamped."""
+    with _write_ms_lock:
+        return int(min(LEAD_MS[1], max(LEAD_MS[0], 3 * _write_ms + 5)))
+
+
+def give_back(tokens: Sequence[Token]) -> None:
+    """Undo ``tokens`` (latest first) where no start was stamped after them; never raises."""
+    for token in reversed(tokens):
+        try:
+            with _turn(token.group.gate_key):
+                _give_back(token)
+        except Exception:  # noqa: BLE001 - an unused token only slows its group down
+            logger.exception("could not give back a rate token", extra={"rate_group": token.group.name})
 
 
 def _give_back(token: Token) -> None:
@@ -216,49 +277,65 @@ def _give_back(token: Token) -> None:
         _remember(key, None)
 
 
-def admit(groups: Sequence[RateGroup], now: datetime | None = None) -> tuple[list[Token], RateGroup | None, int]:
-    """Take a start token in each of ``groups``, all or nothing.
+def admit(groups: Sequence[RateGroup], now: datetime | None = None, wait_seconds: float = 0.0,
+          waiter: Callable[[RateGroup], bool] | None = None) -> tuple[list[Token], RateGroup | None, int]:
+    """Take a start token in each of ``groups``, all or nothing, stamped a moment ahead, or up to
+    ``wait_seconds`` later for a token that frees by then (the handler starts on the stamp:
+    :func:`start_on`). ``waiter`` tells, per group, whether the task is back at the start it
+    booked there (else it does not pass that group's waiters).
 
-    Returns ``(tokens, None, 0)`` when every group let the task start now, or ``([], group,
+    Returns ``(tokens, None, 0)`` when every group let the task start, or ``([], group,
     free_ms)`` with the group that refused it and when (epoch ms) its next token frees.
     """
-    now_ms = epoch_ms(now or utcnow())
-    tokens: list[Token] = []
-    for group in groups:
-        taken = _take(group, now_ms)
-        if isinstance(taken, Token):
+    floor = epoch_ms(now or utcnow()) + lead_ms()
+    for _ in range(2):
+        tokens: list[Token] = []
+        for group in groups:
+            with _turn(group.gate_key):
+                taken = _take(group, floor, int(wait_seconds * 1000), waiter is not None and waiter(group))
+            if not isinstance(taken, Token):
+                give_back(tokens)
+                return [], group, taken
             tokens.append(taken)
-            continue
-        for token in reversed(tokens):
-            try:
-                _give_back(token)
-            except Exception:  # noqa: BLE001 - an unused token only slows its group down
-                logger.exception("could not give back a rate token", extra={"rate_group": token.group.name})
-        return [], group, taken
-    return tokens, None, 0
+            floor = max(floor, taken.stamp)
+        # One start for every group: each stamp within its margin of the latest.
+        if all(floor - token.stamp <= margin_ms(token.group.rate) for token in tokens):
+            return tokens, None, 0
+        give_back(tokens)
+    return [], groups[-1], floor
+
+
+def start_on(tokens: Sequence[Token]) -> bool:
+    """Wait for the tokens' stamp, so that the handler starts on it; ``False`` when it has
+    passed by more than the margin (the write was slow: give the tokens back and take new ones)."""
+    stamp = max(token.stamp for token in tokens)
+    wait = stamp / 1000 - time.time()
+    if wait > 0:
+        time.sleep(wait)
+    now_ms = int(time.time() * 1000)
+    return all(now_ms - token.stamp <= margin_ms(token.group.rate) for token in tokens)
 
 
 def returning(task: TaskModel, group: RateGroup, now: datetime | None = None) -> bool:
     """Whether ``task`` comes back from a start it booked lately (within the longer of the
-    group's interval and RETURN_WINDOW_SECONDS): it keeps its place in line."""
+    group's interval and RETURN_WINDOW_SECONDS): it may take a token though others are booked."""
     if task.rate_booked_at is None:
         return False
     now_ms = epoch_ms(now or utcnow())
     return now_ms - max(group.rate.interval_ms, RETURN_WINDOW_SECONDS * 1000) <= int(task.rate_booked_at) <= now_ms
 
 
-def book(group: RateGroup, free_ms: int, now: datetime | None = None, *, again: bool = False) -> datetime:
+def book(group: RateGroup, free_ms: int, now: datetime | None = None) -> datetime:
     """A start time for a task ``group`` turned away: the later of its next free token
     (``free_ms``) and the group's booking mark, which moves on by one start's share of the
-    interval, so that its waiters come due one after another as tokens free.
-
-    A waiter that comes back from its booked start (``again``: it came a moment after the token
-    it was booked for, which the waiter before it took late) keeps its place: it is booked at the
-    next free token, and the mark does not move."""
-    spacing = math.ceil(group.rate.interval_ms / group.rate.limit)
+    interval (and margin), so that its waiters come due one after another as tokens free."""
+    spacing = math.ceil((group.rate.interval_ms + margin_ms(group.rate)) / group.rate.limit)
     free_ms = max(free_ms, epoch_ms(now or utcnow()))
-    if again:
-        return from_epoch_ms(free_ms)
+    with _turn(group.gate_key):
+        return _book(group, free_ms, spacing)
+
+
+def _book(group: RateGroup, free_ms: int, spacing: int) -> datetime:
     log = _recall(group.gate_key) or _read(group)
     for _ in range(RACE_RETRIES):
         booked = log.booked_until
