@@ -13,12 +13,13 @@ import time
 from datetime import timedelta
 
 import pytest
-from coworker.data.models import utcnow
+from coworker.data import writes
+from coworker.data.models import RateGateModel, utcnow
 from coworker.engine import control, gates, lifecycle, rates, submit, worker
 from coworker.engine.control import Rate
 from coworker.engine.feeder import Feeder
 from coworker.engine.handlers import TaskContext, task_handler
-from coworker.engine.outcomes import TaskOutcome
+from coworker.engine.outcomes import TaskOutcome, TaskSource
 from coworker.engine.tasks import NewTask, TaskSpec
 from coworker.engine.worker import process_task
 
@@ -242,3 +243,52 @@ def test_a_cancelled_claim_is_not_deferred(make_settings, monkeypatch):
     monkeypatch.setattr(rates, "book", cancel_meanwhile)
     assert process_task("z2", "w", settings, time.monotonic() + 30).outcome is TaskOutcome.NOT_CLAIMED
     assert lifecycle.get_task("z2").status == "ignored"
+
+
+def test_slow_token_writes_stretch_the_lead_and_every_task_still_starts_on_its_stamp(make_settings, monkeypatch,
+                                                                                       stamped):
+    settings = make_settings()
+    update = writes.update
+
+    def slow(item, *args, **kwargs):
+        if isinstance(item, RateGateModel):
+            time.sleep(0.3)  # far beyond the lead a quick write earns (the margin is 25 ms)
+        return update(item, *args, **kwargs)
+
+    monkeypatch.setattr(writes, "update", slow)
+    for number in range(4):
+        _put(settings, f"s{number}", rkey="slow-writes", limit=2, interval=1.0, ago=10 - number)
+    _starts.clear()
+    feeder = Feeder(settings, [f"s{n}" for n in range(4)], self_feed=False, feed_until=time.monotonic() + 60)
+    while (item := feeder.next()) is not None:
+        report = process_task(item[0], "w", settings, time.monotonic() + 60)
+        if report.outcome is TaskOutcome.DEFERRED:
+            feeder.hand_at(report.key, report.retry_at)
+    assert {lifecycle.get_task(f"s{n}").status for n in range(4)} == {"finished"}
+    assert _most_in_a_window(stamped["key:slow-writes"], 1000) <= 2
+    assert _most_in_a_window([round(t * 1000) for t in _starts["slow-writes"]], 1000) <= 2
+    assert rates.lead_ms() >= 300  # it grew with the writes
+
+
+def test_a_new_task_does_not_pass_the_waiters_booked_before_it(make_settings):
+    settings = make_settings()
+    for number in range(3):
+        _put(settings, f"q{number}", rkey="queue", limit=1, interval=2.0, ago=10 - number)
+    outcomes = [process_task(f"q{n}", "w", settings, time.monotonic() + 30) for n in range(3)]
+    assert [o.outcome for o in outcomes] == [TaskOutcome.FINISHED, TaskOutcome.DEFERRED, TaskOutcome.DEFERRED]
+    # the token frees before q2's booked start; a task put now books after q2 all the same
+    _put(settings, "late", rkey="queue", limit=1, interval=2.0, ago=0)
+    report = process_task("late", "w", settings, time.monotonic() + 30)
+    assert report.outcome is TaskOutcome.DEFERRED
+    assert report.retry_at > outcomes[2].retry_at > outcomes[1].retry_at
+
+
+def test_an_invocation_past_its_feed_cut_off_leaves_its_deferred_keys_to_others(make_settings):
+    settings = make_settings()
+    feeder = Feeder(settings, [], self_feed=False, feed_until=time.monotonic() + 0.2)
+    feeder.hand_at("later", utcnow() + timedelta(seconds=0.3))
+    time.sleep(0.4)  # its start has come, but after the cut-off: not run here (it would not finish)
+    assert feeder.next() is None
+    soon = Feeder(settings, [], self_feed=False, feed_until=time.monotonic() + 30)
+    soon.hand_at("soon", utcnow() + timedelta(seconds=0.2))
+    assert soon.next() == ("soon", TaskSource.HINT)

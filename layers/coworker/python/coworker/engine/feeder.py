@@ -145,9 +145,10 @@ class Feeder:
             self._cond.notify_all()
 
     def _take_deferred(self) -> bool:
-        """Queue the deferred keys whose start has come (call with the lock held)."""
+        """Queue the deferred keys whose start has come, while this invocation may still take
+        work (call with the lock held): past its feed cut-off they are left to the others."""
         now, taken = time.monotonic(), False
-        while self._deferred and self._deferred[0][0] <= now:
+        while self._deferred and self._deferred[0][0] <= now and self._may_feed():
             _, key = heapq.heappop(self._deferred)
             self._queue.appendleft((key, TaskSource.HINT))  # its start was booked: before new work
             self._seen.add(key)

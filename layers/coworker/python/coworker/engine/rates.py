@@ -37,6 +37,7 @@ and 1 for its booking.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import threading
@@ -61,7 +62,9 @@ RACE_RETRIES = 8
 # The most a start may begin after its token's stamp (see :func:`margin_ms`).
 MAX_MARGIN_MS = 25
 # How far ahead a start is stamped, at least and at most (see :func:`lead_ms`).
-LEAD_MS = (10, 250)
+LEAD_MS = (10, 5000)
+# Groups whose log (and turn lock) a process keeps, at most: the least recently used go first.
+KNOWN_GROUPS = 4096
 # A task claimed at most this long (or its group's interval, if longer) after the start it
 # booked is a returning waiter (see :func:`book`).
 RETURN_WINDOW_SECONDS = 60.0
@@ -131,7 +134,7 @@ class _Log:
 
 # The log each group had when this process last read or wrote it: a process that runs a key's
 # tasks alone writes without reading first.
-_known: dict[str, _Log] = {}
+_known: collections.OrderedDict[str, _Log] = collections.OrderedDict()
 _known_lock = threading.Lock()
 
 
@@ -141,20 +144,27 @@ def _known_as(key: str) -> str:
 
 # One writer per group at a time in this process: its threads take turns instead of racing each
 # other's conditional writes (a failed one is billed like any write); processes still race.
-_group_locks: dict[str, threading.Lock] = {}
+_group_locks: collections.OrderedDict[str, threading.Lock] = collections.OrderedDict()
 
 
 def _turn(key: str) -> threading.Lock:
     with _known_lock:
-        return _group_locks.setdefault(_known_as(key), threading.Lock())
+        lock = _group_locks.setdefault(_known_as(key), threading.Lock())
+        _group_locks.move_to_end(_known_as(key))
+        while len(_group_locks) > KNOWN_GROUPS:  # a lock dropped in use only lets two threads race
+            _group_locks.popitem(last=False)
+        return lock
 
 
 def _remember(key: str, log: _Log | None) -> None:
     with _known_lock:
         if log is None:
             _known.pop(_known_as(key), None)
-        else:
-            _known[_known_as(key)] = log
+            return
+        _known[_known_as(key)] = log
+        _known.move_to_end(_known_as(key))
+        while len(_known) > KNOWN_GROUPS:
+            _known.popitem(last=False)
 
 
 def _recall(key: str) -> _Log | None:
@@ -235,6 +245,7 @@ def _take(group: RateGroup, floor_ms: int, wait_ms: int, waiter: bool) -> Token 
 
 # How long this process's token writes take (an average that follows the latest): a start is
 # stamped that far ahead (three times it, within LEAD_MS), so that its write is back before the stamp
+# (and, when writes slow down, the lead grows with them instead of every start coming back late)
 # and the handler starts on it.
 _write_ms = 10.0
 _write_ms_lock = threading.Lock()
