@@ -20,9 +20,9 @@ machine is noisy).
 
 **Cost** (b): in process, with every request metered (``coworker_local.capacity``: DynamoDB
 Local's own consumed capacity, and the documented rules where it is silent, for failed
-conditional writes), 40 tasks of one key at 10 per second run by two invocations of 10 threads,
-and 40 free tasks beside them: write units per rate-limited task (its own item's writes and its
-group's start log) against a free task's.
+conditional writes), 40 tasks of one key put at once, run by two invocations of 10 threads, and 40
+free tasks beside them: write units per rate-limited task (its own item's writes and its group's
+start log) against a free task's; once at 1,000 per second (none waits), once at 10 (30 wait).
 """
 
 from __future__ import annotations
@@ -155,8 +155,8 @@ def exactness(endpoint: str, limited: int, free: int, seconds: float) -> None:
     print(f"   exact: {'yes' if ok else 'NO'}")
 
 
-def cost(endpoint: str) -> None:
-    settings = Settings(table_name=f"{TABLE}-cost", dynamodb_endpoint=endpoint, dispatch_on_submit=False,
+def cost(endpoint: str, limit: int) -> None:
+    settings = Settings(table_name=f"{TABLE}-cost-{limit}", dynamodb_endpoint=endpoint, dispatch_on_submit=False,
                         max_concurrency=2 * THREADS_PER_RUNTIME, batch_size=THREADS_PER_RUNTIME)
     create_table(settings)
     configure(settings)
@@ -167,7 +167,7 @@ def cost(endpoint: str) -> None:
     now = utcnow() - timedelta(seconds=5)
     count = 40
     for i in range(count):
-        submit.put_task(TaskSpec(key=f"limited-{i:03d}", type="quick", rate_key="api.example", rate_limit=10,
+        submit.put_task(TaskSpec(key=f"limited-{i:03d}", type="quick", rate_key="api.example", rate_limit=limit,
                                  rate_interval_seconds=1.0), settings, now=now)
         submit.put_task(TaskSpec(key=f"free-{i:03d}", type="quick"), settings, now=now)
     invoker = dispatch.InProcessInvoker(settings)
@@ -193,7 +193,7 @@ def cost(endpoint: str) -> None:
         reported = record.reported.units if record.reported is not None else record.table_units + record.index_units
         by_kind[kind][0] += 1
         by_kind[kind][1] += reported
-    print(f"b) cost: {count} tasks of one key at 10 per 1 s and {count} free tasks, 2 invocations x "
+    print(f"b) cost: {count} tasks of one key at {limit} per 1 s and {count} free tasks, 2 invocations x "
           f"{THREADS_PER_RUNTIME} threads; outcomes {dict((o.value, n) for o, n in outcomes.items())}")
     for kind, (writes, units) in sorted(by_kind.items()):
         print(f"   {kind:40s} {int(writes):5d} writes {units:8.1f} write units")
@@ -222,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.only != "cost":
             exactness(database.endpoint, args.limited, args.free, args.seconds)
         if args.only != "exactness":
-            cost(database.endpoint)
+            cost(database.endpoint, 1000)  # under the rate: no task waits
+            cost(database.endpoint, 10)  # 40 at once at 10 a second: 30 must wait
     finally:
         database.stop()
     return 0

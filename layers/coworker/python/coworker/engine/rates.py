@@ -11,28 +11,36 @@ Each group has a *start log*, one item ``gate#rate:<group>`` in the task table: 
 times (epoch ms, non-decreasing) and a version.
 
 **Taking a token** (after the claim and the concurrency places, just before the handler starts;
-:func:`admit`): the start is stamped ``t = max(now, last start)`` and written, on the condition
-that the log's version is the one read, only if the log holds fewer than N starts or its N-th
-last is at least I before ``t``. Every start so admitted saw fewer than N starts in ``(t - I, t]``
-and every later one is stamped at or after it, so no window of I holds more than N stamps,
-however many workers race (a refused condition re-reads the log). A process keeps the log it last
-saw, so a key run by one worker pays no read.
+:func:`admit`): the start is stamped ``t = max(now + lead, last start)`` and written, on the
+condition that the log's version is the one read, only if the log holds fewer than N starts or
+its N-th last is at least I + margin before ``t``. Every start so admitted saw fewer than N
+starts in the window before it and every later one is stamped at or after it, so no window of I
+holds more than N stamps, however many workers race (a refused condition re-reads the log). A
+process keeps the log it last saw, so a key run by one worker pays no read, and its threads take
+turns on a group (no failed writes among them).
 
-**Waiting** (:func:`book`): a task turned away gives its claim back (the attempt does not count)
-and is due again at a start time it books from the group's ``booked_until``: the later of the
-next free token and that mark, which then moves on by I / N. So the waiters of a busy key come
-due about as fast as tokens free, one after another, instead of all racing for each token; the
-worker that turned it away keeps its key and tries it then if it is still running
-(:meth:`coworker.engine.feeder.Feeder.hand_at`). No worker thread waits.
+**Starting on the stamp** (:func:`start_on`): the stamp is ``lead`` ahead (three times this
+process's recent token-write time), and the worker sleeps until it before calling the handler;
+a token whose write came back more than the margin (I / 20, at most MAX_MARGIN_MS) after its
+stamp is given back and taken again. So the handlers' own start times keep to the limit too: a
+start is within the margin of its stamp, and stamps are spaced I + margin per N.
+
+**Waiting** (:func:`book`): a task whose token is further away than the worker cares to wait
+gives its claim back (the attempt does not count) and is due again at a start it books from the
+group's ``booked_until``: the later of the next free token and that mark, which then moves on by
+(I + margin) / N. So the waiters of a busy key come due about as fast as tokens free, one after
+another, instead of all racing for each token; a new task does not pass them (it books after
+them); the worker that turned it away keeps its key and tries it then if it is still feeding
+(:meth:`coworker.engine.feeder.Feeder.hand_at`). No worker thread waits for long.
 
 A task in several groups takes its token in each, in order; one refused gives back the tokens it
 took, each only if no start was stamped after it (a token given back late is simply unused: the
 log is never wrong in the direction of too many starts).
 
 **Cost** in write units (a log of N starts is about 10 + 8 N bytes; 1 unit up to 1 KB, so up to
-about 100 starts per interval): an admitted start pays 1 per group; a racing writer 1 failed
-write and half a read unit; a task turned away its claim and give-back (6 with the index moves)
-and 1 for its booking.
+about 100 starts per interval): an admitted start pays 1 per group; a racing writer of another
+process 1 failed write and a consistent read; a task turned away its claim and give-back (6 with
+the index moves) and 1 for its booking (docs/operations.md has the measured figures).
 """
 
 from __future__ import annotations
