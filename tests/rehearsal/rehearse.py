@@ -207,9 +207,14 @@ def run_lifecycle(deployment: Deployment) -> None:
     ], "batch_id": "rehearsal", "tolerated_failure_count": 5,
         "callbacks": {"complete": {"type": "r-callback", "payload": {"keys": ["spawner", "many", "doomed"]}}}})
     assert code == 201, body
+    # two starts of one rate key a minute apart: a worker takes a token, then books a wait
+    rated = {"type": "r-quick", "rate_key": "rehearsal-api", "rate_limit": 1, "rate_interval_seconds": 60}
+    code, body = deployment.call("POST", "/tasks", {"tasks": [{"key": f"rated-{n}", **rated} for n in (1, 2)]})
+    assert code == 201, body
     for path in ("/tasks/plain", "/tasks?status=todo", "/stats", "/types", "/batches/rehearsal"):
         assert deployment.call("GET", path)[0] == 200, path
     assert deployment.call("PUT", "/types/r-slow/limit", {"limit": 2})[0] == 200
+    assert deployment.call("PUT", "/rate-limits/type:r-slow", {"limit": 50, "interval_seconds": 60})[0] == 200
     assert deployment.call("POST", "/types/r-slow/pause")[0] == 200
     paused_at = time.monotonic()
     # A pause reaches every environment's claims within COWORKER_CONTROL_CACHE_SECONDS (documented):
@@ -231,6 +236,11 @@ def run_lifecycle(deployment: Deployment) -> None:
         # the API started workers on submit; a coordinator run starts more while work is due
         deployment.wait(lambda key=key, status=status: deployment.status(key) == status, f"{key} {status}")
     assert deployment.call("GET", "/tasks/spawner/result")[0] == 200
+    # one ran; the other waits its turn in the queue (booked a minute on), not in a worker
+    deployment.wait(lambda: {deployment.status("rated-1"), deployment.status("rated-2")} == {"finished", "todo"},
+                    "one rate-limited task run, the other waiting")
+    for path in ("/rate-limits", "/rate-limits/key:rehearsal-api"):
+        assert deployment.call("GET", path)[0] == 200, path
     assert deployment.call("POST", "/tasks/doomed/retry")[0] == 200
     assert deployment.call("POST", "/tasks/later/cancel")[0] == 200
     assert deployment.call("POST", "/bulk", {"action": "cancel", "status": "todo"})[0] == 200

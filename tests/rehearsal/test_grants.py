@@ -183,9 +183,13 @@ def run_scenario(settings: Settings, recorder: Recorder) -> None:
         {"key": "many", "type": "rehearsal-spawn-many"},
     ], "batch_id": "rehearsal", "tolerated_failure_count": 5,
         "callbacks": {"complete": {"type": "rehearsal-callback"}}})[0] == 201
+    # two starts of one rate key a minute apart: the worker takes a token, then books a wait
+    rated = {"type": "quick", "rate_key": "rehearsal-api", "rate_limit": 1, "rate_interval_seconds": 60}
+    assert api.call("POST", "/tasks", {"tasks": [{"key": "rated-1", **rated}, {"key": "rated-2", **rated}]})[0] == 201
     for path in ("/tasks/plain", "/tasks?status=todo", "/stats", "/types", "/batches/rehearsal"):
         assert api.call("GET", path)[0] == 200
     assert api.call("PUT", "/types/slow/limit", {"limit": 2})[0] == 200
+    assert api.call("PUT", "/rate-limits/type:slow", {"limit": 50, "interval_seconds": 60})[0] == 200
     assert api.call("POST", "/types/slow/pause")[0] == 200
     # parked by the coordinator while its type is paused; after the resume, a tick starts its worker
     assert api.call("POST", "/tasks", {"key": "paused-one", "type": "slow", "payload": {"seconds": 0.1}})[0] == 201
@@ -195,6 +199,9 @@ def run_scenario(settings: Settings, recorder: Recorder) -> None:
     supervise(settings)
     recorder.role = "api"
     assert api.call("GET", "/tasks/spawner/result")[0] == 200
+    assert {_status("rated-1"), _status("rated-2")} == {"finished", "todo"}  # one ran, one waits its turn
+    for path in ("/rate-limits", "/rate-limits/key:rehearsal-api"):
+        assert api.call("GET", path)[0] == 200, path
     assert api.call("POST", "/tasks/doomed/retry")[0] == 200
     assert api.call("POST", "/tasks/later/cancel")[0] == 200
     assert api.call("POST", "/bulk", {"action": "cancel", "status": "todo"})[0] == 200
