@@ -397,15 +397,18 @@ def cmd_pause(client: ApiClient, args: argparse.Namespace, out: TextIO, err: Tex
     return EXIT_OK
 
 
+def _limit_arg(text: str) -> int | None:
+    """LIMIT as given on the command line: a whole number, or 'none' (or 'off') to lift it."""
+    if text.lower() in ("none", "off"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"LIMIT must be a whole number or 'none', not {text!r}") from None
+
+
 def cmd_limit(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    if args.limit.lower() in ("none", "off"):
-        limit = None
-    else:
-        try:
-            limit = int(args.limit)
-        except ValueError:
-            raise UsageError(f"LIMIT must be a whole number or 'none', not {args.limit!r}") from None
-    answer = client.request("PUT", f"/types/{_key_path(args.type)}/limit", body={"limit": limit})
+    answer = client.request("PUT", f"/types/{_key_path(args.type)}/limit", body={"limit": _limit_arg(args.limit)})
     if args.json:
         _print_json(answer, out)
     else:
@@ -442,14 +445,7 @@ def cmd_rate(client: ApiClient, args: argparse.Namespace, out: TextIO, err: Text
     if args.limit is None:
         answer = client.request("GET", path)
     else:
-        if args.limit.lower() in ("none", "off"):
-            limit = None
-        else:
-            try:
-                limit = int(args.limit)
-            except ValueError:
-                raise UsageError(f"LIMIT must be a whole number or 'none', not {args.limit!r}") from None
-        answer = client.request("PUT", path, body={"limit": limit, "interval_seconds": args.per})
+        answer = client.request("PUT", path, body={"limit": _limit_arg(args.limit), "interval_seconds": args.per})
     if args.json:
         _print_json(answer, out)
     else:
