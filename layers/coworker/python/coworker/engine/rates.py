@@ -74,7 +74,7 @@ LEAD_MS = (10, 5000)
 # Groups whose log (and turn lock) a process keeps, at most: the least recently used go first.
 KNOWN_GROUPS = 4096
 # A task claimed at most this long (or its group's interval, if longer) after the start it
-# booked is a returning waiter (see :func:`book`).
+# booked is a returning waiter: it may take a token while others are booked (see :func:`returning`).
 RETURN_WINDOW_SECONDS = 60.0
 
 
