@@ -27,13 +27,22 @@ pytestmark = pytest.mark.both_backends
 
 _starts: dict[str, list[float]] = collections.defaultdict(list)
 _guard = threading.Lock()
+# The stamp each worker thread was last let start on (set by the ``stamped`` fixture), and the
+# handlers that began before theirs (none may: a start waits for its stamp).
+_thread_stamp = threading.local()
+_early: list[tuple[str, float]] = []
 
 
 @task_handler("test-rated")
 @task_handler("test-rated-type")
 def _rated(payload, context: TaskContext):
+    began = time.time()
+    stamp = getattr(_thread_stamp, "ms", None)
     with _guard:
-        _starts[payload["group"]].append(time.time())
+        _starts[payload["group"]].append(began)
+        if stamp is not None and began * 1000 < stamp - 1:
+            _early.append((context.key, stamp - began * 1000))
+    _thread_stamp.ms = None
     time.sleep(payload.get("seconds", 0.0))
     return {"ok": True}
 
@@ -72,11 +81,13 @@ def stamped(monkeypatch) -> dict[str, list[int]]:
     def recording(tokens):
         starting = start_on(tokens)
         if starting:
+            _thread_stamp.ms = max(token.stamp for token in tokens)
             with _guard:
                 for token in tokens:
                     taken[token.group.name].append(token.stamp)
         return starting
 
+    _early.clear()
     monkeypatch.setattr(rates, "start_on", recording)
     return taken
 
@@ -130,8 +141,9 @@ def test_starts_of_one_key_never_pass_the_rate_under_racing_workers(make_setting
     assert len(stamped["key:site-a"]) >= len(limited)
     assert _most_in_a_window(stamped["key:site-a"], 400) <= 3
     assert _most_in_a_window(stamped["key:site-a"], 400) == 3  # the rate was used, not just respected
-    # and the handlers' own start times keep to it too: each starts on its stamp
-    assert _most_in_a_window([round(t * 1000) for t in _starts["site-a"]], 400) <= 3
+    # and each handler began on its stamp, never before it (how late, a loaded machine decides:
+    # benchmarks/rates.py measures the handlers' own start times)
+    assert len(_starts["site-a"]) >= len(limited) and not _early, _early
     assert outcomes[TaskOutcome.DEFERRED] > 0
     assert {int(lifecycle.get_task(key).attempts) for key in limited} == {1}  # waiting costs no attempt
     assert "test-rated" not in stamped  # a task of no rate group takes no token
@@ -266,7 +278,7 @@ def test_slow_token_writes_stretch_the_lead_and_every_task_still_starts_on_its_s
             feeder.hand_at(report.key, report.retry_at)
     assert {lifecycle.get_task(f"s{n}").status for n in range(4)} == {"finished"}
     assert _most_in_a_window(stamped["key:slow-writes"], 1000) <= 2
-    assert _most_in_a_window([round(t * 1000) for t in _starts["slow-writes"]], 1000) <= 2
+    assert len(_starts["slow-writes"]) == 4 and not _early, _early  # each began on its stamp
     assert rates.lead_ms() >= 300  # it grew with the writes
 
 
