@@ -6,7 +6,8 @@ from datetime import timedelta
 
 import pytest
 from coworker.data import writes
-from coworker.data.models import BatchModel, ErrorKind, TaskModel, TaskStatus, utcnow
+from coworker.data.layout import COUNTED_THROUGH_KEY
+from coworker.data.models import BatchModel, ErrorKind, StreamCheckpointModel, TaskModel, TaskStatus, utcnow
 from coworker.engine import batches, lifecycle, progress, submit
 from coworker.engine.lifecycle import RecordOutcome
 from coworker.engine.submit import PutOutcome
@@ -258,13 +259,25 @@ def test_a_batch_whose_puts_are_not_counted_yet_does_not_read_done(settings, cou
     assert batches.get_batch("fresh").counted_through >= batches.get_batch("fresh").settled_at
 
 
+def test_a_batch_is_not_done_before_its_created_tasks_are_counted_whatever_the_watermark(settings, counted):
+    # Given a watermark that vouches for every write up to a second from now, with nothing counted
+    # (a follower wrong about what it read, or a stream that lost records)
+    _put_batch(settings, "vouched", ["a", "b"])
+    StreamCheckpointModel(COUNTED_THROUGH_KEY, counted_through=utcnow() + timedelta(seconds=1)).save()
+    early = batches.get_batch("vouched")
+    # Then it reads open, not done: its put request recorded the two tasks it created
+    assert (early.total, early.tasks_created, early.done, early.state) == (0, 2, False, "running")
+    _finish(settings, "a", "b")
+    assert counted("vouched") == (2, 2, 0, 0, True)
+
+
 def test_a_put_request_under_way_keeps_its_batch_from_reading_done(settings, counted):
     batches._open("slow", utcnow(), None)  # another request has opened the batch, not yet ended
     _put_batch(settings, "slow", ["a"])
     _finish(settings, "a")
     assert counted("slow") == (1, 1, 0, 0, False)  # its puts may still come, until its promise
     assert batches.get_batch("slow").settled_at > utcnow()
-    batches._close("slow")
+    batches._close("slow", 0)  # the other request created nothing
     assert counted("slow") == (1, 1, 0, 0, True)
 
 

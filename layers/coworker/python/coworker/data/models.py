@@ -260,6 +260,8 @@ class BatchModel(Model):
     puts_in_flight = NumberAttribute(null=True)
     puts_until = UTCDateTimeAttribute(null=True)
     puts_closed_at = UTCDateTimeAttribute(null=True)
+    # On the head: tasks its ended put requests created (the counted total reaches it before done).
+    tasks_created = NumberAttribute(null=True)
     # On a counter item: the sequence number of the last stream record it counted, and the
     # latest time of a change it counted.
     read_through = UnicodeAttribute(null=True)

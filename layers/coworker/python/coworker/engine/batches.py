@@ -93,6 +93,9 @@ class BatchProgress:
     # the stream follower has counted every write made before it (``counted_through``).
     settled_at: datetime | None = None
     counted_through: datetime | None = None
+    # Tasks its ended put requests created, as they recorded it: a total counted below it is not
+    # final, whatever the watermark says.
+    tasks_created: int = 0
     callbacks: tuple[str, ...] = ()  # the events it has callback tasks for
     fired: tuple[str, ...] = ()  # the events that happened and were handled
 
@@ -109,7 +112,7 @@ class BatchProgress:
 
     @property
     def done(self) -> bool:
-        return self.open <= 0 and self.settled
+        return self.open <= 0 and self.settled and self.total >= self.tasks_created
 
     @property
     def state(self) -> str:
@@ -191,7 +194,7 @@ def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = 
             with ThreadPoolExecutor(max_workers=min(PUT_THREADS, len(tasks))) as pool:
                 list(pool.map(put, range(len(tasks))))
     finally:
-        _close(batch_id)
+        _close(batch_id, sum(created))
     if failures:
         stored = [task.key for task, made in zip(tasks, created, strict=True) if made]
         reason = late if str(failures[0]) == late else "DynamoDB refused or failed some puts"
@@ -238,12 +241,15 @@ def _open(batch_id: str, now: datetime, tolerance: Tolerance | None, watch: Sequ
                                "it takes no new tasks until it is redriven (POST /batches/{id}/retry)")
 
 
-def _close(batch_id: str) -> None:
-    """Record that a put request ended (its puts are all made or refused). If this write fails,
-    the request's promise (PUT_WINDOW_SECONDS) stands in for it: ``done`` comes later, not wrong."""
+def _close(batch_id: str, created: int) -> None:
+    """Record that a put request ended (its puts are all made or refused), and how many tasks
+    it created: the counted total must reach them before the batch reads done. If this write
+    fails, the request's promise (PUT_WINDOW_SECONDS) stands in for it: ``done`` comes later, not
+    wrong."""
     try:
         BatchModel(batch_key(batch_id)).update(actions=[
-            BatchModel.puts_in_flight.add(-1), BatchModel.puts_closed_at.set(utcnow())])
+            BatchModel.puts_in_flight.add(-1), BatchModel.puts_closed_at.set(utcnow()),
+            BatchModel.tasks_created.add(created)])
     except PynamoDBException:
         logger.exception("could not record the end of a batch's puts", extra={"batch_id": batch_id})
 
@@ -370,6 +376,7 @@ def read_batch(batch_id: str, watermark: Callable[[], datetime | None] | None = 
         failed_at=head.failed_at,
         failure_reason=head.failure_reason,
         settled_at=_settles_at(items),
+        tasks_created=int(head.tasks_created or 0),
         callbacks=tuple(sorted((head.callbacks or {}).keys())),
         fired=tuple(sorted(head.fired or ())),
     )
