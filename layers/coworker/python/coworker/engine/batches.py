@@ -18,7 +18,9 @@ A batch lives in the task table as a head item and its counter items::
 
     open = total - finished - ignored
     done = open == 0, once the follower has counted every write made before the batch's last
-           put request ended and before the last change it counted (``counted_through``)
+           put request ended and before the last change it counted (``counted_through``), and
+           the total counted has reached the tasks its put requests recorded creating
+           (``tasks_created`` on the head, added by the write that ends each request)
 
 The counts come from the table's stream (see :mod:`coworker.engine.progress`): a task of a batch is put
 and moved with the same plain writes as any task, and the coordinator counts each transition
