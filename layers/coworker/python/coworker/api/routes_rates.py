@@ -33,8 +33,9 @@ def router(services: Services) -> APIGatewayRouter:
                 tags=["rate limits"], responses=responses("Every rate limit set through the API or CLI"))
     def list_rate_limits() -> RateLimitsOut:
         view = control.read(consistent=True)
+        found = rates.states(view.rate_limits)  # every set group's log in one read
         return RateLimitsOut(
-            limits=[rate_out(group, view) for group in sorted(view.rate_limits)],
+            limits=[rate_out(group, view, state=found[group]) for group in sorted(view.rate_limits)],
             note="keys whose tasks carry their own rate_limit are not listed: read one with "
                  f"GET /rate-limits/key:<key>. A change reaches claimers within COWORKER_CONTROL_CACHE_SECONDS "
                  f"({settings.control_cache_seconds:g} s)")
@@ -84,10 +85,12 @@ def checked_group(raw: str) -> str:
                           f"not {name[:80]!r}")
 
 
-def rate_out(group: str, view: control.ControlView, changed: bool | None = None) -> RateLimitOut:
-    """What the API shows of a rate group: the limit in force and what its log says."""
+def rate_out(group: str, view: control.ControlView, changed: bool | None = None,
+             state: rates.RateState | None = None) -> RateLimitOut:
+    """What the API shows of a rate group: the limit in force and what its log says (read here
+    unless given)."""
     set_here = view.rate_limits.get(group)
-    state = rates.state(group, set_here)
+    state = state or rates.state(group, set_here)
     source = "set" if set_here is not None else "last start" if state.rate is not None else "none"
     rate = state.rate
     return RateLimitOut(group=group, limit=rate.limit if rate else None,
