@@ -10,8 +10,9 @@ interleaved, the order reversed every other round. Per run:
 
 * **ours**: ``python -m coworker_local --no-demo`` with its defaults and a no-op handler; the
   tasks are submitted with the Python client in lists of ``--chunk`` (one batch), then the batch
-  is polled until done. Timed from the first request to the batch's end; ingest is the submit
-  phase alone.
+  is polled until done. Timed from the first request to the batch's end, once the runtime's
+  start-up is over (its worker environments ready, its first coordinator run made); ingest is the
+  submit phase alone.
 * **peer**: the status tracker's own put (``make_and_save``) and run (``query_for_unfinished``,
   then ``with Task.start(id)``) on ``N`` threads, both phases timed.
 * **ingest alone** (after each of our runs): as many tasks due in a day, so that nothing runs
@@ -48,6 +49,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -149,6 +151,23 @@ class Runtime:
             self.stop()
             raise RuntimeError("the local runtime did not start:\n" + "".join(self.output[-30:]))
 
+    def wait_warm(self, timeout: float = START_TIMEOUT) -> None:
+        """Wait until the runtime's start-up is over: its worker environments (started with it,
+        like provisioned concurrency, after the banner) are ready and its coordinator has made
+        its first run. A measurement that starts at the banner would count that start-up, about
+        six Python processes' imports, as the first tasks' work; the peer's imports are done
+        before it is timed too."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(f"{self.url}/local/info", timeout=30) as answer:
+                info = json.load(answer)
+            workers = info.get("workers", {})
+            started = workers.get("prewarmed", 0) + workers.get("init-failed", 0)
+            if started >= workers.get("max_invocations", 0) and info.get("coordinator_state") != "starting":
+                return
+            time.sleep(0.2)
+        raise RuntimeError("the local runtime's workers did not start")
+
     def cpu_seconds(self) -> float:
         return tree_cpu_seconds(self.process.pid)
 
@@ -191,6 +210,7 @@ def run_ours(tasks: int, chunk: int) -> dict:
     count_dir = Path(tempfile.mkdtemp(prefix="coworker-requests-"))
     try:
         runtime = Runtime(database.endpoint, count_dir)
+        runtime.wait_warm()
         client = Coworker(runtime.url)
         specs = [{"key": f"s-{i:06d}", "type": "bench-noop"} for i in range(tasks)]
         counted_before = settled_counts(count_dir)
