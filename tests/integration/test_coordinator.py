@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import pytest
 from coworker.data.models import TaskStatus, utcnow
-from coworker.engine import dispatch, lifecycle, submit
+from coworker.engine import control, dispatch, lifecycle, submit
 from coworker.engine.dispatch import InProcessInvoker
 from coworker.engine.outcomes import TaskOutcome
 from coworker.engine.tasks import TaskSpec
@@ -115,6 +115,30 @@ def test_lost_work_and_due_retries_go_before_new_tasks(make_settings):
     invoker = RecordingInvoker()
     dispatch.tick(settings, invoker)
     assert invoker.keys == ["lost", "retry", "new000"]
+
+
+def test_a_tick_with_every_slot_busy_reads_no_queue_yet_retires_lost_work_and_parks(make_settings, monkeypatch):
+    # Given every worker slot taken, new and failed work due, a task lost on its last attempt
+    settings = make_settings(max_concurrency=2, batch_size=1)
+    _put_many(settings, 4)
+    past = utcnow() - timedelta(seconds=settings.effective_lock_seconds + 5)
+    submit.put_task(TaskSpec(key="lost", type="quick", max_attempts=1), settings, now=past)
+    lifecycle.claim("lost", "dead-worker", settings, now=past)
+    assert len(dispatch.start_workers(settings, RecordingInvoker(), ["t000", "t001"])) == 2
+    statuses_read = []
+    original_due = dispatch.index.due
+    monkeypatch.setattr(dispatch.index, "due", lambda status, *a, **kw: (
+        statuses_read.append(status), original_due(status, *a, **kw))[1])
+
+    # When the coordinator ticks, nothing can be handed out: it reads no due todo or failed work
+    report = dispatch.tick(settings, RecordingInvoker())
+    assert (report.free_slots, report.dispatched, statuses_read) == (0, 0, [])
+    # ... and still retires the task lost at its ceiling
+    assert report.reaped == 1 and lifecycle.get_task("lost").status == TaskStatus.IGNORED.value
+
+    # And with a type paused, it reads the queue to park that type's tasks, busy slots or not
+    assert control.pause("quick")
+    assert dispatch.tick(settings, RecordingInvoker()).parked >= 1 and statuses_read
 
 
 def test_dispatching_the_same_task_twice_is_harmless(settings):

@@ -299,7 +299,10 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     fired = _fire_batch_callbacks(settings, now)  # on the counts of the last tick's follow
     running, lost = index.running_and_lost(now)
     backlog = _measure_backlog(settings, now, lost) if measure_backlog else None
-    work = _find_due_work(settings, view, now, lost, max(free_threads, settings.batch_size), memory)
+    # With every slot busy the queue is read only for what a tick does besides handing out work:
+    # parking paused types' tasks and cancelling stopped batches' (lost work comes from ``lost``).
+    read_queue = bool(free) or bool(view.paused or view.stopped_batches)
+    work = _find_due_work(settings, view, now, lost, max(free_threads, settings.batch_size), memory, read_queue)
     parked = _each(lambda task: control.park(task, now), work.to_park)
     cancelled = _each(lambda task: lifecycle.cancel(task.key, settings, reason=STOPPED_BATCH_REASON) is not None,
                       work.to_cancel)
@@ -354,13 +357,14 @@ def _measure_backlog(settings: Settings, now: datetime, lost: Sequence[TaskModel
 
 
 def _find_due_work(settings: Settings, view: control.ControlView, now: datetime, lost: Sequence[TaskModel],
-                   capacity: int, memory: HintMemory | None) -> _DueWork:
+                   capacity: int, memory: HintMemory | None, read_queue: bool = True) -> _DueWork:
     """Read the queue, lost work first, for up to ``capacity`` keys to hand out, applying
-    :func:`control.due_action` to each task met (tasks lost at their ceiling are retired here)."""
+    :func:`control.due_action` to each task met (tasks lost at their ceiling are retired here).
+    Without ``read_queue`` only the lost work is looked at (no index read)."""
     fresh_after = now - timedelta(seconds=SUBMIT_GRACE_SECONDS) if settings.dispatch_on_submit else now
     work = _DueWork()
     for status in DISPATCH_ORDER:
-        if len(work.keys) >= capacity:
+        if len(work.keys) >= capacity or (status is not TaskStatus.PROCESSING and not read_queue):
             break
         limit = capacity - len(work.keys)
         # Tasks of paused types (parked) and of stopped batches (cancelled) are read past, up to
