@@ -154,6 +154,43 @@ def test_a_feeding_worker_whose_stripes_mix_in_the_shards_reads_one_page(make_se
     assert {shard_of(key, 3) for key in [first[0], *feeder._seen]} == {1} and len(feeder._seen) == 8
 
 
+def test_a_feeding_worker_reads_only_the_shard_its_keys_are_in_where_stripes_share_shards(make_settings,
+                                                                                          monkeypatch):
+    # Given eight worker slots over four index shards (two stripes a shard) and a large backlog
+    settings = make_settings(max_concurrency=16, batch_size=2, status_shards=4)
+    monkeypatch.setattr(feeder_module, "_quiet_until", {})  # no shard known empty in this process
+    _put(settings, [f"t{i:03d}" for i in range(300)])
+    partitions: list[str] = []
+
+    def record(params, **_):
+        partitions.append(params["ExpressionAttributeValues"][":0"]["S"])
+
+    client = connection.shared_client()
+    client.meta.events.register("provide-client-params.dynamodb.Query", record)
+    try:
+        # When the worker of slot 5 looks for work
+        feeder, first, _ = _first_feed(settings, slot_number=5)
+    finally:
+        client.meta.events.unregister("provide-client-params.dynamodb.Query", record)
+
+    # Then it queried shard 1 alone (5 % 4), and took a window of its own stripe's keys
+    assert first is not None and partitions and {value.split("#")[1] for value in partitions} == {"1"}
+    assert {shard_of(key, 8) for key in [first[0], *feeder._seen]} == {5} and len(feeder._seen) == 8
+
+
+def test_workers_without_work_of_their_own_help_with_different_keys(make_settings):
+    # Given three worker slots and ripe work, all of it in stripe 0
+    settings = make_settings(max_concurrency=6, batch_size=2, status_shards=4)
+    _put(settings, [key for key in (f"t{i:03d}" for i in range(400)) if shard_of(key, 3) == 0][:40])
+
+    # When the workers of slots 1 and 2 look for work (neither claims yet)
+    helped = {slot: _first_feed(settings, slot_number=slot)[0]._seen for slot in (1, 2)}
+
+    # Then each took the keys it is the helper of, so they do not race each other for them
+    assert helped[1] and helped[2] and not helped[1] & helped[2]
+    assert all(feeder_module.helper_of(key, 3) == slot for slot, keys in helped.items() for key in keys)
+
+
 def test_a_feeding_worker_leaves_fresh_work_of_other_stripes_to_their_own_workers(make_settings):
     # Given two worker slots and work due just now, all of it in stripe 1
     settings = make_settings(max_concurrency=4, batch_size=2, status_shards=4)

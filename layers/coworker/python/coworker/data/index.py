@@ -176,24 +176,20 @@ FEED_ATTRIBUTES: Final = [layout.PARTITION_KEY, layout.STATUS_INDEX_SORT_KEY, "t
                          "max_attempts"]
 
 
-def due_from_shard(status: TaskStatus, now: datetime, limit: int, first_shard: int,
-                   first_page_size: int | None = None) -> Iterator[TaskModel]:
-    """Due tasks of ``status``, shard by shard from ``first_shard`` on (each shard oldest first),
-    at most ``limit``: one query when that shard alone has enough, all S only when the status
-    has little due work. For self-feeding workers, which spread over the shards by starting at
-    different ones; the coordinator's :func:`due` keeps the exact global order. Each task holds
-    only ``FEED_ATTRIBUTES``. Each shard is read in one page of all that is left, except the first
-    with ``first_page_size``: its pages are read as the caller iterates, so one that stops early
-    reads no more."""
-    shards = status_shards()
+def due_in_shards(status: TaskStatus, now: datetime, limit: int, shards: Sequence[int],
+                  page_size: int) -> Iterator[TaskModel]:
+    """Due tasks of ``status`` in the index ``shards``, shard by shard in the order given (each
+    oldest first), at most ``limit``. For self-feeding workers, which read the shards their own
+    keys are in (:func:`~coworker.data.layout.stripe_shards`); the coordinator's :func:`due`
+    keeps the exact global order. Pages of ``page_size`` entries are read as the caller iterates,
+    so a caller that stops early reads no more. Each task holds only ``FEED_ATTRIBUTES``."""
     taken = 0
-    for step in range(shards):
+    for shard in shards:
         if taken >= limit:
             return
-        value = layout.shard_value(status.value, (first_shard + step) % shards)
-        page_size = first_page_size if step == 0 and first_page_size else limit
+        value = layout.shard_value(status.value, shard)
         for task in TaskModel.status_index.query(value, TaskModel.due_at <= now, limit=limit - taken,
-                                                 page_size=min(limit - taken, page_size),
+                                                 page_size=max(1, min(limit - taken, page_size)),
                                                  attributes_to_get=FEED_ATTRIBUTES):
             taken += 1
             yield task

@@ -45,6 +45,7 @@ events still to fire, by when they were last looked at).
 
 from __future__ import annotations
 
+import math
 import zlib
 from typing import Any, Final
 
@@ -109,9 +110,19 @@ def shard_of(key: str, shards: int) -> int:
     """The shard of a key among ``shards``: a stable hash, so every writer and reader agrees.
 
     It places a task in its status's index shard, and a self-feeding worker's *stripe* is the
-    same hash over the worker slots (engine.feeder): where the slots divide the shards, a
-    shard holds one stripe's keys."""
+    same hash over the worker slots (engine.feeder; see :func:`stripe_shards`)."""
     return zlib.crc32(key.encode()) % shards
+
+
+def stripe_shards(stripe: int, stripes: int, shards: int) -> list[int]:
+    """The index shards (of ``shards``) that hold the keys of ``stripe`` (of ``stripes``), ascending.
+
+    A key's stripe and its shard are its hash modulo ``stripes`` and ``shards``, both fixed by
+    the hash modulo ``lcm(stripes, shards)``: so a stripe's keys lie in one shard when the shards
+    divide the stripes (12 worker slots over 4 shards), in ``shards / stripes`` when the stripes
+    divide the shards, and in ``shards / gcd`` in general. A worker reads only those for its own work.
+    """
+    return sorted({residue % shards for residue in range(stripe % stripes, math.lcm(stripes, shards), stripes)})
 
 
 def reserved_prefix(key: str) -> str | None:

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import collections
 import heapq
+import math
 import random
 import threading
 import time
+import zlib
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from coworker.config import Settings
 from coworker.data import index
-from coworker.data.layout import shard_of
+from coworker.data.layout import shard_of, stripe_shards
 from coworker.data.models import TaskStatus, status_shards, utcnow
 from coworker.engine import control
 from coworker.engine.control import DueAction
@@ -29,6 +31,8 @@ MAX_FEED_PAGE = 200
 # arrival), so helpers do not race it for fresh work, and a stripe without a live worker still
 # gets its work done a moment later.
 HELP_AFTER_SECONDS = 2.0
+# Seeds the hash that names a key's helper (:func:`helper_of`), apart from the stripe's hash.
+HELPER_HASH_SEED = 0x5EED
 # After a look that found less than its threads' worth of work, a worker waits this long before it
 # looks again: while tasks trickle in, each look finds several instead of every idle worker
 # querying the index without pause (about one query per task), at the cost of that much delay
@@ -37,9 +41,9 @@ HELP_AFTER_SECONDS = 2.0
 # where each finds about a window's worth.
 FEED_POLL_SECONDS = 0.25
 FEED_POLL_MAX_SECONDS = 1.0
-# A status whose look found nothing (no lost work, no due retry) is not looked at again by this
-# process for this long, or a tick if longer: the coordinator looks every tick and hands such work
-# to free slots, so busy workers need not query its every shard on every look.
+# A shard of a status whose look found nothing (no lost work, no due retry) is not looked at again
+# by this process for this long, or a tick if longer: the coordinator looks every tick and hands
+# such work to free slots, so busy workers need not query its shards on every look.
 QUIET_STATUS_SECONDS = 5.0
 
 
@@ -49,18 +53,19 @@ HOLD_DEFERRED_SECONDS = 5.0
 # A booked start is tried this long after it, so that its claim finds it due.
 DEFERRED_SLACK_SECONDS = 0.005
 
-# Statuses whose last feed query found nothing, with when to look again (process-wide: warm
-# invocations share it). The coordinator re-checks them every tick anyway.
-_quiet_until: dict[TaskStatus, float] = {}
+# Index shards of a status whose last feed query found nothing, with when to look again
+# (process-wide: warm invocations share it). The coordinator re-checks them every tick anyway.
+_quiet_until: dict[tuple[TaskStatus, int], float] = {}
 _quiet_lock = threading.Lock()
 
 
 class Feeder:
     """Hands out the keys an invocation's threads run: its hints first, then due work it finds.
 
-    Self-feeding reads one page of the status index (oldest first) and takes a window of it:
-    the keys of its own *stripe* (the key's :func:`~coworker.data.layout.shard_of` among the
-    worker slots, equal to its slot number), and only when those run short, a few of the other stripes' newest keys.
+    Self-feeding reads the index shards that hold its own *stripe*'s keys (oldest first): the keys
+    whose :func:`~coworker.data.layout.shard_of` among the worker slots is its slot number (see
+    :func:`~coworker.data.layout.stripe_shards`). It takes a window of them, and only when those
+    run short, a few of the other stripes' newest keys.
     Workers that look at the same moment so take different tasks instead of racing for the head
     item, and no stripe starves when its slot is idle. It stops when a page has nothing new, when the
     feed cut-off passes, or when the invocation lost its slot.
@@ -84,8 +89,9 @@ class Feeder:
         self._cond = threading.Condition()
         self._fetching = False
         self._low_water = max(1, window or settings.batch_size)
-        # Index shard each status is read from first: its own stripe's, then where work was found.
-        self._first_shard = dict.fromkeys(FEED_ORDER, self._stripe)
+        # Index shard each status is read from first (among its own, or among the others when
+        # helping): where the last look found work.
+        self._first_shard = dict.fromkeys(FEED_ORDER, 0)
         # Earliest time of the next look (after short ones: how many in a row), and whether the last
         # look saw due work of other stripes too fresh to help with (then an empty window is not
         # the end).
@@ -206,30 +212,29 @@ class Feeder:
         """One window of due keys not seen before by this invocation."""
         settings = self._settings
         now, clock = utcnow(), time.monotonic()
+        shards = status_shards()
         # About two windows of this stripe's keys (a stripe is 1/stripes of the keys), one page a
         # shard; exactly one window when this worker is the only stripe.
         limit = min(MAX_FEED_PAGE, self._window * (2 * self._stripes - 1))
-        # Where the stripes line up with the index shards (the slots divide the shards) a shard
-        # holds one stripe's keys: when the first shard read is this worker's own, it is read a
-        # window at a time, and one window is all that is read while it has work.
-        lined_up = status_shards() % self._stripes == 0
+        own_shards = stripe_shards(self._stripe, self._stripes, shards)
+        # This stripe's share of the entries in one of its shards: a page that size holds about a
+        # window of its keys (exactly one window where a shard holds one stripe's keys).
+        share = shards / (self._stripes * len(own_shards))
+        own_page = self._window if share >= 1 else min(limit, math.ceil(self._window / share))
         view = control.cached(settings.control_cache_seconds)
         help_before = now - timedelta(seconds=HELP_AFTER_SECONDS)
         page: list[tuple[str, bool]] = []  # (key, whether others may help with it yet)
         own = 0  # keys of this stripe in ``page``
-        for status in FEED_ORDER:
-            if len(page) >= limit or own >= self._window:
-                break
-            with _quiet_lock:
-                if _quiet_until.get(status, 0.0) > clock:
-                    continue
+        met = 0  # index entries read: at most ``limit`` a look
+
+        def read(status: TaskStatus, shard: int, page_size: int) -> int:
+            """Take due keys of ``status`` from one index shard; how many entries were met."""
+            nonlocal own, met
             found = 0
-            own_first = lined_up and self._first_shard[status] % self._stripes == self._stripe
-            for task in index.due_from_shard(status, now, limit - len(page), self._first_shard[status],
-                                             first_page_size=self._window if own_first else None):
+            for task in index.due_in_shards(status, now, limit - met, [shard], page_size):
                 found += 1
-                # Start the next look where this one found work: a drained shard is not read again.
-                self._first_shard[status] = shard_of(task.key, status_shards())
+                met += 1
+                self._first_shard[status] = shard  # the next look starts where this one found work
                 if task.key in self._seen:
                     continue
                 action = control.due_action(view, task, status)
@@ -241,22 +246,62 @@ class Feeder:
                 own += shard_of(task.key, self._stripes) == self._stripe
                 if own >= self._window:
                     break  # before the iterator reads another page
-            if not found and status is not TaskStatus.TODO:
-                with _quiet_lock:
-                    _quiet_until[status] = clock + max(settings.tick_seconds, QUIET_STATUS_SECONDS)
+            return found
+
+        # Its own shards first (pages of about a window of its keys), then, only when its own work
+        # does not keep every thread busy, the others, to help: the first with work of each status,
+        # in one page of what is left.
+        for helping in (False, True):
+            if own >= (self._low_water if helping else self._window):
+                break
+            for status in FEED_ORDER:
+                candidates = [shard for shard in range(shards) if (shard in own_shards) != helping]
+                for shard in _starting_at(candidates, self._first_shard[status]):
+                    if met >= limit or own >= self._window:
+                        break
+                    if status is not TaskStatus.TODO:
+                        with _quiet_lock:
+                            if _quiet_until.get((status, shard), 0.0) > clock:
+                                continue
+                    found = read(status, shard, limit - met if helping else own_page)
+                    if not found and status is not TaskStatus.TODO:
+                        with _quiet_lock:
+                            _quiet_until[(status, shard)] = clock + max(settings.tick_seconds, QUIET_STATUS_SECONDS)
+                    if helping and found:
+                        break  # one shard with work a look: the next look goes on from it
         self.pages += 1
         mine = [key for key, _ in page if shard_of(key, self._stripes) == self._stripe]
         others = [(key, ripe) for key, ripe in page if shard_of(key, self._stripes) != self._stripe]
         # Other stripes' keys only when its own do not keep every thread busy, only those due for
         # a while (HELP_AFTER_SECONDS), and from the newest end: their own workers take them oldest
-        # first, so helper and owner meet in the middle instead of racing for the same keys.
+        # first, so helper and owner meet in the middle instead of racing for the same keys. Each
+        # key has one helper among the other stripes, so helpers do not race each other either;
+        # a worker with nothing else to do helps with any.
         window = mine[:self._window]
         self._fresh_elsewhere = False
         if len(mine) < self._low_water:
-            window += [key for key, ripe in others[::-1] if ripe][:self._low_water]
-            self._fresh_elsewhere = any(not ripe for _, ripe in others)
+            ripe = [key for key, is_ripe in others[::-1] if is_ripe]
+            helped = [key for key in ripe if helper_of(key, self._stripes) == self._stripe]
+            window += (helped if window or helped else ripe)[:self._low_water]
+            self._fresh_elsewhere = any(not is_ripe for _, is_ripe in others)
         self._seen.update(window)
         return window
+
+
+def helper_of(key: str, stripes: int) -> int:
+    """The stripe that helps first with ``key`` when its own stripe's worker falls behind: one of
+    the other stripes, by a hash independent of the stripe's own."""
+    owner = shard_of(key, stripes)
+    if stripes == 1:
+        return owner
+    share = zlib.crc32(key.encode(), HELPER_HASH_SEED) % (stripes - 1)
+    return share if share < owner else share + 1
+
+
+def _starting_at(shards: list[int], first: int) -> list[int]:
+    """``shards`` in turn from ``first`` on (or from the next one above it)."""
+    cut = next((position for position, shard in enumerate(shards) if shard >= first), 0)
+    return shards[cut:] + shards[:cut]
 
 
 def feed_cutoff(settings: Settings, deadline: float) -> float:
