@@ -191,6 +191,31 @@ def test_workers_without_work_of_their_own_help_with_different_keys(make_setting
     assert all(feeder_module.helper_of(key, 3) == slot for slot, keys in helped.items() for key in keys)
 
 
+def test_a_worker_with_no_work_of_its_own_helps_in_the_other_shards_in_turn(make_settings, monkeypatch):
+    # Given four worker slots over four shards (a shard a stripe), and ripe work in every shard
+    # but worker 0's own
+    settings = make_settings(max_concurrency=8, batch_size=2, status_shards=4)
+    _put(settings, [key for key in (f"t{i:03d}" for i in range(120)) if shard_of(key, 4) != 0])
+    monkeypatch.setattr(feeder_module, "_quiet_until", {})
+    helped_in: list[int] = []
+    original = feeder_module.index.due_in_shards
+
+    def recording(status, now, limit, shards, page_size):
+        for task in original(status, now, limit, shards, page_size):
+            if status.value == "todo" and shards[0] != 0 and helped_in[-1:] != [shards[0]]:
+                helped_in.append(shards[0])
+            yield task
+
+    monkeypatch.setattr(feeder_module.index, "due_in_shards", recording)
+
+    # When worker 0 looks three times
+    feeder = Feeder(settings, hints=(), self_feed=True, feed_until=time.monotonic() + 60, slot_number=0)
+    taken = [feeder._fetch() for _ in range(3)]
+
+    # Then each look helped in the next shard with work, not the same one again
+    assert helped_in == [1, 2, 3] and all(taken)
+
+
 def test_a_feeding_worker_leaves_fresh_work_of_other_stripes_to_their_own_workers(make_settings):
     # Given two worker slots and work due just now, all of it in stripe 1
     settings = make_settings(max_concurrency=4, batch_size=2, status_shards=4)

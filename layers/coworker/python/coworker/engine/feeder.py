@@ -92,6 +92,8 @@ class Feeder:
         # Index shard each status is read from first (among its own, or among the others when
         # helping): where the last look found work.
         self._first_shard = dict.fromkeys(FEED_ORDER, 0)
+        # Where helping goes on: other shards are helped in turn, one with work a look.
+        self._help_from = dict.fromkeys(FEED_ORDER, 0)
         # Earliest time of the next look (after short ones: how many in a row), and whether the last
         # look saw due work of other stripes too fresh to help with (then an empty window is not
         # the end).
@@ -234,7 +236,8 @@ class Feeder:
             for task in index.due_in_shards(status, now, limit - met, [shard], page_size):
                 found += 1
                 met += 1
-                self._first_shard[status] = shard  # the next look starts where this one found work
+                if shard in own_shards:
+                    self._first_shard[status] = shard  # the next look starts where this one found work
                 if task.key in self._seen:
                     continue
                 action = control.due_action(view, task, status)
@@ -256,7 +259,8 @@ class Feeder:
                 break
             for status in FEED_ORDER:
                 candidates = [shard for shard in range(shards) if (shard in own_shards) != helping]
-                for shard in _starting_at(candidates, self._first_shard[status]):
+                first = self._help_from[status] if helping else self._first_shard[status]
+                for shard in _starting_at(candidates, first):
                     if met >= limit or own >= self._window:
                         break
                     if status is not TaskStatus.TODO:
@@ -268,7 +272,8 @@ class Feeder:
                         with _quiet_lock:
                             _quiet_until[(status, shard)] = clock + max(settings.tick_seconds, QUIET_STATUS_SECONDS)
                     if helping and found:
-                        break  # one shard with work a look: the next look goes on from it
+                        self._help_from[status] = shard + 1  # the next look helps in the next one
+                        break  # one shard with work a look
         self.pages += 1
         mine = [key for key, _ in page if shard_of(key, self._stripes) == self._stripe]
         others = [(key, ripe) for key, ripe in page if shard_of(key, self._stripes) != self._stripe]
