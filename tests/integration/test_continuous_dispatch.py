@@ -198,15 +198,15 @@ def test_a_worker_with_no_work_of_its_own_helps_in_the_other_shards_in_turn(make
     _put(settings, [key for key in (f"t{i:03d}" for i in range(120)) if shard_of(key, 4) != 0])
     monkeypatch.setattr(feeder_module, "_quiet_until", {})
     helped_in: list[int] = []
-    original = feeder_module.index.due_in_shards
+    original = feeder_module.index.due_in_shard
 
-    def recording(status, now, limit, shards, page_size):
-        for task in original(status, now, limit, shards, page_size):
-            if status.value == "todo" and shards[0] != 0 and helped_in[-1:] != [shards[0]]:
-                helped_in.append(shards[0])
+    def recording(status, now, limit, shard, page_size):
+        for task in original(status, now, limit, shard, page_size):
+            if status.value == "todo" and shard != 0 and helped_in[-1:] != [shard]:
+                helped_in.append(shard)
             yield task
 
-    monkeypatch.setattr(feeder_module.index, "due_in_shards", recording)
+    monkeypatch.setattr(feeder_module.index, "due_in_shard", recording)
 
     # When worker 0 looks three times
     feeder = Feeder(settings, hints=(), self_feed=True, feed_until=time.monotonic() + 60, slot_number=0)

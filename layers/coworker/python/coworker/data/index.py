@@ -176,23 +176,15 @@ FEED_ATTRIBUTES: Final = [layout.PARTITION_KEY, layout.STATUS_INDEX_SORT_KEY, "t
                          "max_attempts"]
 
 
-def due_in_shards(status: TaskStatus, now: datetime, limit: int, shards: Sequence[int],
-                  page_size: int) -> Iterator[TaskModel]:
-    """Due tasks of ``status`` in the index ``shards``, shard by shard in the order given (each
-    oldest first), at most ``limit``. For self-feeding workers, which read the shards their own
-    keys are in (:func:`~coworker.data.layout.stripe_shards`); the coordinator's :func:`due`
-    keeps the exact global order. Pages of ``page_size`` entries are read as the caller iterates,
-    so a caller that stops early reads no more. Each task holds only ``FEED_ATTRIBUTES``."""
-    taken = 0
-    for shard in shards:
-        if taken >= limit:
-            return
-        value = layout.shard_value(status.value, shard)
-        for task in TaskModel.status_index.query(value, TaskModel.due_at <= now, limit=limit - taken,
-                                                 page_size=max(1, min(limit - taken, page_size)),
-                                                 attributes_to_get=FEED_ATTRIBUTES):
-            taken += 1
-            yield task
+def due_in_shard(status: TaskStatus, now: datetime, limit: int, shard: int, page_size: int) -> Iterator[TaskModel]:
+    """Due tasks of ``status`` in one index ``shard``, oldest first, at most ``limit``. For
+    self-feeding workers, which read the shards their own keys are in
+    (:func:`~coworker.data.layout.stripe_shards`); the coordinator's :func:`due` keeps the exact
+    global order. Pages of ``page_size`` entries are read as the caller iterates, so a caller that
+    stops early reads no more. Each task holds only ``FEED_ATTRIBUTES``."""
+    return TaskModel.status_index.query(layout.shard_value(status.value, shard), TaskModel.due_at <= now,
+                                        limit=limit, page_size=max(1, min(limit, page_size)),
+                                        attributes_to_get=FEED_ATTRIBUTES)
 
 
 def running_and_lost(now: datetime) -> tuple[int, list[TaskModel]]:

@@ -233,7 +233,7 @@ class Feeder:
             """Take due keys of ``status`` from one index shard; how many entries were met."""
             nonlocal own, met
             found = 0
-            for task in index.due_in_shards(status, now, limit - met, [shard], page_size):
+            for task in index.due_in_shard(status, now, limit - met, shard, page_size):
                 found += 1
                 met += 1
                 if shard in own_shards:
