@@ -11,7 +11,7 @@ import pytest
 from coworker.data import connection, layout
 from coworker.data.layout import shard_of
 from coworker.data.models import LeaseModel, utcnow
-from coworker.engine import dispatch, lifecycle, slots, submit
+from coworker.engine import control, dispatch, lifecycle, slots, submit
 from coworker.engine import feeder as feeder_module
 from coworker.engine.dispatch import InProcessInvoker
 from coworker.engine.feeder import Feeder
@@ -214,6 +214,25 @@ def test_a_worker_with_no_work_of_its_own_helps_in_the_other_shards_in_turn(make
 
     # Then each look helped in the next shard with work, not the same one again
     assert helped_in == [1, 2, 3] and all(taken)
+
+
+def test_a_helper_goes_on_past_a_shard_whose_due_entries_it_cannot_run(make_settings, monkeypatch):
+    # Given four worker slots over four shards, a paused type's task due in shard 1 (not parked
+    # yet: the coordinator has not ticked) and runnable ripe work in shard 2 only
+    settings = make_settings(max_concurrency=8, batch_size=2, status_shards=4)
+    monkeypatch.setattr(feeder_module, "_quiet_until", {})
+    keys = [f"t{i:03d}" for i in range(200)]
+    _put(settings, [next(key for key in keys if shard_of(key, 4) == 1)], type_="slow")
+    runnable = next(key for key in keys if shard_of(key, 4) == 2)
+    _put(settings, [runnable])
+    assert control.pause("slow")
+    control._cache.invalidate()
+
+    # When worker 0, with nothing of its own, looks for work
+    feeder = Feeder(settings, hints=(), self_feed=True, feed_until=time.monotonic() + 60, slot_number=0)
+
+    # Then it reads on to shard 2 and takes the task there, instead of ending its feeding
+    assert feeder.next() == (runnable, TaskSource.FEED)
 
 
 def test_a_feeding_worker_leaves_fresh_work_of_other_stripes_to_their_own_workers(make_settings):

@@ -267,13 +267,14 @@ class Feeder:
                         with _quiet_lock:
                             if _quiet_until.get((status, shard), 0.0) > clock:
                                 continue
+                    taken = len(page)
                     found = read(status, shard, limit - met if helping else own_page)
                     if not found and status is not TaskStatus.TODO:
                         with _quiet_lock:
                             _quiet_until[(status, shard)] = clock + max(settings.tick_seconds, QUIET_STATUS_SECONDS)
-                    if helping and found:
+                    if helping and len(page) > taken:
                         self._help_from[status] = shard + 1  # the next look helps in the next one
-                        break  # one shard with work a look
+                        break  # one shard with work to take a look (entries it cannot run do not count)
         self.pages += 1
         mine = [key for key, _ in page if shard_of(key, self._stripes) == self._stripe]
         others = [(key, ripe) for key, ripe in page if shard_of(key, self._stripes) != self._stripe]
