@@ -3,14 +3,15 @@ by the local runtime (API, coordinator, worker processes), against pynamodb_mate
 putting and running the same number of tasks; then ingest alone against raw conditional puts.
 
     .venv/bin/python benchmarks/system.py [--tasks 2000] [--rounds 3] [--peer-threads 8,16]
-                                          [--chunk 250]
+                                          [--chunk 250] [--parallel 4]
 
 Each run gets a fresh DynamoDB Local (as a user's first run would), and the runs of a round are
 interleaved, the order reversed every other round. Per run:
 
 * **ours**: ``python -m coworker_local --no-demo`` with its defaults and a no-op handler; the
-  tasks are submitted with the Python client in lists of ``--chunk`` (one batch), then the batch
-  is polled until done. Timed from the first request to the batch's end, once the runtime's
+  tasks are submitted with the Python client in lists of ``--chunk`` (one batch), ``--parallel``
+  requests at once (the CLI's default; the local API answers them side by side, each in a process
+  of its own), then the batch is polled until done. Timed from the first request to the batch's end, once the runtime's
   start-up is over (its worker environments ready, its first coordinator run made); ingest is the
   submit phase alone.
 * **peer**: the status tracker's own put (``make_and_save``) and run (``query_for_unfinished``,
@@ -67,7 +68,7 @@ import boto3  # noqa: E402
 from botocore.config import Config  # noqa: E402
 from coworker.config import Settings  # noqa: E402
 from coworker.engine.batches import PUT_THREADS  # noqa: E402
-from coworker_local.client import Coworker  # noqa: E402
+from coworker_local.client import SUBMIT_PARALLEL, Coworker  # noqa: E402
 from coworker_local.database import FAKE_CREDENTIALS, create_table, start_database  # noqa: E402
 from throughput import RequestCounter, machine_cpu, peer_model, process_cpu_seconds  # noqa: E402
 
@@ -204,7 +205,7 @@ class Measure:
                 "busy": (busy - self._busy) / max(1, total - self._total)}
 
 
-def run_ours(tasks: int, chunk: int) -> dict:
+def run_ours(tasks: int, chunk: int, parallel: int) -> dict:
     database = start_database("dynamodb-local")
     runtime: Runtime | None = None
     count_dir = Path(tempfile.mkdtemp(prefix="coworker-requests-"))
@@ -216,7 +217,7 @@ def run_ours(tasks: int, chunk: int) -> dict:
         counted_before = settled_counts(count_dir)
         measure = Measure(runtime.cpu_seconds, getattr(database, "pid", None))
         started = time.perf_counter()
-        submitted = client.submit(specs, chunk_size=chunk)
+        submitted = client.submit(specs, chunk_size=chunk, parallel=parallel)
         ingest_seconds = time.perf_counter() - started
         progress = client.wait(submitted.batch_id, poll_seconds=0.25)
         seconds = time.perf_counter() - started
@@ -231,7 +232,7 @@ def run_ours(tasks: int, chunk: int) -> dict:
         later = (datetime.now(UTC) + timedelta(days=1)).isoformat()
         started = time.perf_counter()
         client.submit([{"key": f"later-{i:06d}", "type": "bench-noop", "run_at": later} for i in range(tasks)],
-                      chunk_size=chunk)
+                      chunk_size=chunk, parallel=parallel)
         result["ingest_alone_per_second"] = tasks / (time.perf_counter() - started)
         result["ingest_per_second"] = tasks / ingest_seconds
         result["raw_put_per_second"] = (raw_before + raw_puts(database.endpoint, tasks)) / 2
@@ -296,10 +297,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--peer-threads", default="8,16", help="the peer's thread counts")
     parser.add_argument("--chunk", type=int, default=250, help="tasks per POST /tasks")
+    parser.add_argument("--parallel", type=int, default=SUBMIT_PARALLEL,
+                        help="POST /tasks requests sent at once (default: the CLI's, %(default)s)")
     args = parser.parse_args(argv)
     print(f"$ .venv/bin/python benchmarks/system.py {shlex.join(sys.argv[1:] if argv is None else argv)}".rstrip())
     counter = RequestCounter().install()  # the peer's requests, counted in this process
-    sides: list[tuple[str, Callable[[], dict]]] = [("ours", lambda: run_ours(args.tasks, args.chunk))]
+    sides: list[tuple[str, Callable[[], dict]]] = [("ours", lambda: run_ours(args.tasks, args.chunk, args.parallel))]
     sides += [(f"peer {n} threads", lambda n=n: run_peer(args.tasks, n, counter))
               for n in (int(t) for t in args.peer_threads.split(",") if t.strip())]
     results: dict[str, list[dict]] = {label: [] for label, _ in sides}

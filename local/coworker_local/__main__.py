@@ -29,6 +29,7 @@ warnings.filterwarnings("ignore", message="No application metrics to publish")
 from coworker.config import EXAMPLE_HANDLER_MODULE, Settings  # noqa: E402
 from coworker.errors import ConfigurationError  # noqa: E402
 
+from coworker_local.api_environments import DEFAULT_MAX_ENVIRONMENTS  # noqa: E402
 from coworker_local.dynamodb_local import DatabaseStartError  # noqa: E402
 
 # Fields that make no sense to set on the command line of a local run (the runtime serves its
@@ -90,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-invocations", type=int, default=None,
                         help="most worker processes running at once, like a Lambda's reserved "
                              "concurrency (default 2 x ceil(max_concurrency / batch_size))")
+    parser.add_argument("--api-environments", type=int, default=DEFAULT_MAX_ENVIRONMENTS, metavar="N",
+                        help="most API requests answered at once, each in a process of its own like a "
+                             f"Lambda execution environment (default {DEFAULT_MAX_ENVIRONMENTS})")
     parser.add_argument("--drain-seconds", type=float, default=5.0,
                         help="on Ctrl-C, how long running invocations may finish before SIGTERM")
     parser.add_argument("--db", choices=("auto", "dynamodb-local", "moto"), default=None,
@@ -173,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     runtime = LocalRuntime(settings, host=args.host, port=args.api_port, allowed_hosts=args.allowed_hosts,
                            max_invocations=args.max_invocations, log=log, drain_seconds=args.drain_seconds,
                            prewarm=args.prewarm_workers,
+                           api_environments=args.api_environments,
                            database=args.db, data_dir=args.data_dir, handlers=handlers)
     try:
         runtime.start()

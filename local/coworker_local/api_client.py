@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -71,26 +72,33 @@ class ApiClient:
         self.region = (region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
                        or "us-east-1")
         self._sleep = sleep
-        # Keys a batch put stored before an answer said to re-send it (see ``request``).
-        self.stored_before_resend: set[str] = set()
+        # Keys a batch put stored before an answer said to re-send it (see ``request``), per
+        # calling thread: a client may send several requests at once.
+        self._calls = threading.local()
 
     def request(self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None) -> Any:
         """One call, re-sent on 429 and 503 as the API advises (see the module's docstring)."""
         started = time.monotonic()
-        self.stored_before_resend = set()
+        self._calls.stored = set()
         for attempt in range(1, RESEND_ATTEMPTS + 2):
             try:
                 return self._send(method, path, query, body)
             except ApiError as exc:
                 if exc.status not in RESENT_STATUSES:
                     raise
-                self.stored_before_resend.update(exc.stored)
+                self._calls.stored.update(exc.stored)
                 if attempt > RESEND_ATTEMPTS:
                     exc.message += (f" (sent {attempt} times over {time.monotonic() - started:.0f} s; "
                                     "try again later)")
                     raise
                 self._sleep(resend_delay(attempt, exc.retry_after))
         raise AssertionError("unreachable")  # pragma: no cover
+
+    @property
+    def stored_before_resend(self) -> set[str]:
+        """Keys this thread's last ``request`` stored before an answer said to re-send it."""
+        stored: set[str] = getattr(self._calls, "stored", set())
+        return stored
 
     def _send(self, method: str, path: str, query: dict[str, Any] | None, body: Any) -> Any:
         query = {k: v for k, v in (query or {}).items() if v is not None}

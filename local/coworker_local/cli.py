@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from coworker_local.api_client import ApiClient, ApiError, Unreachable
-from coworker_local.client import CHUNK_TASKS
+from coworker_local.client import CHUNK_TASKS, MAX_SUBMIT_PARALLEL, SUBMIT_PARALLEL
 from coworker_local.commands import (
     BULK_PAGE,
     EXIT_API_ERROR,
@@ -72,6 +72,13 @@ def _chunk_size(text: str) -> int:
     value = int(text)
     if not 1 <= value <= CHUNK_TASKS:
         raise argparse.ArgumentTypeError(f"must be between 1 and {CHUNK_TASKS} (the API's batch limit)")
+    return value
+
+
+def _parallel(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= MAX_SUBMIT_PARALLEL:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_SUBMIT_PARALLEL}")
     return value
 
 
@@ -140,6 +147,10 @@ def _add_submit(commands: Commands) -> None:
     submit.add_argument("--callback-payload", dest="callback_payload", help="JSON payload of the --on-* tasks")
     submit.add_argument("--chunk-size", dest="chunk_size", type=_chunk_size, default=CHUNK_TASKS,
                         metavar=f"1..{CHUNK_TASKS}", help="tasks per request (default %(default)s)")
+    submit.add_argument("--parallel", type=_parallel, default=SUBMIT_PARALLEL, metavar="N",
+                        help="requests sent at once (default %(default)s); with more than one, the requests "
+                             "after a refused one may have been stored: re-run with its --batch-id, which "
+                             "stores each keyed task once")
     submit.add_argument("--quiet", action="store_true", help="no progress bar")
     submit.set_defaults(run=cmd_submit)
 

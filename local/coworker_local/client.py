@@ -20,12 +20,14 @@ same keys and ``batch_id`` stores only what is missing.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
 
@@ -38,6 +40,10 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 # 1,000 tasks and API Gateway's 10 MB).
 CHUNK_TASKS = 1000
 CHUNK_BYTES = 5 * 1024 * 1024
+# Requests the CLI sends at once when it submits a file (the local API answers 4 side by side;
+# API Gateway and Lambda more), and the most it allows.
+SUBMIT_PARALLEL = 4
+MAX_SUBMIT_PARALLEL = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,15 +125,19 @@ class Coworker:
 
     def submit(self, tasks: Iterable[Mapping[str, Any]], *, batch_id: str | None = None,
                chunk_size: int = CHUNK_TASKS, on_progress: Callable[[Submitted], None] | None = None,
-               callbacks: Mapping[str, Mapping[str, Any]] | None = None) -> Submitted:
+               callbacks: Mapping[str, Mapping[str, Any]] | None = None, parallel: int = 1) -> Submitted:
         """Put every task of ``tasks`` (any iterable, read once) in one batch, ``chunk_size`` per
-        request; ``on_progress`` is told after each request. A task without a key is given one.
-        ``callbacks`` (``complete``, ``success``, ``stopped`` -> a task without key) go with
-        every request: each fires once, when the batch gets there (docs/batches.md)."""
+        request and ``parallel`` requests at a time; ``on_progress`` is told after each request, in
+        the order of the tasks. A task without a key is given one. ``callbacks`` (``complete``,
+        ``success``, ``stopped`` -> a task without key) go with every request: each fires once,
+        when the batch gets there (docs/batches.md)."""
+        if parallel < 1:
+            raise ValueError("parallel must be at least 1")
         batch_id = batch_id or uuid.uuid4().hex
         keys: list[str] = []
         created = existing = 0
-        for chunk in chunked(tasks, chunk_size):
+
+        def put(chunk: list[dict[str, Any]]) -> tuple[int, int]:
             body: dict[str, Any] = {"batch_id": batch_id, "tasks": chunk}
             if callbacks:
                 body["callbacks"] = dict(callbacks)
@@ -135,11 +145,28 @@ class Coworker:
             # Tasks stored by an attempt the API asked to re-send answer "exists" the second time.
             again = sum(1 for result in answer["results"]
                         if result["outcome"] == "exists" and result["key"] in self.api.stored_before_resend)
-            created += answer["created"] + again
-            existing += answer["existing"] - again
-            keys += [task["key"] for task in chunk]
+            return answer["created"] + again, answer["existing"] - again
+
+        def record(chunk: list[dict[str, Any]], counts: tuple[int, int]) -> None:
+            nonlocal created, existing
+            created += counts[0]
+            existing += counts[1]
+            keys.extend(task["key"] for task in chunk)
             if on_progress is not None:
                 on_progress(Submitted(batch_id, len(keys), created, existing, ()))
+
+        if parallel == 1:
+            for chunk in chunked(tasks, chunk_size):
+                record(chunk, put(chunk))
+        else:
+            with ThreadPoolExecutor(max_workers=parallel) as pool:
+                sent: collections.deque[_Sent] = collections.deque()
+                for chunk in chunked(tasks, chunk_size):
+                    sent.append((chunk, pool.submit(put, chunk)))
+                    if len(sent) >= 2 * parallel:  # read the tasks only as fast as they are put
+                        record(*_answered(sent.popleft()))
+                while sent:
+                    record(*_answered(sent.popleft()))
         return Submitted(batch_id, len(keys), created, existing, tuple(keys))
 
     # -- following them --------------------------------------------------------------------
@@ -185,6 +212,15 @@ class Coworker:
 
     def cancel(self, key: str) -> Task:
         return Task.of(self.api.request("POST", f"/tasks/{_path(key)}/cancel"))
+
+
+_Sent = tuple[list[dict[str, Any]], Future[tuple[int, int]]]
+
+
+def _answered(sent: _Sent) -> tuple[list[dict[str, Any]], tuple[int, int]]:
+    """A chunk sent and its counts (created, existing), once its request is answered."""
+    chunk, answer = sent
+    return chunk, answer.result()
 
 
 def chunked(tasks: Iterable[Mapping[str, Any]], size: int = CHUNK_TASKS) -> Iterator[list[dict[str, Any]]]:

@@ -155,7 +155,8 @@ def cmd_submit(client: ApiClient, args: argparse.Namespace, out: TextIO, err: Te
 
     try:
         submitted = Coworker(api=client).submit(tasks, batch_id=args.batch_id, chunk_size=args.chunk_size,
-                                                on_progress=show, callbacks=_callbacks(args))
+                                                on_progress=show, callbacks=_callbacks(args),
+                                                parallel=args.parallel)
     except ApiError as exc:
         # Entries are numbered within the refused request; say where that is in the input.
         if exc.errors:

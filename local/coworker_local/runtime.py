@@ -5,7 +5,9 @@ on AWS              here
 ==================  ==========================================================================
 DynamoDB table      DynamoDB Local (or moto, ``--db moto``), see :mod:`coworker_local.database`;
                     the table created from :mod:`coworker.data.layout` (or any endpoint you name)
-API Gateway + API   :class:`~coworker_local.gateway.LocalGateway` calling the API Lambda handler
+API Gateway + API   :class:`~coworker_local.gateway.LocalGateway` calling the API Lambda handler in
+                    :class:`~coworker_local.api_environments.ApiEnvironmentPool`'s processes,
+                    several requests side by side
 EventBridge rule +  :class:`CoordinatorTimer`: the coordinator's ``dispatch.Supervisor``, ticking
 coordinator         every ``tick_seconds`` on a fixed cadence, run again whenever a run ends
 Lambda Invoke API   :class:`~coworker_local.lambda_service.LocalLambdaService`: what the API
@@ -20,8 +22,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import importlib
-import importlib.util
 import math
 import os
 import secrets
@@ -41,6 +41,7 @@ from coworker.engine.handlers import handler_package
 from coworker.observability import invocation_scope, logger, metrics
 
 from coworker_local import migration
+from coworker_local.api_environments import DEFAULT_MAX_ENVIRONMENTS, ApiEnvironmentPool
 from coworker_local.database import FAKE_CREDENTIALS, EmbeddedDatabase, create_table, start_database
 from coworker_local.gateway import LocalGateway
 from coworker_local.lambda_service import LocalLambdaService
@@ -173,17 +174,6 @@ class CoordinatorTimer:
             self._thread.join(timeout=30)
 
 
-def load_api_handler() -> Any:
-    """The API Lambda's handler (``coworker_cdk/functions/api/handler.py``), imported as Lambda would.
-
-    It reads its settings from the environment at import, like on Lambda, so call this after
-    the settings are in ``os.environ``.
-    """
-    if importlib.util.find_spec("coworker_cdk") is None and (REPO_ROOT / "cdk").is_dir():
-        sys.path.append(str(REPO_ROOT / "cdk"))  # a checkout run without installing it
-    return importlib.import_module("coworker_cdk.functions.api.handler").handler
-
-
 class LocalRuntime:
     """Embedded DynamoDB, API, coordinator timer, worker pool and dashboard, started together."""
 
@@ -200,6 +190,7 @@ class LocalRuntime:
         prewarm: int | None = None,
         handlers: Path | None = None,
         allowed_hosts: Sequence[str] = (),
+        api_environments: int = DEFAULT_MAX_ENVIRONMENTS,
     ) -> None:
         self.requested_settings = settings
         self.allowed_hosts = tuple(allowed_hosts)  # host names the API answers to besides addresses
@@ -221,6 +212,9 @@ class LocalRuntime:
         self.pool: ProcessWorkerPool | None = None
         self.lambda_service: LocalLambdaService | None = None
         self.gateway: LocalGateway | None = None
+        # Requests the API answers at once, each in a process of its own (Lambda's environments).
+        self.api_environments = api_environments
+        self.api: ApiEnvironmentPool | None = None
         self.coordinator: CoordinatorTimer | None = None
         self.started_at = time.time()
         self.batches: list[str] = []  # batch ids submitted by the demo, shown on the dashboard
@@ -296,16 +290,20 @@ class LocalRuntime:
             moved = migration.reshard().moved
             if moved:
                 logger.info("kept table resharded", extra={"moved": moved})
-        # The API handler, like the worker processes, reads its settings from the environment.
         os.environ.update(self.settings.as_environment())
+        # The API's handler runs in processes of its own that read their settings from the
+        # environment, like the workers; one is started now, more as requests overlap.
+        self.api = ApiEnvironmentPool(self.worker_environment(), max_environments=self.api_environments,
+                                      log=self.log if self.log is not None else sys.stderr)
         self.gateway = LocalGateway(
-            load_api_handler(), host=self.host, port=self.port,
+            self.api, host=self.host, port=self.port, concurrent=True,
             extra_routes=dashboard_routes(self), static={"/dashboard/static": static_folder()},
             allowed_hosts=self.allowed_hosts,
         ).start()
         invoker = dispatch.invoker_from_settings(self.settings)
         assert invoker is not None
         self.coordinator = CoordinatorTimer(self.settings, invoker).start()
+        self.api.wait_prewarmed()  # the first request finds an environment ready
         return self
 
     def stop(self) -> None:
@@ -314,6 +312,8 @@ class LocalRuntime:
             self.coordinator.stop()
         if self.gateway is not None:
             self.gateway.stop()  # no more submits
+        if self.api is not None:
+            self.api.shutdown()
         if self.pool is not None:
             self.pool.shutdown(self.drain_seconds)
         if self.lambda_service is not None:
@@ -370,6 +370,7 @@ class LocalRuntime:
             "settings": {k: "(set)" if "secret" in k and v else v for k, v in self.settings.model_dump().items()},
             "effective_lock_seconds": self.settings.effective_lock_seconds,
             "workers": self.pool.stats() if self.pool else {},
+            "api": self.api.stats() if self.api else {},
             "ticks": self.coordinator.tick_count if self.coordinator else 0,
             "last_tick": dataclasses.asdict(last.report) | {"at": last.at} if last and last.report else None,
             "last_tick_age_seconds": round(time.time() - last.at, 1) if last else None,

@@ -42,7 +42,6 @@ import dataclasses
 import itertools
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -52,27 +51,25 @@ import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import IO, Any
 
-import coworker
 from coworker.engine.outcomes import TaskReport
 from coworker.engine.worker import WorkerRequest
 
-import coworker_local
+from coworker_local.environments import (
+    INIT_TIMEOUT_SECONDS,
+    Environment,
+    child_environment,
+    reply_channel,
+    terminate_with_parent,
+)
 
 # The pool kills an environment this long after the worker's own deadline: the child measures
 # its deadline from when it reads the request, a moment after the parent sent it.
 KILL_GRACE_SECONDS = 0.5
 # How long a SIGTERMed environment gets to record its tasks as interrupted.
 TERM_GRACE_SECONDS = 5.0
-# Lambda's init phase has its own limit (10 s), not counted in the function timeout; a busy
-# laptop starting many Python processes at once needs more.
-INIT_TIMEOUT_SECONDS = 60.0
 SERIES_SECONDS = 600
-# Where the two packages live: the library (the Lambda layer) and this local tooling.
-PACKAGE_ROOTS = tuple(dict.fromkeys(str(Path(package.__path__[0]).resolve().parent)
-                                   for package in (coworker, coworker_local)))
 
 
 @dataclasses.dataclass
@@ -107,73 +104,6 @@ class Invocation:
         }
 
 
-class _Environment:
-    """One worker process: sends requests, reads replies with a time limit."""
-
-    def __init__(self, command: list[str], environ: Mapping[str, str], log: IO[Any] | int) -> None:
-        # A new session: Ctrl-C in the terminal reaches the runtime only, which then stops the
-        # environments in order (drain, SIGTERM, SIGKILL) instead of all dying mid-write.
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-            env=dict(environ), start_new_session=True,
-        )
-        self._buffer = b""
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def send(self, message: dict[str, Any]) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps(message).encode() + b"\n")
-        self.process.stdin.flush()
-
-    def read_reply(self, deadline: float) -> dict[str, Any] | None:
-        """The child's reply, ``None`` if it exited first; :class:`TimeoutError` at ``deadline``."""
-        assert self.process.stdout is not None
-        fd = self.process.stdout.fileno()
-        while b"\n" not in self._buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError
-            ready, _, _ = select.select([fd], [], [], remaining)
-            if not ready:
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return None
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return json.loads(line)
-
-    def signal(self, signum: int) -> None:
-        try:
-            self.process.send_signal(signum)
-        except ProcessLookupError:
-            pass
-
-    def end_input(self) -> None:
-        try:
-            if self.process.stdin:
-                self.process.stdin.close()
-        except OSError:
-            pass
-
-    def close(self, wait: float = 2.0) -> None:
-        """End an idle environment: EOF on stdin makes it exit; kill it if it does not."""
-        self.end_input()
-        try:
-            self.process.wait(timeout=wait)
-        except (subprocess.TimeoutExpired, BrokenPipeError, OSError):
-            self.process.kill()
-            self.process.wait()
-        if self.process.stdout:
-            self.process.stdout.close()
-
-
 class ProcessWorkerPool:
     """An :class:`coworker.engine.dispatch.Invoker` whose invocations run in worker processes."""
 
@@ -187,11 +117,7 @@ class ProcessWorkerPool:
         history: int = 200,
         prewarm: int = 0,
     ) -> None:
-        self._environ = dict(environ)
-        self._environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(
-            p for p in (*PACKAGE_ROOTS, *environ.get("PYTHONPATH", "").split(os.pathsep),
-                        *os.environ.get("PYTHONPATH", "").split(os.pathsep)) if p
-        ))
+        self._environ = child_environment(environ)
         self.timeout_seconds = timeout_seconds
         self.max_invocations = max_invocations
         self._log = log
@@ -199,8 +125,8 @@ class ProcessWorkerPool:
         # The executor's queue plays Lambda's async event queue; its threads are the gates.
         self._executor = ThreadPoolExecutor(max_workers=max_invocations, thread_name_prefix="invocation")
         self._lock = threading.Lock()
-        self._idle: list[_Environment] = []
-        self._busy: dict[int, tuple[Invocation, _Environment]] = {}
+        self._idle: list[Environment] = []
+        self._busy: dict[int, tuple[Invocation, Environment]] = {}
         self._seq = itertools.count(1)
         self._run_id = uuid.uuid4().hex[:6]
         self._recent: collections.deque[Invocation] = collections.deque(maxlen=history)
@@ -217,20 +143,17 @@ class ProcessWorkerPool:
 
     def _prewarm(self, count: int) -> None:
         """Start ``count`` environments together and keep them idle (like provisioned concurrency)."""
-        starting = [_Environment(self._command, self._environ, self._log) for _ in range(count)]
+        starting = [Environment(self._command, self._environ, self._log) for _ in range(count)]
         deadline = time.monotonic() + INIT_TIMEOUT_SECONDS
         for environment in starting:
-            try:
-                ready = environment.read_reply(deadline)
-            except TimeoutError:
-                ready = None
+            if not environment.wait_ready(deadline):
+                continue
             with self._lock:
-                keep = bool(ready and "ready" in ready) and not self._stopping
+                keep = not self._stopping
                 if keep:
                     self._idle.append(environment)
                     self.counts["prewarmed"] += 1
             if not keep:
-                environment.signal(signal.SIGKILL)
                 environment.close(wait=1.0)
 
     # -- Invoker protocol ------------------------------------------------------------------
@@ -252,7 +175,7 @@ class ProcessWorkerPool:
 
     # -- running one invocation ------------------------------------------------------------
 
-    def _take_environment(self, invocation: Invocation) -> _Environment | None:
+    def _take_environment(self, invocation: Invocation) -> Environment | None:
         """A warm environment, or a new one once its init phase is over (``None`` if it failed)."""
         with self._lock:
             while self._idle:
@@ -261,16 +184,8 @@ class ProcessWorkerPool:
                     return environment
         invocation.cold_start = True
         self.counts["cold_starts"] += 1
-        environment = _Environment(self._command, self._environ, self._log)
-        try:
-            ready = environment.read_reply(time.monotonic() + INIT_TIMEOUT_SECONDS)
-        except TimeoutError:
-            ready = None
-        if not ready or "ready" not in ready:
-            environment.signal(signal.SIGKILL)
-            environment.close(wait=1.0)
-            return None
-        return environment
+        environment = Environment(self._command, self._environ, self._log)
+        return environment if environment.wait_ready(time.monotonic() + INIT_TIMEOUT_SECONDS) else None
 
     def _run(self, invocation: Invocation) -> None:
         if self._stopping:
@@ -436,19 +351,6 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     os._exit(143)
 
 
-def _terminate_with_parent(interval: float = 0.5) -> None:
-    """SIGTERM this worker (its tasks recorded as interrupted) when the runtime that started it
-    dies without stopping it: a worker never outlives its runtime."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(interval)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
 def _report_fields(report: TaskReport) -> list[Any]:
     return [report.key, report.outcome.value, report.attempt, round(report.seconds, 3), report.source.value]
 
@@ -456,13 +358,11 @@ def _report_fields(report: TaskReport) -> list[Any]:
 def child_main() -> None:
     """Entry point of a worker process: serve invocations read from stdin until EOF."""
     global _CURRENT
-    # Keep the original stdout for replies; everything printed (logs, EMF) goes to stderr.
-    replies = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
+    replies = reply_channel()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     warnings.filterwarnings("ignore", message="No application metrics to publish")
     signal.signal(signal.SIGTERM, _on_sigterm)
-    _terminate_with_parent()
+    terminate_with_parent()
 
     from coworker.bootstrap import configure
     from coworker.engine.worker import Invocation as WorkerInvocation

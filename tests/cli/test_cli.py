@@ -103,7 +103,8 @@ def test_submit_many_from_a_file_in_chunks_and_watch_the_batch(served, tmp_path)
     assert result.stdout.splitlines()[0] == "batch nightly: 23 submitted, 23 created, 0 existing"
     assert "23/23" in result.stderr  # the progress bar
     posts = [e for e in served.events if e["httpMethod"] == "POST"]
-    assert [len(json.loads(e["body"])["tasks"]) for e in posts] == [10, 10, 3]
+    # three requests, sent up to four at once (--parallel's default), so in any order
+    assert sorted(len(json.loads(e["body"])["tasks"]) for e in posts) == [3, 10, 10]
 
     # Re-running the same submission creates nothing and counts nothing twice.
     again = served.run("submit", "--file", str(path), "--batch-id", "nightly", "--quiet")
@@ -373,6 +374,18 @@ def test_the_python_client_submits_any_iterable_in_chunks_waits_for_the_batch_an
     # and sent again with the keys it was given: nothing is stored twice
     again = client.submit(({"key": key, "type": "quick"} for key in submitted.keys), batch_id=submitted.batch_id)
     assert (again.created, again.existing) == (0, 45)
+
+    # and sent 4 requests at a time: progress is told in the order of the tasks
+    told = []
+    keyed = [{"key": f"par-{n:02d}", "type": "quick"} for n in range(45)]
+    parallel = client.submit(iter(keyed), chunk_size=5, parallel=4, on_progress=told.append)
+    assert (parallel.created, parallel.existing) == (45, 0)
+    assert [p.submitted for p in told] == list(range(5, 50, 5))
+    assert parallel.keys == tuple(task["key"] for task in keyed)
+    assert client.submit(keyed, batch_id=parallel.batch_id, chunk_size=5, parallel=4).existing == 45
+    served.work()
+    served.count()
+    assert client.batch(parallel.batch_id).total == 45
 
     # When the tasks run, the batch is followed until it is done (counted between looks)
     served.work()

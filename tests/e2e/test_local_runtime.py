@@ -149,6 +149,9 @@ def test_dashboard_and_api_documents_are_served(runtime):
     info = runtime.get("/local/info").json()
     assert info["settings"]["tick_seconds"] == 0.5  # the environment variable reached the runtime
     assert info["settings"]["dynamodb_endpoint"].startswith("http://127.0.0.1:")
+    # the API's handler answered in processes of its own (Lambda's execution environments)
+    assert info["api"]["requests"] >= 2 and info["api"]["pids"]  # /openapi.json and /docs at least
+    assert runtime.process.pid not in info["api"]["pids"]
     # the coordinator: every tick counted (not the 120 the history keeps), how long ago the last
     # was, and what it does: a run holds the lease while it supervises, and one that finds nothing
     # to do ends (idle exit) and lets it go until the next run a tick later
