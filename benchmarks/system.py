@@ -11,9 +11,9 @@ interleaved, the order reversed every other round. Per run:
 * **ours**: ``python -m coworker_local --no-demo`` with its defaults and a no-op handler; the
   tasks are submitted with the Python client in lists of ``--chunk`` (one batch), ``--parallel``
   requests at once (the CLI's default; the local API answers them side by side, each in a process
-  of its own), then the batch is polled until done. Timed from the first request to the batch's end, once the runtime's
-  start-up is over (its worker environments ready, its first coordinator run made); ingest is the
-  submit phase alone.
+  of its own, as many started with the runtime), then the batch is polled until done. Timed
+  from the first request to the batch's end, once the runtime's start-up is over (its worker
+  environments ready, its first coordinator run made); ingest is the submit phase alone.
 * **peer**: the status tracker's own put (``make_and_save``) and run (``query_for_unfinished``,
   then ``with Task.start(id)``) on ``N`` threads, both phases timed.
 * **ingest alone** (after each of our runs): as many tasks due in a day, so that nothing runs
@@ -210,7 +210,9 @@ def run_ours(tasks: int, chunk: int, parallel: int) -> dict:
     runtime: Runtime | None = None
     count_dir = Path(tempfile.mkdtemp(prefix="coworker-requests-"))
     try:
-        runtime = Runtime(database.endpoint, count_dir)
+        # As many API processes started with it as the client sends requests at once, as its
+        # worker environments are: the peer's imports are not timed either.
+        runtime = Runtime(database.endpoint, count_dir, args=["--prewarm-api", str(parallel)])
         runtime.wait_warm()
         client = Coworker(runtime.url)
         specs = [{"key": f"s-{i:06d}", "type": "bench-noop"} for i in range(tasks)]

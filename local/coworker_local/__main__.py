@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--api-environments", type=int, default=DEFAULT_MAX_ENVIRONMENTS, metavar="N",
                         help="most API requests answered at once, each in a process of its own like a "
                              f"Lambda execution environment (default {DEFAULT_MAX_ENVIRONMENTS})")
+    parser.add_argument("--prewarm-api", type=int, default=1, metavar="N",
+                        help="API processes started with the runtime (default 1; more start when requests "
+                             "overlap)")
     parser.add_argument("--drain-seconds", type=float, default=5.0,
                         help="on Ctrl-C, how long running invocations may finish before SIGTERM")
     parser.add_argument("--db", choices=("auto", "dynamodb-local", "moto"), default=None,
@@ -178,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                            max_invocations=args.max_invocations, log=log, drain_seconds=args.drain_seconds,
                            prewarm=args.prewarm_workers,
                            api_environments=args.api_environments,
+                           prewarm_api=args.prewarm_api,
                            database=args.db, data_dir=args.data_dir, handlers=handlers)
     try:
         runtime.start()

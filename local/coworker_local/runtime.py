@@ -191,6 +191,7 @@ class LocalRuntime:
         handlers: Path | None = None,
         allowed_hosts: Sequence[str] = (),
         api_environments: int = DEFAULT_MAX_ENVIRONMENTS,
+        prewarm_api: int = 1,
     ) -> None:
         self.requested_settings = settings
         self.allowed_hosts = tuple(allowed_hosts)  # host names the API answers to besides addresses
@@ -214,6 +215,7 @@ class LocalRuntime:
         self.gateway: LocalGateway | None = None
         # Requests the API answers at once, each in a process of its own (Lambda's environments).
         self.api_environments = api_environments
+        self.prewarm_api = prewarm_api  # of them started with the runtime, as provisioned concurrency
         self.api: ApiEnvironmentPool | None = None
         self.coordinator: CoordinatorTimer | None = None
         self.started_at = time.time()
@@ -292,9 +294,10 @@ class LocalRuntime:
                 logger.info("kept table resharded", extra={"moved": moved})
         os.environ.update(self.settings.as_environment())
         # The API's handler runs in processes of its own that read their settings from the
-        # environment, like the workers; one is started now, more as requests overlap.
+        # environment, like the workers; ``prewarm_api`` start now, more as requests overlap.
         self.api = ApiEnvironmentPool(self.worker_environment(), max_environments=self.api_environments,
-                                      log=self.log if self.log is not None else sys.stderr)
+                                      log=self.log if self.log is not None else sys.stderr,
+                                      prewarm=self.prewarm_api)
         self.gateway = LocalGateway(
             self.api, host=self.host, port=self.port, concurrent=True,
             extra_routes=dashboard_routes(self), static={"/dashboard/static": static_folder()},
