@@ -1,0 +1,275 @@
+"""The engine and its peer against raw replays of their own writes: how close each comes to what
+the database can take of that very workload.
+
+    .venv/bin/python benchmarks/replay.py [--tasks 1000] [--rounds 3] [--concurrency 8]
+                                          [--replay 2x16] [--warmup 2]
+
+One DynamoDB Local, as in ``benchmarks/throughput.py``. Each round, interleaved (the order
+reversed every other round):
+
+* **engine**: ``throughput.run_coworker``: ``--tasks`` tasks put, then the engine alone in this
+  process (one worker invocation of ``--concurrency`` threads feeding itself, the coordinator's
+  ticks in the same process) until every task finished;
+* **peer**: ``throughput.run_peer``: pynamodb_mate's status tracker putting the same number of tasks,
+  then running them on ``--concurrency`` threads;
+* **replay of each**: every request either side sent is captured on the wire (botocore's
+  ``Endpoint._send``: URL, headers, body). The task writes of its run phase (each task's claim and
+  finish, or start and finish, refused ones included, in the order sent) are then sent again,
+  byte for byte but for the item's key (``replay-`` in front), over plain keep-alive HTTP from
+  ``--replay`` P x T (processes x threads), each task's writes in order, to the same table (the
+  peer's: a new one, as its runs get) holding the same items (its put phase replayed first,
+  untimed). Reads, leases and slots are not replayed:
+  the replay is the database's ceiling for the writes a task needs.
+
+Per side and per task: tasks/s of the run phase, client CPU (this process's, or the replaying
+processes'), DynamoDB Local's CPU (both from /proc) and requests; then each side's rate as a
+share of its replay's (issue 31's target for the engine: >= 0.8), and engine / peer. Warm-up
+rounds (``--warmup``) let DynamoDB Local's JIT see every request kind first and are not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import http.client
+import io
+import json
+import multiprocessing
+import os
+import resource
+import shlex
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from urllib.parse import urlsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import throughput  # noqa: E402  - also sets Powertools' switches and registers "bench-noop"
+from botocore.endpoint import Endpoint  # noqa: E402
+from coworker_local.database import embedded_database  # noqa: E402
+
+WRITES = ("PutItem", "UpdateItem", "DeleteItem")
+
+
+class WireCapture:
+    """Every request this process's botocore clients send: (operation, body as JSON)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict]] = []
+        self._lock = threading.Lock()
+        self._original = Endpoint._send
+
+    def install(self) -> WireCapture:
+        capture, original = self, self._original
+
+        def send(endpoint: Endpoint, request: object) -> object:
+            target = request.headers.get("X-Amz-Target", b"")  # type: ignore[attr-defined]
+            operation = (target.decode() if isinstance(target, bytes) else target).rpartition(".")[2]
+            body = request.body  # type: ignore[attr-defined]
+            with capture._lock:
+                capture.sent.append((operation, json.loads(body) if body else {}))
+            return original(endpoint, request)
+
+        Endpoint._send = send  # type: ignore[method-assign]
+        return self
+
+    def take(self) -> list[tuple[str, dict]]:
+        with self._lock:
+            sent, self.sent = self.sent, []
+        return sent
+
+
+def item_key(body: dict) -> str | None:
+    """The partition key value a write names (``Key`` or ``Item``), if it is a string."""
+    named = body.get("Key") or body.get("Item") or {}
+    for value in named.values():
+        return value.get("S")
+    return None
+
+
+def split_writes(sent: list[tuple[str, dict]], keys: set[str]) -> tuple[list[dict], dict[str, list[tuple[str, dict]]]]:
+    """The writes of ``keys``' tasks: their puts, and per task the rest in the order sent."""
+    puts: list[dict] = []
+    per_task: dict[str, list[tuple[str, dict]]] = collections.defaultdict(list)
+    for operation, body in sent:
+        key = item_key(body) if operation in WRITES else None
+        if key not in keys:
+            continue
+        if operation == "PutItem" and not per_task.get(key):
+            puts.append(body)
+        else:
+            per_task[key].append((operation, body))
+    return puts, dict(per_task)
+
+
+# -- the replaying processes ----------------------------------------------------------------------
+
+_WORK: list[list[tuple[str, bytes]]] = []  # per task: (operation, body), inherited by forked senders
+
+
+def _send_tasks(endpoint: str, tasks: list[list[tuple[str, bytes]]], threads: int) -> int:
+    """Send each task's requests in order, ``threads`` tasks at a time; the refused count."""
+    where = urlsplit(endpoint)
+    local = threading.local()
+    refused = 0
+    lock = threading.Lock()
+    # A signature DynamoDB Local accepts: it reads the access key, not the signature.
+    authorization = ("AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/dynamodb/aws4_request, "
+                     "SignedHeaders=host;x-amz-date;x-amz-target, Signature=" + "0" * 64)
+
+    def send(requests: list[tuple[str, bytes]]) -> None:
+        nonlocal refused
+        connection = getattr(local, "connection", None)
+        if connection is None:
+            connection = local.connection = http.client.HTTPConnection(where.hostname, where.port)
+        for operation, body in requests:
+            connection.request("POST", "/", body=body, headers={
+                "Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": f"DynamoDB_20120810.{operation}",
+                "X-Amz-Date": "20260101T000000Z", "Authorization": authorization})
+            answer = connection.getresponse()
+            answer.read()
+            if answer.status != 200:
+                with lock:
+                    refused += 1
+
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        list(pool.map(send, tasks))
+    return refused
+
+
+def _sender(endpoint: str, part: int, parts: int, threads: int, results: multiprocessing.Queue) -> None:
+    results.put(_send_tasks(endpoint, _WORK[part::parts], threads))
+
+
+def replay(endpoint: str, table: str, puts: list[dict], per_task: dict[str, list[tuple[str, dict]]],
+           processes: int, threads: int, database_pid: int | None) -> dict:
+    """Put ``puts`` into ``table`` (untimed), then send ``per_task`` from processes x threads, each
+    item under a key of its own (``replay-`` and its key), so that a side's own table can take them."""
+    def retarget(body: dict) -> bytes:
+        body = {**body, "TableName": table}
+        for field in ("Key", "Item"):
+            if field in body:
+                named = dict(body[field])
+                name = next(iter(named))
+                named[name] = {"S": "replay-" + named[name]["S"]}
+                body[field] = named
+        return json.dumps(body).encode()
+
+    _send_tasks(endpoint, [[("PutItem", retarget(body))] for body in puts], 16)
+    _WORK[:] = [[(operation, retarget(body)) for operation, body in requests] for requests in per_task.values()]
+    context = multiprocessing.get_context("fork")
+    results: multiprocessing.Queue = context.Queue()
+    children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server0 = throughput.process_cpu_seconds(database_pid)
+    started = time.perf_counter()
+    senders = [context.Process(target=_sender, args=(endpoint, part, processes, threads, results))
+               for part in range(processes)]
+    for sender in senders:
+        sender.start()
+    refused = sum(results.get() for _ in senders)
+    for sender in senders:
+        sender.join()
+    seconds = time.perf_counter() - started
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    client = children.ru_utime + children.ru_stime - children0.ru_utime - children0.ru_stime
+    tasks = len(per_task)
+    return {"tasks": tasks, "seconds": seconds, "client_ms": 1000 * client / tasks,
+            "server_ms": 1000 * (throughput.process_cpu_seconds(database_pid) - server0) / tasks,
+            "requests": sum(len(r) for r in per_task.values()) / tasks, "refused": refused / tasks}
+
+
+# -- one side, measured -----------------------------------------------------------------------------
+
+def measured(run: Callable[[], dict], database_pid: int | None) -> dict:
+    """``run``'s run phase with this process's and the database's CPU per task."""
+    own0 = throughput.process_cpu_seconds(os.getpid())
+    server0 = throughput.process_cpu_seconds(database_pid)
+    with contextlib.redirect_stdout(io.StringIO()):  # the engine's metrics lines
+        result = run()
+    tasks = result["tasks"]
+    return {**result,
+            "client_ms": 1000 * (throughput.process_cpu_seconds(os.getpid()) - own0) / tasks,
+            "server_ms": 1000 * (throughput.process_cpu_seconds(database_pid) - server0) / tasks,
+            "requests": sum(result["requests"].values()) / tasks}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=2, help="rounds not counted (DynamoDB Local's JIT)")
+    parser.add_argument("--concurrency", type=int, default=8, help="threads of each side")
+    parser.add_argument("--replay", default="2x16", help="replaying processes x threads")
+    args = parser.parse_args(argv)
+    processes, threads = (int(n) for n in args.replay.split("x"))
+    print(f"$ .venv/bin/python benchmarks/replay.py {shlex.join(sys.argv[1:] if argv is None else argv)}".rstrip())
+    counter = throughput.RequestCounter().install()
+    capture = WireCapture().install()
+    with embedded_database("dynamodb-local") as database:
+        endpoint, pid = database.endpoint, getattr(database, "pid", None)
+        engine_table = throughput.coworker_table(endpoint)  # before any other table with a stream
+        # The engine's writes are replayed into its own table (DynamoDB Local serves a table with a
+        # stream more slowly the more such tables were made before it: see throughput.py); the
+        # peer's, whose keys repeat from run to run, into a new table each time, as its runs are.
+
+        def peer_replay_table() -> str:
+            return str(throughput.peer_model(endpoint).Meta.table_name)
+
+        def engine() -> dict:
+            return throughput.run_coworker(endpoint, args.tasks, args.concurrency, counter, table=engine_table)
+
+        def peer() -> dict:
+            return throughput.run_peer(endpoint, args.tasks, args.concurrency, counter)
+
+        # Each side's task keys (throughput.py names them): not its slots, leases or control items.
+        sides: list[tuple[str, Callable[[], dict], Callable[[], str], Callable[[str], bool]]] = [
+            ("engine", engine, lambda: engine_table, lambda key: key.startswith("t-")),
+            ("peer", peer, peer_replay_table, lambda key: "____t-" in key)]
+        results: dict[str, list[dict]] = collections.defaultdict(list)
+        for round_no in range(args.warmup + args.rounds):
+            counted = round_no >= args.warmup
+            for label, run, replay_table, is_task in (sides if round_no % 2 == 0 else list(reversed(sides))):
+                capture.take()
+                result = measured(run, pid)
+                sent = capture.take()
+                keys = {key for operation, body in sent
+                        if operation == "PutItem" and (key := item_key(body)) is not None and is_task(key)}
+                puts, per_task = split_writes(sent, keys)
+                replayed = replay(endpoint, replay_table(), puts, per_task, processes, threads, pid)
+                if not counted:
+                    continue
+                results[label].append(result)
+                results[f"{label} replay"].append(replayed)
+                for name, figures in ((label, result), (f"{label} replay", replayed)):
+                    rate = figures["tasks"] / figures["seconds"]
+                    print(f"  round {round_no - args.warmup + 1}: {name:<15} {rate:7.1f} tasks/s   CPU/task: "
+                          f"client {figures['client_ms']:5.2f} ms + DynamoDB Local {figures['server_ms']:5.2f} ms   "
+                          f"requests/task {figures['requests']:.2f}", flush=True)
+
+    def median(label: str, field: str) -> float:
+        return statistics.median(r[field] for r in results[label])
+
+    def ratio(top: str, bottom: str) -> float:
+        return statistics.median((a["tasks"] / a["seconds"]) / (b["tasks"] / b["seconds"])
+                                 for a, b in zip(results[top], results[bottom], strict=True))
+
+    print(f"\nMedians over {args.rounds} rounds of {args.tasks:,} tasks (each side {args.concurrency} threads; "
+          f"replays {processes} x {threads}):")
+    for label in results:
+        rate = statistics.median(r["tasks"] / r["seconds"] for r in results[label])
+        print(f"  {label:<15} {rate:7.1f} tasks/s   CPU/task: client {median(label, 'client_ms'):.2f} ms "
+              f"+ DynamoDB Local {median(label, 'server_ms'):.2f} ms   requests/task {median(label, 'requests'):.2f}")
+    print(f"  engine / its replay: {ratio('engine', 'engine replay'):.2f} (target >= 0.8)")
+    print(f"  peer / its replay:   {ratio('peer', 'peer replay'):.2f}")
+    print(f"  engine / peer:       {ratio('engine', 'peer'):.2f}x (target >= 1.0 at equal concurrency)")
+    print(f"  engine's replay / peer's replay: {ratio('engine replay', 'peer replay'):.2f}x (the writes alone)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
