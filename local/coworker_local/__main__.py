@@ -29,7 +29,7 @@ warnings.filterwarnings("ignore", message="No application metrics to publish")
 from coworker.config import EXAMPLE_HANDLER_MODULE, Settings  # noqa: E402
 from coworker.errors import ConfigurationError  # noqa: E402
 
-from coworker_local.api_environments import DEFAULT_MAX_ENVIRONMENTS  # noqa: E402
+from coworker_local.api_environments import DEFAULT_MAX_ENVIRONMENTS, ApiStartError  # noqa: E402
 from coworker_local.dynamodb_local import DatabaseStartError  # noqa: E402
 
 # Fields that make no sense to set on the command line of a local run (the runtime serves its
@@ -187,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         runtime.start()
     except DatabaseStartError as exc:
         print(f"cannot start the database: {exc}", file=sys.stderr)
+        runtime.stop()
+        return 1
+    except ApiStartError as exc:
+        print(f"cannot start the API: {exc} (the error is in {log_path})", file=sys.stderr)
         runtime.stop()
         return 1
     except OSError as exc:

@@ -66,6 +66,10 @@ class IntegrationFailed(RuntimeError):
     """The handler raised or its environment died: API Gateway answers 502."""
 
 
+class ApiStartError(RuntimeError):
+    """No environment started with the pool finished its init phase (the log says why)."""
+
+
 def load_handler(name: str = API_HANDLER) -> Any:
     """The function ``name`` (``package.module.function``), imported as Lambda would.
 
@@ -122,9 +126,15 @@ class ApiEnvironmentPool:
             self._started(environment if ready else None, "prewarmed")
         self._prewarmed.set()
 
-    def wait_prewarmed(self, timeout: float = INIT_TIMEOUT_SECONDS) -> bool:
-        """Wait until the environments started with the pool are ready (or failed to start)."""
-        return self._prewarmed.wait(timeout)
+    def wait_prewarmed(self, timeout: float = INIT_TIMEOUT_SECONDS) -> None:
+        """Wait until the environments started with the pool are ready; :class:`ApiStartError` if
+        none is (its import failed, or it did not start within ``timeout``)."""
+        if not self._prewarmed.wait(timeout):
+            raise ApiStartError(f"the API's process did not start within {timeout:.0f} s")
+        with self._cond:
+            failed = self.counts["init-failed"] and not self.counts["prewarmed"]
+        if failed:
+            raise ApiStartError("the API's process failed to start: it could not import its handler")
 
     def _started(self, environment: Environment | None, how: str) -> None:
         """A prewarmed environment's init phase ended: keep it idle (``None``: it failed)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from coworker_local.api_environments import ApiEnvironmentPool
+from coworker_local.api_environments import ApiEnvironmentPool, ApiStartError
 from coworker_local.gateway import LocalGateway
 
 from tests.support.waits import wait_until
@@ -26,7 +26,7 @@ def serve():
     def start(**options) -> tuple[str, ApiEnvironmentPool]:
         environ = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO_ROOT)}
         pool = ApiEnvironmentPool(environ, handler=PROBE, **options)
-        assert pool.wait_prewarmed()
+        pool.wait_prewarmed()
         gateway = LocalGateway(pool, concurrent=True).start()
         started.append((gateway, pool))
         return gateway.url, pool
@@ -109,3 +109,17 @@ def test_a_stopped_pool_ends_its_environments(serve):
     pool.shutdown(grace_seconds=0)
     assert not _alive(pid)
     assert requests.get(f"{url}/pid", timeout=30).status_code == 502
+
+
+def test_a_handler_that_cannot_be_imported_fails_the_start_and_answers_502():
+    environ = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO_ROOT)}
+    pool = ApiEnvironmentPool(environ, handler="tests.support.no_such_module.handler")
+    try:
+        with pytest.raises(ApiStartError, match="could not import its handler"):
+            pool.wait_prewarmed()
+        with LocalGateway(pool, concurrent=True) as gateway:
+            answer = requests.get(f"{gateway.url}/pid", timeout=60)
+        assert answer.status_code == 502
+        assert pool.stats()["init-failed"] == 2  # the prewarmed one and the request's
+    finally:
+        pool.shutdown(grace_seconds=0)
