@@ -69,18 +69,21 @@ class Environment:
         """The child's reply, ``None`` if it exited first; :class:`TimeoutError` at ``deadline``."""
         assert self.process.stdout is not None
         fd = self.process.stdout.fileno()
-        while b"\n" not in self._buffer:
+        chunks = [self._buffer]  # joined once the line is whole: a reply may be megabytes
+        while b"\n" not in chunks[-1]:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                self._buffer = b"".join(chunks)
                 raise TimeoutError
             ready, _, _ = select.select([fd], [], [], remaining)
             if not ready:
                 continue
-            chunk = os.read(fd, 65536)
+            chunk = os.read(fd, 1 << 20)
             if not chunk:
+                self._buffer = b"".join(chunks)
                 return None
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
+            chunks.append(chunk)
+        line, self._buffer = b"".join(chunks).split(b"\n", 1)
         return json.loads(line)
 
     def wait_ready(self, deadline: float) -> bool:

@@ -72,6 +72,12 @@ def test_more_requests_than_environments_wait_for_a_free_one(serve):
     assert stats["requests"] == 6 and stats["busy"] == 0 and len(stats["pids"]) <= 2
 
 
+def test_requests_and_answers_of_megabytes_pass_whole(serve):
+    url, _ = serve(max_environments=1)
+    answer = requests.post(f"{url}/big", params={"bytes": 5_000_000}, data="y" * 5_000_000, timeout=60)
+    assert answer.status_code == 200 and len(answer.json()["filler"]) == 5_000_000
+
+
 def test_a_handler_that_raises_answers_502_and_its_environment_serves_the_next_request(serve):
     url, pool = serve(max_environments=1)
     first = requests.get(f"{url}/pid", timeout=30).json()["pid"]

@@ -22,6 +22,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         raise RuntimeError("the handler failed")
     if path == "/crash":
         os._exit(3)
+    if path == "/big":
+        answer["filler"] = "x" * int(query["bytes"])
     if path == "/sleep":
         time.sleep(float(query["seconds"]))
     if path == "/rendezvous":
