@@ -47,6 +47,19 @@ def _yes_no(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, not {text!r}")
 
 
+def _count(least: int) -> Any:
+    """An argparse type: a whole number of at least ``least``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, not {value}")
+        return value
+    return parse
+
+
 def _field_type(annotation: Any) -> type:
     """The scalar type of a field (``int | None`` -> ``int``)."""
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
@@ -91,10 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-invocations", type=int, default=None,
                         help="most worker processes running at once, like a Lambda's reserved "
                              "concurrency (default 2 x ceil(max_concurrency / batch_size))")
-    parser.add_argument("--api-environments", type=int, default=DEFAULT_MAX_ENVIRONMENTS, metavar="N",
+    parser.add_argument("--api-environments", type=_count(1), default=DEFAULT_MAX_ENVIRONMENTS, metavar="N",
                         help="most API requests answered at once, each in a process of its own like a "
                              f"Lambda execution environment (default {DEFAULT_MAX_ENVIRONMENTS})")
-    parser.add_argument("--prewarm-api", type=int, default=1, metavar="N",
+    parser.add_argument("--prewarm-api", type=_count(0), default=1, metavar="N",
                         help="API processes started with the runtime (default 1; more start when requests "
                              "overlap)")
     parser.add_argument("--drain-seconds", type=float, default=5.0,

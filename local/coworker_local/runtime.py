@@ -47,8 +47,6 @@ from coworker_local.gateway import LocalGateway
 from coworker_local.lambda_service import LocalLambdaService
 from coworker_local.workers import ProcessWorkerPool
 
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
-
 # Local defaults differ from Lambda's where a laptop run wants quicker feedback: a tick every
 # second, the backlog counted every 2 s, a shorter worker timeout, lock and backoff (a killed
 # worker's task runs again within about 10 s), and fewer tasks in flight (two cores).
@@ -292,6 +290,7 @@ class LocalRuntime:
             moved = migration.reshard().moved
             if moved:
                 logger.info("kept table resharded", extra={"moved": moved})
+        # This run's settings for anything in this process that reads them as a function would.
         os.environ.update(self.settings.as_environment())
         # The API's handler runs in processes of its own that read their settings from the
         # environment, like the workers; ``prewarm_api`` start now, more as requests overlap.
