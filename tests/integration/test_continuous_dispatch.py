@@ -191,6 +191,21 @@ def test_workers_without_work_of_their_own_help_with_different_keys(make_setting
     assert all(feeder_module.helper_of(key, 3) == slot for slot, keys in helped.items() for key in keys)
 
 
+def test_idle_workers_that_are_not_the_helpers_of_the_ripe_work_take_different_keys(make_settings):
+    # Given six worker slots and ripe work, all of it in stripe 5 and helped by stripe 4
+    settings = make_settings(max_concurrency=12, batch_size=2, status_shards=4)
+    keys = [key for key in (f"t{i:04d}" for i in range(3000))
+            if shard_of(key, 6) == 5 and feeder_module.helper_of(key, 6) == 4][:40]
+    _put(settings, keys)
+
+    # When the workers of slots 0 and 1, with nothing of their own to do, look for work
+    taken = {slot: _first_feed(settings, slot_number=slot)[0]._seen for slot in (0, 1)}
+
+    # Then both help, and not with the same keys (they would race each other for them)
+    assert taken[0] and taken[1] and taken[0] <= set(keys) and taken[1] <= set(keys)
+    assert not taken[0] & taken[1]
+
+
 def test_a_worker_with_no_work_of_its_own_helps_in_the_other_shards_in_turn(make_settings, monkeypatch):
     # Given four worker slots over four shards (a shard a stripe), and ripe work in every shard
     # but worker 0's own

@@ -282,13 +282,16 @@ class Feeder:
         # a while (HELP_AFTER_SECONDS), and from the newest end: their own workers take them oldest
         # first, so helper and owner meet in the middle instead of racing for the same keys. Each
         # key has one helper among the other stripes, so helpers do not race each other either;
-        # a worker with nothing else to do helps with any.
+        # a worker with nothing else to do helps with any, in an order of its own (idle workers
+        # that read the same page then take different keys).
         window = mine[:self._window]
         self._fresh_elsewhere = False
         if len(mine) < self._low_water:
             ripe = [key for key, is_ripe in others[::-1] if is_ripe]
             helped = [key for key in ripe if helper_of(key, self._stripes) == self._stripe]
-            window += (helped if window or helped else ripe)[:self._low_water]
+            if not window and not helped:
+                helped = sorted(ripe, key=lambda key: zlib.crc32(f"{self._stripe}:{key}".encode()))
+            window += helped[:self._low_water]
             self._fresh_elsewhere = any(not is_ripe for _, is_ripe in others)
         self._seen.update(window)
         return window
