@@ -2,7 +2,7 @@
 the database can take of that very workload.
 
     .venv/bin/python benchmarks/replay.py [--tasks 1000] [--rounds 3] [--concurrency 8]
-                                          [--replay 2x16] [--warmup 2]
+                                          [--replay 2x16] [--engine-processes 2x16] [--warmup 2]
 
 One DynamoDB Local, as in ``benchmarks/throughput.py``. Each round, interleaved (the order
 reversed every other round):
@@ -10,6 +10,9 @@ reversed every other round):
 * **engine**: ``throughput.run_coworker``: ``--tasks`` tasks put, then the engine alone in this
   process (one worker invocation of ``--concurrency`` threads feeding itself, the coordinator's
   ticks in the same process) until every task finished;
+* **engine in processes** (``--engine-processes`` S x T): ``throughput.ProcessEngine``, the engine in
+  S worker processes of T threads as the local runtime runs them, ticks in this process (what
+  the workers send is captured by ``benchmarks/capture/sitecustomize.py`` on their path);
 * **peer**: ``throughput.run_peer``: pynamodb_mate's status tracker putting the same number of tasks,
   then running them on ``--concurrency`` threads;
 * **replay of each**: every request either side sent is captured on the wire (botocore's
@@ -39,8 +42,10 @@ import multiprocessing
 import os
 import resource
 import shlex
+import shutil
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -185,17 +190,47 @@ def replay(endpoint: str, table: str, puts: list[dict], per_task: dict[str, list
 
 # -- one side, measured -----------------------------------------------------------------------------
 
-def measured(run: Callable[[], dict], database_pid: int | None) -> dict:
-    """``run``'s run phase with this process's and the database's CPU per task."""
-    own0 = throughput.process_cpu_seconds(os.getpid())
+def measured(run: Callable[[], dict], database_pid: int | None, pids: Callable[[], list[int]] = list) -> dict:
+    """``run``'s run phase with the client's CPU per task (this process's and those of ``pids``)
+    and the database's."""
+    def client_cpu() -> float:
+        return sum(throughput.process_cpu_seconds(pid) for pid in [os.getpid(), *pids()])
+
+    own0 = client_cpu()
     server0 = throughput.process_cpu_seconds(database_pid)
     with contextlib.redirect_stdout(io.StringIO()):  # the engine's metrics lines
         result = run()
     tasks = result["tasks"]
     return {**result,
-            "client_ms": 1000 * (throughput.process_cpu_seconds(os.getpid()) - own0) / tasks,
+            "client_ms": 1000 * (client_cpu() - own0) / tasks,
             "server_ms": 1000 * (throughput.process_cpu_seconds(database_pid) - server0) / tasks,
             "requests": sum(result["requests"].values()) / tasks}
+
+
+class ProcessCapture:
+    """What worker processes sent, from the files ``benchmarks/capture/sitecustomize.py`` writes."""
+
+    def __init__(self) -> None:
+        self.directory = Path(tempfile.mkdtemp(prefix="coworker-capture-"))
+        shutil.copy(Path(__file__).resolve().parent / "capture" / "sitecustomize.py", self.directory)
+        (self.directory / "capture-requests-here").touch()
+        self._read: dict[Path, int] = {}
+
+    def take(self) -> list[tuple[str, dict]]:
+        """What was written since the last call (after a pause: each process writes every 0.2 s)."""
+        time.sleep(0.6)
+        sent: list[tuple[str, dict]] = []
+        for path in sorted(self.directory.glob("*.jsonl")):
+            with path.open() as lines:
+                lines.seek(self._read.get(path, 0))
+                for line in lines:
+                    operation, body = json.loads(line)
+                    sent.append((operation, json.loads(body) if body else {}))
+                self._read[path] = lines.tell()
+        return sent
+
+    def close(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -205,12 +240,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="rounds not counted (DynamoDB Local's JIT)")
     parser.add_argument("--concurrency", type=int, default=8, help="threads of each side")
     parser.add_argument("--replay", default="2x16", help="replaying processes x threads")
+    parser.add_argument("--engine-processes", default="2x16",
+                        help="the engine also in worker processes, slots x threads, as the local runtime "
+                             "runs it ('' to skip)")
     args = parser.parse_args(argv)
     processes, threads = (int(n) for n in args.replay.split("x"))
     print(f"$ .venv/bin/python benchmarks/replay.py {shlex.join(sys.argv[1:] if argv is None else argv)}".rstrip())
     counter = throughput.RequestCounter().install()
     capture = WireCapture().install()
-    with embedded_database("dynamodb-local") as database:
+    in_processes = ProcessCapture()
+    with contextlib.ExitStack() as cleanup, embedded_database("dynamodb-local") as database:
+        cleanup.callback(in_processes.close)
         endpoint, pid = database.endpoint, getattr(database, "pid", None)
         engine_table = throughput.coworker_table(endpoint)  # before any other table with a stream
         # The engine's writes are replayed into its own table (DynamoDB Local serves a table with a
@@ -227,18 +267,37 @@ def main(argv: Sequence[str] | None = None) -> int:
             return throughput.run_peer(endpoint, args.tasks, args.concurrency, counter)
 
         # Each side's task keys (throughput.py names them): not its slots, leases or control items.
-        sides: list[tuple[str, Callable[[], dict], Callable[[], str], Callable[[str], bool]]] = [
-            ("engine", engine, lambda: engine_table, lambda key: key.startswith("t-")),
-            ("peer", peer, peer_replay_table, lambda key: "____t-" in key)]
+        # (label, run, table to replay into, task keys, client processes besides this one)
+        sides: list[tuple[str, Callable[[], dict], Callable[[], str], Callable[[str], bool],
+                          Callable[[], list[int]]]] = [
+            ("engine", engine, lambda: engine_table, lambda key: key.startswith("t-"), list),
+            ("peer", peer, peer_replay_table, lambda key: "____t-" in key, list)]
+        if args.engine_processes:
+            slots_, threads_ = (int(n) for n in args.engine_processes.split("x"))
+            engine_processes = throughput.ProcessEngine(endpoint, slots_, threads_, table=engine_table,
+                                                        python_path=[str(in_processes.directory)])
+            cleanup.callback(engine_processes.close)
+
+            def engine_in_processes() -> dict:
+                return {**engine_processes.run(args.tasks), "sent": in_processes.take()}
+
+            sides.append((f"engine {engine_processes.label}", engine_in_processes, lambda: engine_table,
+                          lambda key, prefix=f"{engine_processes.label}-r": key.startswith(prefix),
+                          engine_processes.pool.pids))
         results: dict[str, list[dict]] = collections.defaultdict(list)
         for round_no in range(args.warmup + args.rounds):
             counted = round_no >= args.warmup
-            for label, run, replay_table, is_task in (sides if round_no % 2 == 0 else list(reversed(sides))):
+            for label, run, replay_table, is_task, pids in (sides if round_no % 2 == 0 else list(reversed(sides))):
                 capture.take()
-                result = measured(run, pid)
+                in_processes.take()
+                result = measured(run, pid, pids)
                 sent = capture.take()
                 keys = {key for operation, body in sent
                         if operation == "PutItem" and (key := item_key(body)) is not None and is_task(key)}
+                if "sent" in result:  # requests of worker processes, and of this process's ticks
+                    sent += result.pop("sent")
+                    result["requests"] = sum(1 for operation, body in sent
+                                             if not (operation == "PutItem" and item_key(body) in keys)) / len(keys)
                 puts, per_task = split_writes(sent, keys)
                 replayed = replay(endpoint, replay_table(), puts, per_task, processes, threads, pid)
                 if not counted:
@@ -247,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results[f"{label} replay"].append(replayed)
                 for name, figures in ((label, result), (f"{label} replay", replayed)):
                     rate = figures["tasks"] / figures["seconds"]
-                    print(f"  round {round_no - args.warmup + 1}: {name:<15} {rate:7.1f} tasks/s   CPU/task: "
+                    print(f"  round {round_no - args.warmup + 1}: {name:<18} {rate:7.1f} tasks/s   CPU/task: "
                           f"client {figures['client_ms']:5.2f} ms + DynamoDB Local {figures['server_ms']:5.2f} ms   "
                           f"requests/task {figures['requests']:.2f}", flush=True)
 
@@ -262,12 +321,15 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"replays {processes} x {threads}):")
     for label in results:
         rate = statistics.median(r["tasks"] / r["seconds"] for r in results[label])
-        print(f"  {label:<15} {rate:7.1f} tasks/s   CPU/task: client {median(label, 'client_ms'):.2f} ms "
+        print(f"  {label:<18} {rate:7.1f} tasks/s   CPU/task: client {median(label, 'client_ms'):.2f} ms "
               f"+ DynamoDB Local {median(label, 'server_ms'):.2f} ms   requests/task {median(label, 'requests'):.2f}")
     print(f"  engine / its replay: {ratio('engine', 'engine replay'):.2f} (target >= 0.8)")
     print(f"  peer / its replay:   {ratio('peer', 'peer replay'):.2f}")
     print(f"  engine / peer:       {ratio('engine', 'peer'):.2f}x (target >= 1.0 at equal concurrency)")
     print(f"  engine's replay / peer's replay: {ratio('engine replay', 'peer replay'):.2f}x (the writes alone)")
+    for label in [label for label in results if label.startswith("engine ") and not label.endswith("replay")]:
+        print(f"  {label} / its replay: {ratio(label, label + ' replay'):.2f}; / the peer: "
+              f"{ratio(label, 'peer'):.2f}x")
     return 0
 
 

@@ -143,9 +143,11 @@ def run_coworker(endpoint: str, tasks: int, concurrency: int, counter: RequestCo
 
 class ProcessEngine:
     """Coworker with worker processes, as the local runtime runs them (one per worker slot,
-    ``threads`` tasks each), on ``table`` or the database's one Coworker table, warm between runs."""
+    ``threads`` tasks each), on ``table`` or the database's one Coworker table, warm between runs;
+    ``python_path`` goes first on the worker processes' ``PYTHONPATH``."""
 
-    def __init__(self, endpoint: str, slots: int, threads: int, table: str | None = None) -> None:
+    def __init__(self, endpoint: str, slots: int, threads: int, table: str | None = None,
+                 python_path: Sequence[str] = ()) -> None:
         self.settings = Settings(
             table_name=table or coworker_table(endpoint), dynamodb_endpoint=endpoint,
             max_concurrency=slots * threads, batch_size=threads, dispatch_on_submit=False,
@@ -154,7 +156,7 @@ class ProcessEngine:
         environ.update(FAKE_CREDENTIALS)
         environ.update({k: v for k, v in os.environ.items() if k.startswith("POWERTOOLS_")})
         environ.update(self.settings.as_environment())
-        environ["PYTHONPATH"] = str(BENCHMARKS_DIR)
+        environ["PYTHONPATH"] = os.pathsep.join([*python_path, str(BENCHMARKS_DIR)])
         self.pool = ProcessWorkerPool(environ, timeout_seconds=300, max_invocations=slots, log=sys.stderr)
         self.label = f"{slots}x{threads}"
         self._runs = 0

@@ -266,6 +266,12 @@ class ProcessWorkerPool:
         with self._lock:
             return [invocation.to_dict() for invocation in list(self._recent)[-limit:]][::-1]
 
+    def pids(self) -> list[int]:
+        """Process ids of the environments alive, idle or running an invocation."""
+        with self._lock:
+            return [environment.pid for environment in [*self._idle, *(e for _, e in self._busy.values())]
+                    if environment.alive()]
+
     def stats(self) -> dict[str, Any]:
         with self._lock:
             running = len(self._busy)
