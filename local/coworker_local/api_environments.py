@@ -193,26 +193,30 @@ class ApiEnvironmentPool:
         """Run ``event`` in a free environment: the handler's result, :data:`TIMED_OUT` after
         ``timeout_seconds``, :class:`IntegrationFailed` if the handler raised or its process died."""
         environment = self._take()
-        self.counts["requests"] += 1
+        self._count("requests")
         reply: dict[str, Any] | None = None
         try:
             environment.send({"event": event, "request_id": getattr(context, "aws_request_id", None)})
             reply = environment.read_reply(time.monotonic() + self.timeout_seconds)
         except TimeoutError:
-            self.counts["timed-out"] += 1
+            self._count("timed-out")
             return TIMED_OUT
         except OSError:
             pass  # its pipe broke: it died
         finally:
             self._give_back(environment, keep=reply is not None)
         if reply is None:
-            self.counts["crashed"] += 1
+            self._count("crashed")
             raise IntegrationFailed(f"the API's environment (pid {environment.pid}) died")
         if "error" in reply:
-            self.counts["errors"] += 1
+            self._count("errors")
             raise IntegrationFailed(reply["error"])
         result: Mapping[str, Any] = reply["result"]
         return result
+
+    def _count(self, name: str) -> None:
+        with self._cond:  # requests end in threads of their own
+            self.counts[name] += 1
 
     def stats(self) -> dict[str, Any]:
         """Environments idle, busy and starting, and counts of requests and their ends."""
