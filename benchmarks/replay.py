@@ -16,16 +16,17 @@ reversed every other round):
 * **peer**: ``throughput.run_peer``: pynamodb_mate's status tracker putting the same number of tasks,
   then running them on ``--concurrency`` threads;
 * **replay of each**: every request either side sent is captured on the wire (botocore's
-  ``Endpoint._send``: URL, headers, body). The task writes of its run phase (each task's claim and
-  finish, or start and finish, refused ones included, in the order sent) are then sent again,
-  byte for byte but for the item's key (``replay-`` in front), over plain keep-alive HTTP from
+  ``Endpoint._send``: operation and body). The task writes of its run phase (each task's claim
+  and finish, or start and finish, refused ones included, in the order sent) are then sent again,
+  the same requests but for the item's key (``replay-`` in front), over plain keep-alive HTTP from
   ``--replay`` P x T (processes x threads), each task's writes in order, to the same table (the
   peer's: a new one, as its runs get) holding the same items (its put phase replayed first,
   untimed). Reads, leases and slots are not replayed:
   the replay is the database's ceiling for the writes a task needs.
 
 Per side and per task: tasks/s of the run phase, client CPU (this process's, or the replaying
-processes'), DynamoDB Local's CPU (both from /proc) and requests; then each side's rate as a
+processes'), DynamoDB Local's CPU (both from /proc) and requests (for a replay, with those
+refused: a condition that failed again, as it did when first sent); then each side's rate as a
 share of its replay's (issue 31's target for the engine: >= 0.8), and engine / peer. Warm-up
 rounds (``--warmup``) let DynamoDB Local's JIT see every request kind first and are not counted.
 """
@@ -308,7 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     rate = figures["tasks"] / figures["seconds"]
                     print(f"  round {round_no - args.warmup + 1}: {name:<18} {rate:7.1f} tasks/s   CPU/task: "
                           f"client {figures['client_ms']:5.2f} ms + DynamoDB Local {figures['server_ms']:5.2f} ms   "
-                          f"requests/task {figures['requests']:.2f}", flush=True)
+                          f"requests/task {figures['requests']:.2f}"
+                          + (f" (refused {figures['refused']:.2f})" if "refused" in figures else ""), flush=True)
 
     def median(label: str, field: str) -> float:
         return statistics.median(r[field] for r in results[label])
