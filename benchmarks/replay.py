@@ -37,6 +37,7 @@ import argparse
 import collections
 import contextlib
 import http.client
+import importlib.util
 import io
 import json
 import multiprocessing
@@ -56,38 +57,11 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import throughput  # noqa: E402  - also sets Powertools' switches and registers "bench-noop"
-from botocore.endpoint import Endpoint  # noqa: E402
 from coworker_local.database import embedded_database  # noqa: E402
 
 WRITES = ("PutItem", "UpdateItem", "DeleteItem")
-
-
-class WireCapture:
-    """Every request this process's botocore clients send: (operation, body as JSON)."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, dict]] = []
-        self._lock = threading.Lock()
-        self._original = Endpoint._send
-
-    def install(self) -> WireCapture:
-        capture, original = self, self._original
-
-        def send(endpoint: Endpoint, request: object) -> object:
-            target = request.headers.get("X-Amz-Target", b"")  # type: ignore[attr-defined]
-            operation = (target.decode() if isinstance(target, bytes) else target).rpartition(".")[2]
-            body = request.body  # type: ignore[attr-defined]
-            with capture._lock:
-                capture.sent.append((operation, json.loads(body) if body else {}))
-            return original(endpoint, request)
-
-        Endpoint._send = send  # type: ignore[method-assign]
-        return self
-
-    def take(self) -> list[tuple[str, dict]]:
-        with self._lock:
-            sent, self.sent = self.sent, []
-        return sent
+# Requests about tables, not their items (a new table for each peer run): not counted per task.
+TABLE_ADMIN = ("CreateTable", "DescribeTable", "UpdateTable", "DescribeTimeToLive", "UpdateTimeToLive")
 
 
 def item_key(body: dict) -> str | None:
@@ -204,12 +178,13 @@ def measured(run: Callable[[], dict], database_pid: int | None, pids: Callable[[
     tasks = result["tasks"]
     return {**result,
             "client_ms": 1000 * (client_cpu() - own0) / tasks,
-            "server_ms": 1000 * (throughput.process_cpu_seconds(database_pid) - server0) / tasks,
-            "requests": sum(result["requests"].values()) / tasks}
+            "server_ms": 1000 * (throughput.process_cpu_seconds(database_pid) - server0) / tasks}
 
 
-class ProcessCapture:
-    """What worker processes sent, from the files ``benchmarks/capture/sitecustomize.py`` writes."""
+class WireCapture:
+    """What this process and its worker processes send, from the files
+    ``benchmarks/capture/sitecustomize.py`` writes: a copy of it in :attr:`directory` captures in
+    every process that has that folder on its path, and :meth:`install` makes it capture here too."""
 
     def __init__(self) -> None:
         self.directory = Path(tempfile.mkdtemp(prefix="coworker-capture-"))
@@ -217,18 +192,26 @@ class ProcessCapture:
         (self.directory / "capture-requests-here").touch()
         self._read: dict[Path, int] = {}
 
+    def install(self) -> WireCapture:
+        """Capture this process's requests too (the copy installs itself when it is loaded)."""
+        spec = importlib.util.spec_from_file_location("coworker_capture", self.directory / "sitecustomize.py")
+        assert spec is not None and spec.loader is not None
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        return self
+
     def take(self) -> list[tuple[str, dict]]:
-        """What was written since the last call (after a pause: each process writes every 0.2 s)."""
+        """What was sent since the last call, in the order sent (after a pause: each process
+        writes every 0.2 s)."""
         time.sleep(0.6)
-        sent: list[tuple[str, dict]] = []
-        for path in sorted(self.directory.glob("*.jsonl")):
+        sent: list[tuple[float, str, dict]] = []
+        for path in self.directory.glob("*.jsonl"):
             with path.open() as lines:
                 lines.seek(self._read.get(path, 0))
                 for line in lines:
-                    operation, body = json.loads(line)
-                    sent.append((operation, json.loads(body) if body else {}))
+                    at, operation, body = json.loads(line)
+                    sent.append((at, operation, json.loads(body) if body else {}))
                 self._read[path] = lines.tell()
-        return sent
+        return [(operation, body) for _, operation, body in sorted(sent, key=lambda entry: entry[0])]
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -247,11 +230,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     processes, threads = (int(n) for n in args.replay.split("x"))
     print(f"$ .venv/bin/python benchmarks/replay.py {shlex.join(sys.argv[1:] if argv is None else argv)}".rstrip())
-    counter = throughput.RequestCounter().install()
+    counter = throughput.RequestCounter()  # run_coworker and run_peer take one; the capture counts
     capture = WireCapture().install()
-    in_processes = ProcessCapture()
     with contextlib.ExitStack() as cleanup, embedded_database("dynamodb-local") as database:
-        cleanup.callback(in_processes.close)
+        cleanup.callback(capture.close)
         endpoint, pid = database.endpoint, getattr(database, "pid", None)
         engine_table = throughput.coworker_table(endpoint)  # before any other table with a stream
         # The engine's writes are replayed into its own table (DynamoDB Local serves a table with a
@@ -276,13 +258,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.engine_processes:
             slots_, threads_ = (int(n) for n in args.engine_processes.split("x"))
             engine_processes = throughput.ProcessEngine(endpoint, slots_, threads_, table=engine_table,
-                                                        python_path=[str(in_processes.directory)])
+                                                        python_path=[str(capture.directory)])
             cleanup.callback(engine_processes.close)
 
-            def engine_in_processes() -> dict:
-                return {**engine_processes.run(args.tasks), "sent": in_processes.take()}
-
-            sides.append((f"engine {engine_processes.label}", engine_in_processes, lambda: engine_table,
+            sides.append((f"engine {engine_processes.label}", lambda: engine_processes.run(args.tasks),
+                          lambda: engine_table,
                           lambda key, prefix=f"{engine_processes.label}-r": key.startswith(prefix),
                           engine_processes.pool.pids))
         results: dict[str, list[dict]] = collections.defaultdict(list)
@@ -290,15 +270,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             counted = round_no >= args.warmup
             for label, run, replay_table, is_task, pids in (sides if round_no % 2 == 0 else list(reversed(sides))):
                 capture.take()
-                in_processes.take()
                 result = measured(run, pid, pids)
                 sent = capture.take()
                 keys = {key for operation, body in sent
                         if operation == "PutItem" and (key := item_key(body)) is not None and is_task(key)}
-                if "sent" in result:  # requests of worker processes, and of this process's ticks
-                    sent += result.pop("sent")
-                    result["requests"] = sum(1 for operation, body in sent
-                                             if not (operation == "PutItem" and item_key(body) in keys)) / len(keys)
+                # Requests of the run phase: the tables' items and stream, but the tasks' puts.
+                result["requests"] = sum(1 for operation, body in sent if operation not in TABLE_ADMIN
+                                         and not (operation == "PutItem" and item_key(body) in keys)) / len(keys)
                 puts, per_task = split_writes(sent, keys)
                 replayed = replay(endpoint, replay_table(), puts, per_task, processes, threads, pid)
                 if not counted:
