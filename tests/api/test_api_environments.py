@@ -47,8 +47,9 @@ def _alive(pid: int) -> bool:
 
 def test_requests_run_side_by_side_each_in_a_process_of_its_own(serve, tmp_path):
     """Three requests that each wait until all three have arrived: a gateway that ran one at a
-    time would never get them together (each gives up after 20 s and says so)."""
-    url, pool = serve(max_environments=3)
+    time would never get them together (each gives up after 25 s and says so). All three
+    processes are started first, so no cold start has to fit in that wait on a busy machine."""
+    url, pool = serve(max_environments=3, prewarm=3)
     with ThreadPoolExecutor(3) as client:
         answers = list(client.map(
             lambda _: requests.get(f"{url}/rendezvous", params={"folder": str(tmp_path), "count": 3}, timeout=60),
@@ -99,7 +100,8 @@ def test_a_crashed_environment_answers_502_and_the_next_request_gets_a_new_one(s
 
 
 def test_a_request_past_the_timeout_answers_504_and_its_environment_is_ended(serve):
-    url, pool = serve(max_environments=1, timeout_seconds=1.0)
+    # A timeout that a quick request meets even on a busy machine, and a request far past it
+    url, pool = serve(max_environments=1, timeout_seconds=10.0)
     first = requests.get(f"{url}/pid", timeout=30).json()["pid"]
     late = requests.get(f"{url}/sleep", params={"seconds": 60}, timeout=30)
     assert late.status_code == 504

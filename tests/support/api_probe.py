@@ -11,7 +11,7 @@ from typing import Any
 
 # How long a request waits for the others of its rendezvous before it gives up (below the 29 s
 # API timeout): a pool that runs one request at a time never gets them together.
-RENDEZVOUS_SECONDS = 20.0
+RENDEZVOUS_SECONDS = 25.0
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
