@@ -7,7 +7,9 @@ way lists the keys it stored) is re-sent as it was, and a 429 (throttled) is re-
 off, both with exponential delays (a ``Retry-After`` header is honoured), at most
 :data:`RESEND_ATTEMPTS` times; then the last answer is reported, saying how long it tried. Puts are
 idempotent by key, so a re-sent batch stores only what is missing (the CLI gives every task a key
-before it sends it).
+before it sends it). A 504 (API Gateway cut the request off at 29 s: what it did is unknown) is
+re-sent the same way only where sending again is safe: reads, and calls that say so (a batch put
+whose tasks all have keys).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ TIMEOUT_SECONDS = 60
 # Answers the API says to re-send, and how: at most this many re-sends, the delay doubling from
 # the first to the last (with jitter), so about a minute in all.
 RESENT_STATUSES = frozenset({429, 503})
+# API Gateway's "Endpoint request timed out": re-sent only where sending again is safe.
+TIMED_OUT = 504
 RESEND_ATTEMPTS = 6
 FIRST_DELAY_SECONDS = 1.0
 MAX_DELAY_SECONDS = 20.0
@@ -76,15 +80,20 @@ class ApiClient:
         # calling thread: a client may send several requests at once.
         self._calls = threading.local()
 
-    def request(self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None) -> Any:
-        """One call, re-sent on 429 and 503 as the API advises (see the module's docstring)."""
+    def request(self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None,
+                *, idempotent: bool | None = None) -> Any:
+        """One call, re-sent on 429 and 503 as the API advises (see the module's docstring), and
+        on 504 when ``idempotent`` (default: for GET only): sending it again changes nothing that
+        the first attempt did."""
         started = time.monotonic()
         self._calls.stored = set()
+        resent = RESENT_STATUSES | {TIMED_OUT} if (method == "GET" if idempotent is None else idempotent) \
+            else RESENT_STATUSES
         for attempt in range(1, RESEND_ATTEMPTS + 2):
             try:
                 return self._send(method, path, query, body)
             except ApiError as exc:
-                if exc.status not in RESENT_STATUSES:
+                if exc.status not in resent:
                     raise
                 self._calls.stored.update(exc.stored)
                 if attempt > RESEND_ATTEMPTS:

@@ -141,8 +141,10 @@ class Coworker:
             body: dict[str, Any] = {"batch_id": batch_id, "tasks": chunk}
             if callbacks:
                 body["callbacks"] = dict(callbacks)
-            answer = self.api.request("POST", "/tasks", body=body)
-            # Tasks stored by an attempt the API asked to re-send answer "exists" the second time.
+            # Every task has a key and the batch its id: a request cut off (504) is safe to send again.
+            answer = self.api.request("POST", "/tasks", body=body, idempotent=True)
+            # Tasks stored by an attempt the API asked to re-send answer "exists" the second time
+            # (after a 504, which names none, they are counted as existing).
             again = sum(1 for result in answer["results"]
                         if result["outcome"] == "exists" and result["key"] in self.api.stored_before_resend)
             return answer["created"] + again, answer["existing"] - again

@@ -11,11 +11,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from coworker_local import api_client, cli, commands, demo
+from coworker_local.client import Coworker
 
 
 class ScriptedApi:
-    """An HTTP server that answers ``POST /tasks`` from a script of (status, body) and records
-    each request body."""
+    """An HTTP server that answers requests from a script of (status, body) and records each
+    request body (a GET's path)."""
 
     def __init__(self, script: list[tuple[int, dict]]) -> None:
         self.script = list(script)
@@ -23,8 +24,14 @@ class ScriptedApi:
         api = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+                self.answer({"GET": self.path})
+
             def do_POST(self) -> None:  # noqa: N802 - the standard library's name
-                api.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.answer(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+
+            def answer(self, request: dict) -> None:
+                api.bodies.append(request)
                 status, body = api.script.pop(0) if len(api.script) > 1 else api.script[0]
                 if callable(body):
                     body = body(api.bodies[-1])
@@ -115,3 +122,34 @@ def test_the_demo_backs_off_on_429_and_re_sends_on_503(no_waiting) -> None:
     finally:
         always.close()
     assert len(always.bodies) == api_client.RESEND_ATTEMPTS + 1
+
+
+def test_a_keyed_batch_cut_off_at_the_gateway_is_sent_again_a_put_without_key_is_not(no_waiting) -> None:
+    # API Gateway answers 504 after 29 s: the request may have stored some tasks, or none
+    timed_out = {"message": "Endpoint request timed out"}
+    created = {"batch_id": "b", "created": 0, "existing": 1, "results": [{"key": "k", "outcome": "exists"}]}
+    api = ScriptedApi([(504, timed_out), (200, created)])
+    try:
+        submitted = Coworker(api=api_client.ApiClient(api.url)).submit([{"key": "k", "type": "quick"}], batch_id="b")
+    finally:
+        api.close()
+    # A batch whose tasks all have keys is sent again as it was (it stores only what is missing)
+    assert len(api.bodies) == 2 and api.bodies[0] == api.bodies[1]
+    assert submitted.submitted == 1
+
+    # A task without a key is not: a second send could create it twice
+    single = ScriptedApi([(504, timed_out)])
+    try:
+        with pytest.raises(api_client.ApiError) as refused:
+            Coworker(api=api_client.ApiClient(single.url)).put({"type": "quick"})
+    finally:
+        single.close()
+    assert refused.value.status == 504 and len(single.bodies) == 1
+
+    # A read is sent again
+    reads = ScriptedApi([(504, timed_out), (200, {"batch_id": "b"})])
+    try:
+        assert api_client.ApiClient(reads.url).request("GET", "/batches/b") == {"batch_id": "b"}
+    finally:
+        reads.close()
+    assert reads.bodies == [{"GET": "/batches/b"}] * 2

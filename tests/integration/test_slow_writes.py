@@ -13,12 +13,15 @@ from datetime import timedelta
 import botocore.client
 import pytest
 from coworker.data.models import TaskModel, TaskStatus, utcnow
-from coworker.engine import gates, lifecycle, submit
+from coworker.engine import batches, gates, lifecycle, progress, submit
 from coworker.engine.handlers import TaskContext, task_handler
 from coworker.engine.heartbeat import Heartbeat
 from coworker.engine.outcomes import TaskOutcome
 from coworker.engine.tasks import TaskSpec
 from coworker.engine.worker import process_task, run_batch
+from coworker.errors import PartialPutError
+
+from tests.support.waits import wait_until
 
 # Handler runs as they happened: key -> [(owner's fencing token, start, end, told its claim is lost)].
 _runs: dict[str, list[tuple[str, float, float, bool]]] = defaultdict(list)
@@ -174,3 +177,52 @@ def test_under_slow_writes_no_task_runs_twice_at_once_and_none_past_its_deadline
             assert start < handler_deadline, f"{key} started past its deadline"
             assert end <= handler_deadline or told, f"{key} ran past its deadline and was not told"
     assert {r.key for r in reports if r.outcome is TaskOutcome.FINISHED} == set(keys)
+
+
+def test_a_batch_put_answers_while_slow_puts_are_under_way_and_sending_it_again_stores_the_rest_once(
+        make_settings, monkeypatch):
+    """Puts that hang (a throttled table, a slow path): the request still answers, by its own
+    deadline (API Gateway would cut it off at 29 s with no answer), naming what it stored; the
+    hung puts land later, and the client's re-send stores the rest, each task once."""
+    settings = make_settings()
+    monkeypatch.setattr(batches, "PUT_START_SECONDS", 0.5)
+    monkeypatch.setattr(batches, "PUT_ANSWER_SECONDS", 1.0)
+    keys = [f"slow-put-{n:02d}" for n in range(40)]
+    hanging = set(keys[3::7])
+    released = threading.Event()
+    real_put = batches._put_if_new
+
+    def put(task):
+        if task.key in hanging:
+            released.wait(60)  # a guard: the test releases them once the request has answered
+        return real_put(task)
+
+    monkeypatch.setattr(batches, "_put_if_new", put)
+    specs = [TaskSpec(key=key, type="quick", batch_id="slow-puts") for key in keys]
+    answers: list[PartialPutError] = []
+
+    def request() -> None:
+        try:
+            submit.put_batch(specs, "slow-puts", settings)
+        except PartialPutError as exc:
+            answers.append(exc)
+
+    thread = threading.Thread(target=request)
+    thread.start()
+    thread.join(timeout=30)
+    try:
+        # It answered while its hung puts were still under way, without claiming them stored
+        assert not thread.is_alive() and not released.is_set()
+        (answer,) = answers
+        assert not hanging & set(answer.stored)
+        assert "writes are slow" in str(answer)
+    finally:
+        released.set()
+    # The hung puts land on their own; sending the same request again stores the rest
+    wait_until(lambda: all(TaskModel.count(key) == 1 for key in hanging), "the hung puts landed")
+    monkeypatch.setattr(batches, "_put_if_new", real_put)
+    created = submit.put_batch(specs, "slow-puts", settings)
+    assert {key for key, made in zip(keys, created, strict=True) if made} == set(keys) - hanging - set(answer.stored)
+    assert sorted(task.key for task in TaskModel.scan(TaskModel.key.startswith("slow-put-"))) == keys
+    progress.catch_up(settings)
+    assert batches.get_batch("slow-puts").total == len(keys)
