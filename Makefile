@@ -6,9 +6,9 @@ test:  ## install what is needed, run every test
 run:  ## the whole system on this machine, with a demo workload
 	scripts/run-local.sh
 
-bench:  ## benchmarks: capacity units (cost.py), tasks/s against the peer (throughput.py) and against raw replays of each side's writes (replay.py), dispatch latency, utilisation, duplicates, recovery (dispatch.py)
+bench:  ## benchmarks: capacity units (cost.py), tasks/s against the peer (throughput.py) and against raw replays of each side's writes (replay.py), dispatch latency, utilisation, duplicates, recovery (dispatch.py), the whole system under slow writes and SIGKILLs (chaos.py)
 	scripts/bootstrap.sh --bench && .venv/bin/python benchmarks/cost.py && .venv/bin/python benchmarks/throughput.py \
-		&& .venv/bin/python benchmarks/replay.py && .venv/bin/python benchmarks/dispatch.py
+		&& .venv/bin/python benchmarks/replay.py && .venv/bin/python benchmarks/dispatch.py && .venv/bin/python benchmarks/chaos.py
 
 bill:  ## the bill for 1,000,000 tasks beside SQS + Lambda and Distributed Map (bill.py), and the 1,000 tasks/s scale model (scale_model.py)
 	scripts/bootstrap.sh --bench && .venv/bin/python benchmarks/bill.py && .venv/bin/python benchmarks/scale_model.py
