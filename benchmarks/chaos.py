@@ -1,12 +1,13 @@
 """Chaos on the whole local system: slow writes and killed workers, then a check of every task.
 
     .venv/bin/python benchmarks/chaos.py [--tasks 300] [--slow-share 0.33] [--slow-seconds 5]
-                                         [--kills 6] [--kill-every 5] [--seed 1]
+                                         [--slow-reads] [--kills 6] [--kill-every 5] [--seed 1]
 
 The local runtime (API, coordinator, worker processes, its local defaults: a 10 s lock) runs on
 DynamoDB Local through a proxy that holds a share of the writes (PutItem, UpdateItem, DeleteItem,
 BatchWriteItem, TransactWriteItems) for a random time up to ``--slow-seconds`` before passing
-them on, as a throttled table or a slow network path would; reads pass at once. Meanwhile a
+them on, as a throttled table or a slow network path would; reads pass at once, unless
+``--slow-reads`` holds them back too. Meanwhile a
 worker process is SIGKILLed every ``--kill-every`` seconds, ``--kills`` times. The tasks run 0.2
 to 4 s (handler ``chaos-run`` in ``benchmarks/chaos_handlers.py``), a fifth fail their first
 attempt, and half stop when told their claim is lost (the others run on, as user code may).
@@ -60,13 +61,14 @@ class _QuietServer(ThreadingHTTPServer):
 
 
 class SlowWrites:
-    """An HTTP proxy in front of DynamoDB that holds ``share`` of the writes for a random time up to
-    ``seconds`` each; ``held`` and ``passed`` count the requests."""
+    """An HTTP proxy in front of DynamoDB that holds ``share`` of the writes (of every request,
+    with ``reads``) for a random time up to ``seconds`` each; ``held`` and ``passed`` count the
+    requests."""
 
-    def __init__(self, upstream: str, share: float, seconds: float, seed: int) -> None:
+    def __init__(self, upstream: str, share: float, seconds: float, seed: int, reads: bool = False) -> None:
         target = urlsplit(upstream)
         self.upstream = (target.hostname or "127.0.0.1", target.port or 80)
-        self.share, self.seconds = share, seconds
+        self.share, self.seconds, self.reads = share, seconds, reads
         self.held = self.passed = 0
         self._random = random.Random(seed)
         self._lock = threading.Lock()
@@ -77,7 +79,7 @@ class SlowWrites:
     def delay(self, operation: str) -> float:
         with self._lock:
             self.passed += 1
-            if operation in WRITES and self._random.random() < self.share:
+            if (self.reads or operation in WRITES) and self._random.random() < self.share:
                 self.held += 1
                 return self._random.uniform(0, self.seconds)
         return 0.0
@@ -197,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=300)
     parser.add_argument("--slow-share", type=float, default=0.33, help="share of writes held back")
     parser.add_argument("--slow-seconds", type=float, default=5.0, help="longest hold (half the local lock)")
+    parser.add_argument("--slow-reads", action="store_true", help="hold reads back too")
     parser.add_argument("--kills", type=int, default=6, help="worker processes SIGKILLed")
     parser.add_argument("--kill-every", type=float, default=5.0, help="seconds between kills")
     parser.add_argument("--seed", type=int, default=1)
@@ -208,7 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         specs = workload(args.tasks, rng, notes)
         database = start_database("dynamodb-local")
         try:
-            with SlowWrites(database.endpoint, args.slow_share, args.slow_seconds, args.seed) as proxy:
+            with SlowWrites(database.endpoint, args.slow_share, args.slow_seconds, args.seed,
+                            args.slow_reads) as proxy:
                 runtime = Runtime(proxy.url, env={"COWORKER_HANDLER_MODULES": "chaos_handlers"})
                 try:
                     tasks, kills = run(runtime, specs, args, rng)
@@ -225,7 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     every = [run for key_runs in runs.values() for run in key_runs]
     print(f"chaos: {args.tasks} tasks (0.2-4 s, a fifth fail their first attempt, half heed a lost claim); "
           f"{held:,} of {passed:,} requests held up to {args.slow_seconds:g} s "
-          f"({args.slow_share:.0%} of writes); {kills} worker processes SIGKILLed")
+          f"({args.slow_share:.0%} of {'requests' if args.slow_reads else 'writes'}); "
+          f"{kills} worker processes SIGKILLed")
     print(f"  ended: {dict(statuses)}" + (f"; ignored because: {dict(reasons)}" if reasons else ""))
     print(f"  runs: {len(every)} started, {sum('ended' not in run for run in every)} killed mid-run, "
           f"{sum(bool(run.get('told')) for run in every)} told their claim was lost (lock extensions "
