@@ -1,14 +1,17 @@
 """Chaos on the whole local system: slow writes and killed workers, then a check of every task.
 
     .venv/bin/python benchmarks/chaos.py [--tasks 300] [--slow-share 0.33] [--slow-seconds 5]
-                                         [--slow-reads] [--kills 6] [--kill-every 5] [--seed 1]
+                                         [--slow-reads] [--kills 6] [--kill-every 5]
+                                         [--runtime-kills 1] [--seed 1]
 
 The local runtime (API, coordinator, worker processes, its local defaults: a 10 s lock) runs on
 DynamoDB Local through a proxy that holds a share of the writes (PutItem, UpdateItem, DeleteItem,
 BatchWriteItem, TransactWriteItems) for a random time up to ``--slow-seconds`` before passing
 them on, as a throttled table or a slow network path would; reads pass at once, unless
 ``--slow-reads`` holds them back too. Meanwhile a
-worker process is SIGKILLed every ``--kill-every`` seconds, ``--kills`` times. The tasks run 0.2
+worker process is SIGKILLed every ``--kill-every`` seconds, ``--kills`` times, and the whole
+runtime (coordinator mid-tick, API, workers mid-task) ``--runtime-kills`` times, each followed by
+a new runtime on the same database, as a crashed machine's successor would be. The tasks run 0.2
 to 4 s (handler ``chaos-run`` in ``benchmarks/chaos_handlers.py``), a fifth fail their first
 attempt, and half stop when told their claim is lost (the others run on, as user code may).
 
@@ -39,7 +42,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -132,8 +135,8 @@ class SlowWrites:
         self._server.shutdown()
 
 
-def worker_processes(root: int) -> list[int]:
-    """The local runtime's worker processes (``coworker_local.workers``) under ``root``."""
+def descendants(root: int, command: str = "") -> list[int]:
+    """The processes under ``root`` whose command line contains ``command``."""
     children: dict[int, list[int]] = collections.defaultdict(list)
     commands: dict[int, str] = {}
     for entry in Path("/proc").iterdir():
@@ -143,13 +146,22 @@ def worker_processes(root: int) -> list[int]:
             parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             commands[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             children[parent].append(int(entry.name))
-    found, todo = [], [root]
+    found, todo = [], list(children.get(root, []))
     while todo:
         pid = todo.pop()
         todo += children.get(pid, [])
-        if "coworker_local.workers" in commands.get(pid, ""):
+        if command in commands.get(pid, ""):
             found.append(pid)
     return found
+
+
+def crash(runtime: Runtime) -> None:
+    """SIGKILL the runtime and every process under it at once (worker and API processes run in
+    sessions of their own, so killing the runtime's group alone would let them end in order)."""
+    for pid in descendants(runtime.process.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    runtime.kill()
 
 
 def workload(count: int, rng: random.Random, notes: Path) -> list[dict[str, Any]]:
@@ -202,6 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--slow-reads", action="store_true", help="hold reads back too")
     parser.add_argument("--kills", type=int, default=6, help="worker processes SIGKILLed")
     parser.add_argument("--kill-every", type=float, default=5.0, help="seconds between kills")
+    parser.add_argument("--runtime-kills", type=int, default=1,
+                        help="whole runtimes SIGKILLed (and started again), spread over the run")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
@@ -213,11 +227,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             with SlowWrites(database.endpoint, args.slow_share, args.slow_seconds, args.seed,
                             args.slow_reads) as proxy:
-                runtime = Runtime(proxy.url, env={"COWORKER_HANDLER_MODULES": "chaos_handlers"})
+                runtimes: list[Runtime] = []
+
+                def start() -> Runtime:
+                    runtimes.append(Runtime(proxy.url, env={"COWORKER_HANDLER_MODULES": "chaos_handlers"}))
+                    return runtimes[-1]
+
                 try:
-                    tasks, kills = run(runtime, specs, args, rng)
+                    tasks, kills = run(start, specs, args, rng)
                 finally:
-                    runtime.stop()
+                    runtimes[-1].stop()
                 held, passed = proxy.held, proxy.passed
         finally:
             database.stop()
@@ -230,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"chaos: {args.tasks} tasks (0.2-4 s, a fifth fail their first attempt, half heed a lost claim); "
           f"{held:,} of {passed:,} requests held up to {args.slow_seconds:g} s "
           f"({args.slow_share:.0%} of {'requests' if args.slow_reads else 'writes'}); "
-          f"{kills} worker processes SIGKILLed")
+          f"{kills} worker processes and {len(runtimes) - 1} whole runtimes SIGKILLed")
     print(f"  ended: {dict(statuses)}" + (f"; ignored because: {dict(reasons)}" if reasons else ""))
     print(f"  runs: {len(every)} started, {sum('ended' not in run for run in every)} killed mid-run, "
           f"{sum(bool(run.get('told')) for run in every)} told their claim was lost (lock extensions "
@@ -243,22 +262,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def run(runtime: Runtime, specs: list[dict[str, Any]], args: argparse.Namespace,
+def run(start: Callable[[], Runtime], specs: list[dict[str, Any]], args: argparse.Namespace,
         rng: random.Random) -> tuple[dict[str, dict[str, Any]], int]:
-    """Submit, kill workers while the batch runs, wait for it; every task's record and the kills."""
+    """Submit, kill workers (and runtimes) while the batch runs, wait for it; every task's record
+    and the worker kills."""
+    runtime = start()
     assert runtime.url is not None
     client = Coworker(runtime.url)
     started = time.monotonic()
     submitted = client.submit(specs, chunk_size=100, parallel=2)
     print(f"submitted {submitted.submitted} tasks in {time.monotonic() - started:.1f} s", flush=True)
-    kills, last_kill, last_word = 0, time.monotonic(), 0.0
+    kills, restarts, last_kill, last_word = 0, 0, time.monotonic(), 0.0
     while time.monotonic() - started < WAIT_LIMIT_SECONDS:
         progress = client.batch(submitted.batch_id)
         if progress.done:
             break
         now = time.monotonic()
+        ended = progress.finished + progress.ignored
+        if restarts < args.runtime_kills and ended >= len(specs) * (restarts + 1) / (args.runtime_kills + 1):
+            crash(runtime)
+            restarts += 1
+            print(f"  {now - started:5.0f} s: the whole runtime SIGKILLed at {ended} ended; a new one starts",
+                  flush=True)
+            runtime = start()
+            assert runtime.url is not None
+            client = Coworker(runtime.url)
+            continue
         if kills < args.kills and now - last_kill >= args.kill_every:
-            victims = worker_processes(runtime.process.pid)
+            victims = descendants(runtime.process.pid, "coworker_local.workers")
             if victims:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(rng.choice(victims), signal.SIGKILL)
