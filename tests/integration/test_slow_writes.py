@@ -12,6 +12,7 @@ from datetime import timedelta
 
 import botocore.client
 import pytest
+from coworker.data import writes
 from coworker.data.models import TaskModel, TaskStatus, utcnow
 from coworker.engine import batches, gates, lifecycle, progress, submit
 from coworker.engine.handlers import TaskContext, task_handler
@@ -185,8 +186,8 @@ def test_a_batch_put_answers_while_slow_puts_are_under_way_and_sending_it_again_
     deadline (API Gateway would cut it off at 29 s with no answer), naming what it stored; the
     hung puts land later, and the client's re-send stores the rest, each task once."""
     settings = make_settings()
-    monkeypatch.setattr(batches, "PUT_START_SECONDS", 0.5)
-    monkeypatch.setattr(batches, "PUT_ANSWER_SECONDS", 1.0)
+    monkeypatch.setattr(writes, "REQUEST_START_SECONDS", 0.5)
+    monkeypatch.setattr(writes, "REQUEST_ANSWER_SECONDS", 1.0)
     keys = [f"slow-put-{n:02d}" for n in range(40)]
     hanging = set(keys[3::7])
     released = threading.Event()

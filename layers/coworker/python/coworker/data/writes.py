@@ -13,11 +13,13 @@ Callers build conditions and actions from the models' attributes (:mod:`coworker
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any, TypeVar, cast
 
 from pynamodb.constants import NONE
 from pynamodb.exceptions import DeleteError, PutError, TransactWriteError, UpdateError
@@ -43,6 +45,11 @@ PUT_CHUNK_BYTES = MAX_TRANSACTION_BYTES - 256 * 1024
 # New tasks that fit in one transaction next to a task's update.
 FOLD_ROOM = MAX_TRANSACTION_ITEMS - 1
 CONFLICT_ATTEMPTS = 10
+# An API request that makes many writes starts none later than this after it began, and answers
+# by the second figure with what it knows, rather than be cut off with no answer at API Gateway's
+# 29 s (start-up included) when writes are slow.
+REQUEST_START_SECONDS = 15
+REQUEST_ANSWER_SECONDS = 20
 _RETRIED_REASONS = frozenset({"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"})
 
 
@@ -211,3 +218,60 @@ def _put_chunk(tasks: Sequence[TaskModel], indexes: list[int], created: list[boo
         # Drop the keys that exist and try again.
         pending = [index for index, code in zip(pending, reasons[1:], strict=False)
                    if code != TRANSACTION_CONDITION_FAILED]
+
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """How long one request may spend on its writes, as ``time.monotonic()`` values: no write
+    starts after ``start_by``, and the request answers by ``answer_by``."""
+
+    start_by: float
+    answer_by: float
+
+    @classmethod
+    def of_request(cls) -> Window:
+        """The window of an API request that begins now (see REQUEST_START_SECONDS)."""
+        now = time.monotonic()
+        return cls(now + REQUEST_START_SECONDS, now + REQUEST_ANSWER_SECONDS)
+
+
+def each_within(write: Callable[[Item], Result], items: Sequence[Item], threads: int,
+                window: Window | None = None) -> tuple[list[Result | None], int]:
+    """``write`` each of ``items``, ``threads`` at a time: the results in order, and how many items
+    were not reached (``None`` in the results). Without a ``window`` every item is written.
+
+    With one, an item not started by ``window.start_by`` is skipped, and at ``window.answer_by``
+    the writes still under way are left to land, or not, on their own: the caller answers with
+    what it knows, and a repeat of its (conditional, idempotent) writes finishes the rest. The
+    first error a write raised is raised.
+    """
+    if not items:
+        return [], 0
+    if window is None:
+        with ThreadPoolExecutor(max_workers=min(threads, len(items)), thread_name_prefix="coworker-write") as pool:
+            return list(pool.map(write, items)), 0
+    skipped = object()
+
+    def within(item: Item) -> Result | object:
+        return skipped if time.monotonic() > window.start_by else write(item)
+
+    pool = ThreadPoolExecutor(max_workers=min(threads, len(items)), thread_name_prefix="coworker-write")
+    futures = [pool.submit(within, item) for item in items]
+    wait(futures, timeout=max(0.0, window.answer_by - time.monotonic()))
+    for future in futures:
+        future.cancel()  # not started yet: dropped (one under way runs on)
+    pool.shutdown(wait=False)
+    results: list[Result | None] = []
+    unreached = 0
+    for future in futures:
+        outcome = future.result() if future.done() and not future.cancelled() else skipped
+        if outcome is skipped:
+            results.append(None)
+            unreached += 1
+        else:
+            results.append(cast(Result, outcome))
+    return results, unreached

@@ -34,9 +34,7 @@ Batches made by releases before the stream kept ``total`` on the head and outcom
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -58,11 +56,6 @@ PUT_THREADS = 16
 # A put request promises to end its puts within this long of opening the batch (API Gateway
 # gives a request 29 s): until it closes, or this has passed, the batch cannot read done.
 PUT_WINDOW_SECONDS = 30
-# When writes are slow, a put request starts no put later than this after it began, and answers
-# by the second figure with what it knows (a 503 naming the tasks stored, which the client
-# re-sends), rather than be cut off at API Gateway's 29 s, start-up included, with no answer.
-PUT_START_SECONDS = 15
-PUT_ANSWER_SECONDS = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,49 +168,39 @@ def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = 
     the counts pass it. A batch that stops while its tasks are being put may take a few of them;
     they are cancelled with its other open tasks.
 
-    When writes are slow, no put starts later than PUT_START_SECONDS after the call, and the call
-    returns by PUT_ANSWER_SECONDS: puts still under way are left to land or not (the batch is then
-    not closed: its promise stands in), and :class:`PartialPutError` names the tasks known stored.
-    Putting the same tasks again stores the rest, and finds those that landed meanwhile existing.
+    When writes are slow, the puts keep to a request's window (:class:`coworker.data.writes.Window`,
+    which also keeps the promise): puts not started by its start limit are skipped, and those still
+    under way at its end are left to land or not (the batch is then not closed: its promise stands
+    in); :class:`PartialPutError` names the tasks known stored. Putting the same tasks again stores
+    the rest, and finds those that landed meanwhile existing.
     """
     now = now or utcnow()
     for task in tasks:
         if task.batch_id != batch_id:
             raise ValueError(f"task {task.key!r} does not carry batch id {batch_id!r}")
-    began = time.monotonic()
-    start_by, answer_by = began + PUT_START_SECONDS, began + PUT_ANSWER_SECONDS
     _open(batch_id, now, tolerance, watch_actions(callbacks, watch, now))
-    created = [False] * len(tasks)
     failures: list[StorageError] = []
-    late = f"the batch's puts took over {PUT_START_SECONDS} s (writes are slow)"
 
-    def put(index: int) -> None:
-        if time.monotonic() > start_by:  # too late to start: the client sends the rest again
-            failures.append(StorageError(late))
-            return
+    def put(task: TaskModel) -> bool:
         try:
-            created[index] = _put_if_new(tasks[index])
+            return _put_if_new(task)
         except StorageError as exc:
             failures.append(exc)
+            return False
 
-    under_way = 0
+    outcomes: list[bool | None] = []
+    unreached = 0
     try:
-        if len(tasks) == 1:
-            put(0)
-        else:
-            pool = ThreadPoolExecutor(max_workers=min(PUT_THREADS, len(tasks)), thread_name_prefix="coworker-put")
-            _, pending = wait([pool.submit(put, index) for index in range(len(tasks))],
-                              timeout=max(0.0, answer_by - time.monotonic()))
-            # Puts not started are dropped; those under way are left to land (or not) on their own.
-            under_way = sum(1 for future in pending if not future.cancel() and not future.done())
-            pool.shutdown(wait=False)
+        outcomes, unreached = writes.each_within(put, tasks, PUT_THREADS, writes.Window.of_request())
     finally:
+        created = [bool(outcome) for outcome in outcomes] or [False] * len(tasks)
         stored = [task.key for task, made in zip(tasks, created, strict=True) if made]
-        if not under_way:
+        if not unreached:
             _close(batch_id, len(stored))
-    if failures or under_way:
-        reason = late if under_way or str(failures[0]) == late else "DynamoDB refused or failed some puts"
-        first = str(failures[0]) if failures else late
+    if failures or unreached:
+        reason = ("the batch's puts took too long (writes are slow)" if unreached
+                  else "DynamoDB refused or failed some puts")
+        first = str(failures[0]) if failures else reason
         raise PartialPutError(f"{first}; {len(stored)} of {len(tasks)} tasks were stored", stored,
                               f"{reason}; {len(stored)} of {len(tasks)} tasks were stored")
     return created
