@@ -3,17 +3,20 @@ re-runs after an interruption, and bad requests that change nothing."""
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 
 import pytest
 from coworker.api import bulk
+from coworker.data import writes
 from coworker.data.models import TaskStatus, utcnow
 from coworker.engine import lifecycle, submit
 from coworker.engine.tasks import TaskSpec
 from coworker.engine.worker import run_batch
 
 from tests.support.doubles import Api
+from tests.support.waits import wait_until
 
 
 @pytest.fixture
@@ -157,3 +160,51 @@ def test_a_cursor_of_another_filter_is_refused(api, settings):
     status, answer, _ = api.call("POST", "/bulk", {"action": "retry", "status": "ignored", "type": "x",
                                                          "cursor": first["cursor"]})
     assert status == 400 and "cursor" in answer["message"]
+
+
+@pytest.mark.parametrize("route", ["bulk cancel", "bulk retry", "batch retry"])
+def test_with_slow_writes_a_page_answers_in_time_and_its_cursor_reads_it_again(settings, api, monkeypatch, route):
+    """Writes that hang (a throttled table): the request still answers, by its own deadline (API
+    Gateway would cut it off at 29 s with no answer), counting the tasks it did not reach; its
+    cursor reads the same page again, which finishes the rest, none changed twice."""
+    keys = [f"slow-bulk-{n:02d}" for n in range(12)]
+    action = route.split()[1]
+    if action == "retry":
+        _ignored(settings, keys, batch_id="slow-bulk")
+    else:
+        for key in keys:
+            submit.put_task(TaskSpec(key=key, type="quick", run_at=utcnow() + timedelta(hours=1)), settings)
+    monkeypatch.setattr(writes, "REQUEST_START_SECONDS", 0.5)
+    monkeypatch.setattr(writes, "REQUEST_ANSWER_SECONDS", 1.0)
+    hanging, released = set(keys[2::5]), threading.Event()
+    real = getattr(lifecycle, action)
+
+    def slow(key, *args, **kwargs):
+        if key in hanging:
+            released.wait(60)  # a guard: released once the request has answered
+        return real(key, *args, **kwargs)
+
+    def call(cursor=None):
+        if route == "batch retry":
+            query = "status=ignored&limit=50" + (f"&cursor={cursor}" if cursor else "")
+            code, answer, _ = api.call("POST", f"/batches/slow-bulk/retry?{query}")
+            return code, {**answer, "changed": answer.get("redriven"), "matched": len(keys)}
+        body = {"action": action, "status": "ignored" if action == "retry" else "todo", "limit": 50}
+        return api.call("POST", "/bulk", {**body, **({"cursor": cursor} if cursor else {})})[:2]
+
+    monkeypatch.setattr(lifecycle, action, slow)
+    try:
+        code, first = call()
+        assert not released.is_set()
+        assert code == 200 and first["unreached"] >= len(hanging), first
+        assert first["changed"] + first["unreached"] + first["skipped"] == first["matched"] == len(keys)
+        assert first["cursor"] is not None
+    finally:
+        released.set()
+    target = "todo" if action == "retry" else "ignored"
+    wait_until(lambda: set(_statuses(hanging).values()) == {target}, "the hung writes landed")
+    monkeypatch.setattr(lifecycle, action, real)
+    code, again = call(first["cursor"])
+    assert code == 200 and again["unreached"] == 0
+    assert first["changed"] + again["changed"] == len(keys) - len(hanging)  # the hung ones landed on their own
+    assert set(_statuses(keys).values()) == {target}

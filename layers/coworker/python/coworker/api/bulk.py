@@ -17,10 +17,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 from coworker.config import Settings
+from coworker.data import writes
 from coworker.data.models import TaskModel, TaskStatus
 from coworker.engine import lifecycle, redrive
 
@@ -68,6 +68,7 @@ class PageOutcome:
     matched: int  # tasks of the page that match the whole filter
     changed: int  # of those, changed by this call (0 in a dry run)
     skipped: int  # matched, but changed state before the write reached them
+    unreached: int = 0  # matched, but not written within the request's window (writes were slow)
 
 
 def check_action(action: BulkAction, status: str) -> None:
@@ -90,21 +91,22 @@ def matching(tasks: Sequence[TaskModel], task_filter: TaskFilter) -> list[TaskMo
 
 
 def apply(action: BulkAction, tasks: Sequence[TaskModel], task_filter: TaskFilter, settings: Settings,
-          *, dry_run: bool = False, reason: str = "in bulk") -> PageOutcome:
-    """Apply ``action`` to the entries of one page that match ``task_filter``; ``dry_run`` only
-    counts them."""
+          *, dry_run: bool = False, reason: str = "in bulk", window: writes.Window | None = None) -> PageOutcome:
+    """Apply ``action`` to the entries of one page that match ``task_filter``, within ``window``
+    if given (the tasks not reached in it are counted apart); ``dry_run`` only counts them."""
     check_action(action, task_filter.status)
     matched = matching(tasks, task_filter)
     if dry_run or not matched:
         return PageOutcome(matched=len(matched), changed=0, skipped=0)
 
     if action is BulkAction.RETRY:
-        changed = len(redrive.retry_all([task.key for task in matched], settings))
+        redriven, unreached = redrive.retry_all(matched, settings, window=window)
+        changed = len(redriven)
     else:
         def cancel(task: TaskModel) -> bool:
             return lifecycle.cancel(task.key, settings, reason=reason) is not None
 
-        with ThreadPoolExecutor(max_workers=min(WRITE_THREADS, len(matched)),
-                                thread_name_prefix="coworker-bulk") as pool:
-            changed = sum(pool.map(cancel, matched))
-    return PageOutcome(matched=len(matched), changed=changed, skipped=len(matched) - changed)
+        outcomes, unreached = writes.each_within(cancel, matched, WRITE_THREADS, window)
+        changed = sum(1 for outcome in outcomes if outcome)
+    return PageOutcome(matched=len(matched), changed=changed, skipped=len(matched) - changed - unreached,
+                       unreached=unreached)

@@ -174,6 +174,11 @@ def read_index(status: str, *, want: int, start: list[Any] | None = None, forwar
     return found, state, read.scanned
 
 
+def start_state() -> list[Any]:
+    """The read state of a listing's first page, for a cursor that reads it again."""
+    return _pack_positions([None] * status_shards())
+
+
 def _is_position(value: Any) -> bool:
     """One shard's position as :func:`_pack_positions` writes it."""
     return (value is None or (value == 0 and not isinstance(value, bool))

@@ -365,6 +365,9 @@ class BulkOut(BaseModel):
                                      "change.")
     changed: int = Field(description="Tasks this request changed (0 in a dry run).")
     skipped: int = Field(description="Matching tasks that changed state before the action reached them.")
+    unreached: int = Field(0, description="Matching tasks not acted on because writes were slow (the request "
+                                          "answers before API Gateway's time limit): the cursor reads this page "
+                                          "again.")
     scanned: int = Field(description="Index entries read.")
     cursor: str | None = Field(description="More may remain: call again with the same filter and this cursor. "
                                            "null when the whole status has been read.")
@@ -435,6 +438,8 @@ class RedriveOut(BaseModel):
     status: RedriveStatus
     redriven: int
     skipped: int = Field(description="Matching tasks that changed state before they could be redriven.")
+    unreached: int = Field(0, description="Tasks not redriven because writes were slow (the request answers "
+                                          "before API Gateway's time limit): the cursor reads this page again.")
     scanned: int
     cursor: str | None = Field(description="More may remain: call again with this cursor.")
 

@@ -10,11 +10,12 @@ from urllib.parse import unquote
 from aws_lambda_powertools.event_handler.openapi.params import Query
 from aws_lambda_powertools.event_handler.router import APIGatewayRouter
 
-from coworker.api.cursors import CursorCodec, read_index
+from coworker.api.cursors import CursorCodec, read_index, start_state
 from coworker.api.errors import responses
 from coworker.api.models import MAX_CURSOR_CHARS, MAX_REDRIVE_PER_REQUEST, BatchOut, RedriveOut, RedriveStatus
 from coworker.api.services import Services
 from coworker.config import Settings
+from coworker.data import writes
 from coworker.data.models import status_shards
 from coworker.engine import batches, redrive
 from coworker.engine.tasks import BATCH_ID_PATTERN
@@ -65,8 +66,12 @@ def redrive_slice(cursors: CursorCodec, settings: Settings, batch_id: str, statu
     listing = ("redrive", status.value, batch_id, status_shards())
     start = cursors.decode(cursor, listing)
     tasks, last_key, scanned = read_index(status.value, want=limit, start=start, batch_id=batch_id)
-    redriven = len(redrive.retry_all([task.key for task in tasks], settings, reason="with its batch through the API"))
+    done, unreached = redrive.retry_all(tasks, settings, reason="with its batch through the API",
+                                        window=writes.Window.of_request())
+    redriven = len(done)
     logger.info("batch redrive", extra={"batch_id": batch_id, "status": status.value,
-                                        "redriven": redriven})
-    return RedriveOut(batch_id=batch_id, status=status, redriven=redriven, skipped=len(tasks) - redriven,
-                      scanned=scanned, cursor=cursors.encode(last_key, listing))
+                                        "redriven": redriven, "unreached": unreached})
+    # Tasks not reached (writes were slow): the cursor reads this page again.
+    resume = (start if start is not None else start_state()) if unreached else last_key
+    return RedriveOut(batch_id=batch_id, status=status, redriven=redriven, skipped=len(tasks) - redriven - unreached,
+                      unreached=unreached, scanned=scanned, cursor=cursors.encode(resume, listing))

@@ -22,7 +22,7 @@ from aws_lambda_powertools.event_handler.router import APIGatewayRouter
 from pydantic import BaseModel
 
 from coworker.api import bulk
-from coworker.api.cursors import CursorCodec, read_index
+from coworker.api.cursors import CursorCodec, read_index, start_state
 from coworker.api.errors import ERROR_RESPONSES, BadRequestError, TaskStateConflictError, responses
 from coworker.api.models import (
     DEFAULT_PAGE_SIZE,
@@ -44,6 +44,7 @@ from coworker.api.models import (
 )
 from coworker.api.services import Services
 from coworker.config import Settings
+from coworker.data import writes
 from coworker.data.models import TaskModel, TaskStatus, iso_utc, status_shards, utcnow
 from coworker.engine import batches, handlers, lifecycle, offload, redrive, submit
 from coworker.engine.submit import PutOutcome
@@ -301,10 +302,14 @@ def bulk_page(body: BulkIn, services: Services) -> BulkOut:
     tasks, last_key, scanned = read_index(body.status.value, want=body.limit, start=start,
                                           batch_id=body.batch_id, task_type=body.type)
     outcome = bulk.apply(body.action, tasks, task_filter, services.settings, dry_run=body.dry_run,
-                         reason="in bulk through the API")
+                         reason="in bulk through the API", window=writes.Window.of_request())
     if not body.dry_run:
         logger.info("bulk action", extra={"action": body.action.value, "filter": dataclasses.asdict(task_filter),
-                                          "changed": outcome.changed, "skipped": outcome.skipped})
+                                          "changed": outcome.changed, "skipped": outcome.skipped,
+                                          "unreached": outcome.unreached})
+    # Tasks not reached (writes were slow): the cursor reads this page again, where the tasks
+    # changed meanwhile no longer match.
+    resume = (start if start is not None else start_state()) if outcome.unreached else last_key
     return BulkOut(action=body.action, status=body.status, dry_run=body.dry_run, matched=outcome.matched,
-                   changed=outcome.changed, skipped=outcome.skipped, scanned=scanned,
-                   cursor=services.cursors.encode(last_key, listing))
+                   changed=outcome.changed, skipped=outcome.skipped, unreached=outcome.unreached, scanned=scanned,
+                   cursor=services.cursors.encode(resume, listing))

@@ -257,13 +257,14 @@ def _close(batch_id: str, created: int) -> None:
         logger.exception("could not record the end of a batch's puts", extra={"batch_id": batch_id})
 
 
-def settle(batch_id: str) -> None:
+def settle(batch_id: str, at: datetime | None = None) -> None:
     """Record a change to the batch's tasks that the counts must pass before it reads done (a
-    redrive of its ignored tasks); a batch with callbacks that had left the watched partition
-    goes back to it (a callback not yet fired may fire after the redrive)."""
+    redrive of its ignored tasks), made by now or, for writes still under way, by ``at``; a
+    batch with callbacks that had left the watched partition goes back to it (a callback not yet
+    fired may fire after the redrive)."""
     head = BatchModel(batch_key(batch_id))
     try:
-        head.update(actions=[BatchModel.puts_closed_at.set(utcnow())], condition=BatchModel.key.exists())
+        head.update(actions=[BatchModel.puts_closed_at.set(at or utcnow())], condition=BatchModel.key.exists())
         if head.callbacks is not None and head.status_shard is None:
             head.update(actions=rewatch_actions(utcnow()), condition=BatchModel.callbacks.exists())
     except PynamoDBException:
