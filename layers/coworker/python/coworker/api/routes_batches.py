@@ -60,14 +60,14 @@ def redrive_slice(cursors: CursorCodec, settings: Settings, batch_id: str, statu
                   cursor: str | None) -> RedriveOut:
     """Redrive one page of the batch's tasks in ``status``; a stopped batch is reopened first
     (404 for a batch that does not exist)."""
+    window = writes.Window.of_request()  # its reads count too
     if batches.get_batch(batch_id).failed_at is not None:  # BatchNotFoundError -> 404
         batches.reopen(batch_id)  # a stopped batch runs again: its redriven tasks are claimable
         logger.info("stopped batch reopened for a redrive", extra={"batch_id": batch_id})
     listing = ("redrive", status.value, batch_id, status_shards())
     start = cursors.decode(cursor, listing)
     tasks, last_key, scanned = read_index(status.value, want=limit, start=start, batch_id=batch_id)
-    done, unreached = redrive.retry_all(tasks, settings, reason="with its batch through the API",
-                                        window=writes.Window.of_request())
+    done, unreached = redrive.retry_all(tasks, settings, reason="with its batch through the API", window=window)
     redriven = len(done)
     logger.info("batch redrive", extra={"batch_id": batch_id, "status": status.value,
                                         "redriven": redriven, "unreached": unreached})

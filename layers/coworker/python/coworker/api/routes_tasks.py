@@ -294,6 +294,7 @@ def cancel_one(key: str, settings: Settings) -> TaskOut:
 
 def bulk_page(body: BulkIn, services: Services) -> BulkOut:
     """Apply a bulk action to one page of the index entries matching its filter."""
+    window = writes.Window.of_request()  # its reads count too
     task_filter = bulk.TaskFilter(status=body.status.value, task_type=body.type, batch_id=body.batch_id,
                                   created_after=body.created_after, created_before=body.created_before)
     listing = ("bulk", body.action.value, body.status.value, body.type, body.batch_id,
@@ -302,7 +303,7 @@ def bulk_page(body: BulkIn, services: Services) -> BulkOut:
     tasks, last_key, scanned = read_index(body.status.value, want=body.limit, start=start,
                                           batch_id=body.batch_id, task_type=body.type)
     outcome = bulk.apply(body.action, tasks, task_filter, services.settings, dry_run=body.dry_run,
-                         reason="in bulk through the API", window=writes.Window.of_request())
+                         reason="in bulk through the API", window=window)
     if not body.dry_run:
         logger.info("bulk action", extra={"action": body.action.value, "filter": dataclasses.asdict(task_filter),
                                           "changed": outcome.changed, "skipped": outcome.skipped,

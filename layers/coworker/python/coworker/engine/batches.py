@@ -174,6 +174,7 @@ def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = 
     in); :class:`PartialPutError` names the tasks known stored. Putting the same tasks again stores
     the rest, and finds those that landed meanwhile existing.
     """
+    window = writes.Window.of_request()  # opening the batch is one of its writes
     now = now or utcnow()
     for task in tasks:
         if task.batch_id != batch_id:
@@ -191,7 +192,7 @@ def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = 
     outcomes: list[bool | None] = []
     unreached = 0
     try:
-        outcomes, unreached = writes.each_within(put, tasks, PUT_THREADS, writes.Window.of_request())
+        outcomes, unreached = writes.each_within(put, tasks, PUT_THREADS, window)
     finally:
         created = [bool(outcome) for outcome in outcomes] or [False] * len(tasks)
         stored = [task.key for task, made in zip(tasks, created, strict=True) if made]
