@@ -87,8 +87,9 @@ class ApiClient:
         the first attempt did."""
         started = time.monotonic()
         self._calls.stored = set()
-        resent = RESENT_STATUSES | {TIMED_OUT} if (method == "GET" if idempotent is None else idempotent) \
-            else RESENT_STATUSES
+        if idempotent is None:
+            idempotent = method == "GET"
+        resent = RESENT_STATUSES | {TIMED_OUT} if idempotent else RESENT_STATUSES
         for attempt in range(1, RESEND_ATTEMPTS + 2):
             try:
                 return self._send(method, path, query, body)

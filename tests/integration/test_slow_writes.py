@@ -13,7 +13,7 @@ from datetime import timedelta
 import botocore.client
 import pytest
 from coworker.data import writes
-from coworker.data.models import TaskModel, TaskStatus, utcnow
+from coworker.data.models import BatchModel, TaskModel, TaskStatus, utcnow
 from coworker.engine import batches, gates, lifecycle, progress, submit
 from coworker.engine.handlers import TaskContext, task_handler
 from coworker.engine.heartbeat import Heartbeat
@@ -197,7 +197,7 @@ def test_a_batch_put_answers_while_slow_puts_are_under_way_and_sending_it_again_
     def put(task):
         if task.key in hanging:
             started.add(task.key)
-            released.wait(60)  # a guard: the test releases them once the request has answered
+            released.wait(120)  # a guard: the test releases them once the request has answered
         return real_put(task)
 
     monkeypatch.setattr(batches, "_put_if_new", put)
@@ -212,7 +212,7 @@ def test_a_batch_put_answers_while_slow_puts_are_under_way_and_sending_it_again_
 
     thread = threading.Thread(target=request)
     thread.start()
-    thread.join(timeout=30)
+    thread.join(timeout=60)  # it answers at the 6 s window; the old code waited out the hung puts (120 s)
     try:
         # It answered while its hung puts were still under way, without claiming them stored
         assert not thread.is_alive() and not released.is_set()
@@ -231,3 +231,14 @@ def test_a_batch_put_answers_while_slow_puts_are_under_way_and_sending_it_again_
     assert sorted(task.key for task in TaskModel.scan(TaskModel.key.startswith("slow-put-"))) == keys
     progress.catch_up(settings)
     assert batches.get_batch("slow-puts").total == len(keys)
+
+
+def test_a_batch_settled_for_a_redrive_still_under_way_is_not_settled_earlier_again(make_settings):
+    """A redrive that may land later settles its batch as of then; a quicker redrive settled after
+    it does not pull that time back (the batch could read done before the late one is counted)."""
+    settings = make_settings()
+    submit.put_task(TaskSpec(key="settled-1", type="quick", batch_id="settled"), settings)
+    later = utcnow() + timedelta(seconds=batches.PUT_WINDOW_SECONDS)
+    batches.settle("settled", at=later)
+    batches.settle("settled")
+    assert BatchModel.get(batches.batch_key("settled")).puts_closed_at == later

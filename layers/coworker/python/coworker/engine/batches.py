@@ -263,12 +263,16 @@ def settle(batch_id: str, at: datetime | None = None) -> None:
     redrive of its ignored tasks), made by now or, for writes still under way, by ``at``; a
     batch with callbacks that had left the watched partition goes back to it (a callback not yet
     fired may fire after the redrive)."""
-    head = BatchModel(batch_key(batch_id))
+    head, when = BatchModel(batch_key(batch_id)), at or utcnow()
+    # Only ever later: a redrive settled as of when it may land is not undone by a quicker one.
+    later = BatchModel.puts_closed_at.does_not_exist() | (BatchModel.puts_closed_at < when)
     try:
-        head.update(actions=[BatchModel.puts_closed_at.set(at or utcnow())], condition=BatchModel.key.exists())
+        if not writes.update(head, [BatchModel.puts_closed_at.set(when)], BatchModel.key.exists() & later,
+                             f"settle batch {batch_id!r}"):
+            head = BatchModel.get(head.key, consistent_read=True)  # settled later already (or no batch)
         if head.callbacks is not None and head.status_shard is None:
             head.update(actions=rewatch_actions(utcnow()), condition=BatchModel.callbacks.exists())
-    except PynamoDBException:
+    except (PynamoDBException, StorageError):
         logger.exception("could not record a redrive on the batch", extra={"batch_id": batch_id})
 
 
