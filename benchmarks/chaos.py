@@ -51,7 +51,7 @@ from urllib.parse import urlsplit
 BENCHMARKS_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS_DIR))
 from coworker_local.client import Coworker  # noqa: E402
-from system import Runtime, start_database  # noqa: E402
+from system import Runtime, descendants, start_database  # noqa: E402
 
 WRITES = frozenset({"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"})
 WAIT_LIMIT_SECONDS = 1200  # a guard against a run that never ends, not a budget
@@ -135,23 +135,13 @@ class SlowWrites:
         self._server.shutdown()
 
 
-def descendants(root: int, command: str = "") -> list[int]:
-    """The processes under ``root`` whose command line contains ``command``."""
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    commands: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            commands[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            children[parent].append(int(entry.name))
-    found, todo = [], list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        todo += children.get(pid, [])
-        if command in commands.get(pid, ""):
-            found.append(pid)
+def worker_processes(runtime: Runtime) -> list[int]:
+    """The runtime's worker processes (``python -m coworker_local.workers``)."""
+    found = []
+    for pid in descendants(runtime.process.pid):
+        with contextlib.suppress(OSError):
+            if b"coworker_local.workers" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
     return found
 
 
@@ -289,7 +279,7 @@ def run(start: Callable[[], Runtime], specs: list[dict[str, Any]], args: argpars
             client = Coworker(runtime.url)
             continue
         if kills < args.kills and now - last_kill >= args.kill_every:
-            victims = descendants(runtime.process.pid, "coworker_local.workers")
+            victims = worker_processes(runtime)
             if victims:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(rng.choice(victims), signal.SIGKILL)

@@ -76,8 +76,8 @@ READY = re.compile(r"API\s+(http://\S+)")
 START_TIMEOUT = 300.0
 
 
-def tree_cpu_seconds(root: int) -> float:
-    """User + system CPU seconds of ``root`` and every live process under it."""
+def descendants(root: int) -> list[int]:
+    """Every live process under ``root`` (children, their children, ...)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -87,12 +87,17 @@ def tree_cpu_seconds(root: int) -> float:
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(parent, []).append(int(entry.name))
-    total, todo = 0.0, [root]
+    found, todo = [], list(children.get(root, []))
     while todo:
         pid = todo.pop()
-        total += process_cpu_seconds(pid)
+        found.append(pid)
         todo += children.get(pid, [])
-    return total
+    return found
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """User + system CPU seconds of ``root`` and every live process under it."""
+    return sum(process_cpu_seconds(pid) for pid in [root, *descendants(root)])
 
 
 def own_cpu_seconds() -> float:
