@@ -118,7 +118,7 @@ def test_a_redriven_attempt_1_is_not_the_old_attempt_1(settings, counted):
     assert (new.attempt, new.generation, old.attempt, old.generation) == (1, 1, 1, 0)
     assert new.fencing_token == "same-owner:1.r1" and old.fencing_token == "same-owner:1"
     assert lifecycle.complete(old, settings, result={"from": "old"}) is RecordOutcome.LOST
-    assert lifecycle.extend_lock(old, settings) is False
+    assert not lifecycle.extend_lock(old, settings)
     assert lifecycle.complete(new, settings, result={"from": "new"}) is RecordOutcome.FINISHED
     assert lifecycle.get_task("g").result == {"from": "new"}
 

@@ -394,3 +394,23 @@ def test_the_backlog_counts_tasks_waiting_for_a_place(make_settings):
 
     assert report.backlog.blocked == 2 and report.backlog.due == 0
     assert gates.count_blocked(1) == (1, True)  # counted up to the cap
+
+
+def test_the_heartbeat_moves_the_index_entry_only_when_the_lock_would_pass_it(make_settings):
+    """The heartbeat keeps the due time it last wrote: its first beat moves the entry a lock
+    lifetime past the lock; a beat soon after moves the lock alone (1 write unit, not 3)."""
+    settings = make_settings()
+    _put(settings, "long")
+    claim = lifecycle.claim("long", "w", settings)
+    heartbeat = Heartbeat(settings)
+    heartbeat.watch(claim, TaskContext(key="long", attempt=1, max_attempts=3, fencing_token="t",
+                                       deadline=time.monotonic() + 30))
+    time.sleep(0.01)
+    heartbeat.beat()
+    first = lifecycle.get_task("long")
+    assert first.due_at == first.lock_expires_at + timedelta(seconds=settings.effective_lock_seconds)
+    time.sleep(0.01)
+    heartbeat.beat()
+    second = lifecycle.get_task("long")
+    assert second.lock_expires_at > first.lock_expires_at
+    assert second.due_at == first.due_at

@@ -319,7 +319,7 @@ def test_a_stalled_worker_loses_its_lock_and_cannot_overwrite_the_newer_attempt(
     time.sleep(3.2)
     fresh = run_invocation(WorkerRequest(("k",)), "fresh", settings, time.monotonic() + 30)
     assert [r.outcome for r in fresh] == [TaskOutcome.FINISHED]
-    assert lifecycle.extend_lock(stale, settings) is False
+    assert not lifecycle.extend_lock(stale, settings)
     assert lifecycle.complete(stale, settings, result="stale") is lifecycle.RecordOutcome.LOST
     task = lifecycle.get_task("k")
     assert (task.status, task.attempts) == ("finished", 2) and task.result != "stale"

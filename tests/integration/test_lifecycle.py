@@ -416,3 +416,58 @@ def test_a_heartbeat_extends_the_lock_with_the_lean_write_and_names_itself_when_
     monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", refused)
     with pytest.raises(StorageError, match=r"could not extend the lock of task 'beat': not authorized"):
         lifecycle.extend_lock(claim, settings)
+
+
+def test_heartbeats_move_the_index_entry_once_a_lock_lifetime_and_never_behind_the_lock(settings):
+    """Moving a running task's index entry (``due_at``, the index key) costs a delete and a put in
+    the index: a beat moves only the lock, unless the new lock would pass the entry, and then moves
+    the entry a lock lifetime past it. The entry is never behind the lock, so no reader of the
+    index meets a live lock as due, and a lost task shows as due at most a lock lifetime late."""
+    lock = timedelta(seconds=settings.effective_lock_seconds)
+    beat = timedelta(seconds=settings.effective_heartbeat_seconds + 0.1)
+    t0 = utcnow() - 8 * beat  # the beats are "now" as they happen: nothing in the future
+    _put(settings, key="long", now=t0 - timedelta(seconds=1))
+    claim = lifecycle.claim("long", "w-1", settings, now=t0)
+    listed = claim.task.due_at
+    assert listed == t0 + lock
+    moved = []
+    for number in range(1, 8):
+        at = t0 + number * beat
+        extension = lifecycle.extend_lock(claim, settings, now=at, listed_until=listed)
+        assert extension
+        if extension.listed_until is not None:
+            moved.append(number)
+            listed = extension.listed_until
+        task = lifecycle.get_task("long")
+        assert task.lock_expires_at == at + lock
+        assert task.due_at == listed >= task.lock_expires_at
+    # At the defaults (three beats a lock lifetime) one beat in three moves the entry.
+    assert moved == [1, 4, 7]
+    last_lock = t0 + 7 * beat + lock
+
+    # The holder dies after its last beat. Its lock lapses; the index shows the task due later.
+    lapsed = last_lock + timedelta(seconds=1)
+    running, lost = index.running_and_lost(lapsed)
+    assert (running, lost) == (1, [])
+    assert lifecycle.claim("long", "w-2", settings, now=lapsed) is None
+    found = listed + timedelta(seconds=1)
+    assert listed - last_lock <= lock
+    assert [task.key for task in index.running_and_lost(found)[1]] == ["long"]
+    taken = lifecycle.claim("long", "w-2", settings, now=found)
+    assert taken is not None and taken.took_over_lost_attempt
+    assert not lifecycle.extend_lock(claim, settings, now=found)  # the old holder is fenced out
+
+
+def test_an_extension_that_lands_late_moves_neither_the_lock_nor_the_entry_back(settings):
+    """Extensions race when writes are slow: one sent earlier that lands after a later one is
+    refused whole, so the entry that the later one moved stays ahead of the lock."""
+    t0 = utcnow() - timedelta(seconds=10)
+    _put(settings, key="raced", now=t0 - timedelta(seconds=1))
+    claim = lifecycle.claim("raced", "w-1", settings, now=t0)
+    later = lifecycle.extend_lock(claim, settings, now=t0 + timedelta(seconds=5), listed_until=None)
+    assert later and later.listed_until is not None
+    earlier = lifecycle.extend_lock(claim, settings, now=t0 + timedelta(seconds=4), listed_until=None)
+    assert earlier and earlier.listed_until is None  # still held, nothing written
+    task = lifecycle.get_task("raced")
+    assert task.lock_expires_at == t0 + timedelta(seconds=5 + settings.effective_lock_seconds)
+    assert task.due_at == later.listed_until

@@ -10,8 +10,10 @@
 Lock and fencing timeline (``A``, ``B`` are workers; ``n`` is the attempt number)::
 
     t0  A claims: status=processing, lock_owner=A, attempts=n, due_at=lock_expires_at=t0+L
+        (A's heartbeats push lock_expires_at on, and due_at, the index key, past it: see extend_lock)
     t1  A dies (or stalls) ............................................
-    t0+L  lock expired: the coordinator sees processing & due_at <= now, dispatches again
+    t0+L  lock expired; once due_at has passed too (at most L later), the coordinator sees
+          processing & due_at <= now and dispatches again
     t2  B claims: condition "open & due_at <= now & attempts < max" holds; attempts=n+1, owner=B
     t3  A wakes and tries to record: condition "status=processing & owner=A & attempts=n" fails
         -> A is told LOST and logs it; B's attempt is untouched.
@@ -272,22 +274,54 @@ def lock_expiry(settings: Settings, now: datetime) -> datetime:
     return now + timedelta(seconds=settings.effective_lock_seconds)
 
 
-def extend_lock(claim: Claim, settings: Settings, now: datetime | None = None) -> bool:
+@dataclasses.dataclass(frozen=True)
+class LockExtension:
+    """What a lock extension found: whether the claim is still this attempt's (its truth value),
+    and the index due time the write set, when it moved the index entry (``None`` otherwise)."""
+
+    held: bool
+    listed_until: datetime | None = None
+
+    def __bool__(self) -> bool:
+        return self.held
+
+
+def listing_horizon(settings: Settings) -> timedelta:
+    """How far past a running task's lock its index entry is moved when it must move: one lock
+    lifetime (see :func:`extend_lock`)."""
+    return timedelta(seconds=settings.effective_lock_seconds)
+
+
+def extend_lock(claim: Claim, settings: Settings, now: datetime | None = None,
+                listed_until: datetime | None = None) -> LockExtension:
     """Heartbeat: push the lock of a running attempt to ``now`` + ``lock_seconds``.
 
-    Fenced like a result: ``False`` when the claim was taken over, cancelled or already recorded,
+    The lock (``lock_expires_at``) moves with every extension; the task's index entry (``due_at``,
+    the index's sort key) only when the new lock would pass it (``listed_until``, the due time this
+    worker last wrote: the claim's expiry at first; ``None``, not known: move it), and then to the
+    lock plus :func:`listing_horizon`. Moving an index key is a delete and a put in the index, so
+    an extension that leaves it costs 1 write unit instead of 3, and one in three moves it (at the
+    defaults). ``due_at >= lock_expires_at`` holds after every write, so a reader of the index
+    never meets a live lock as due, and a claim's ``due_at <= now`` still implies an expired lock;
+    a lost task shows as due at most one lock lifetime after its lock lapsed.
+
+    Fenced like a result: false when the claim was taken over, cancelled or already recorded,
     which tells the worker that its attempt no longer counts. A lock only moves forward: when
     writes are slow, an extension sent earlier may land after one sent later, and must not pull
-    the expiry back; refused for that reason, it is ``True`` after one consistent read that finds
-    the claim still this attempt's.
+    the expiry back; refused for that reason, it is held after one consistent read that finds
+    the claim still this attempt's (and moved nothing).
     """
     expires = lock_expiry(settings, now or utcnow())
+    actions = [TaskModel.lock_expires_at.set(expires)]
+    relisted = None
+    if listed_until is None or listed_until < expires:
+        relisted = expires + listing_horizon(settings)
+        actions.append(TaskModel.due_at.set(relisted))
     # A fresh item object: the worker thread may be reading ``claim.task`` at this moment.
     forward = fenced(claim) & (TaskModel.lock_expires_at < expires)
-    if _write(TaskModel(claim.key), [TaskModel.lock_expires_at.set(expires), TaskModel.due_at.set(expires)],
-              forward, "extend the lock of"):
-        return True
-    return holds(claim)
+    if _write(TaskModel(claim.key), actions, forward, "extend the lock of"):
+        return LockExtension(True, relisted)
+    return LockExtension(holds(claim))
 
 
 def holds(claim: Claim) -> bool:
