@@ -11,7 +11,8 @@ What Coworker does is **measured** first, on the real engine and its embedded Dy
   (``benchmarks/cost.py``);
 - claims lost to another worker with many invocations feeding themselves from one queue at once
   (each is a failed conditional write, billed at least one write unit);
-- the write units of one heartbeat: a running task's lock extension, and its invocation's slot's;
+- the write units of a running task's lock extensions, beat by beat (most move the lock alone;
+  about one in three moves its index entry too), and of one extension of its invocation's slot;
 - the log bytes the worker Lambda handler prints, per task and per invocation;
 - one scheduled coordinator run with nothing to do (requests, units, log bytes, metrics) and one
   busy tick.
@@ -36,6 +37,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
 from pathlib import Path
 
 os.environ["POWERTOOLS_METRICS_DISABLED"] = "false"  # EMF lines are log bytes too: count them
@@ -50,7 +52,7 @@ import prices as p  # noqa: E402
 from cost import RecordingInvoker, happy_path, write_shares  # noqa: E402
 from coworker.bootstrap import configure  # noqa: E402
 from coworker.config import Settings  # noqa: E402
-from coworker.data.models import LeaseModel, TaskModel  # noqa: E402
+from coworker.data.models import LeaseModel, TaskModel, utcnow  # noqa: E402
 from coworker.engine import dispatch, lifecycle, progress, slots, submit  # noqa: E402
 from coworker.engine.outcomes import TaskOutcome  # noqa: E402
 from coworker.engine.tasks import TaskSpec  # noqa: E402
@@ -87,13 +89,23 @@ class Measured:
     race_tasks: int
     race_started: int  # invocations started in all
     batch_extra_write_units: float  # per task of a batch (its head and counters), 100 a request
-    lock_extension_units: float  # one heartbeat of a running task
+    lock_beat_units: tuple[float, ...]  # a running task's first n lock extensions, n = 0, 1, ...
     slot_extension_units: float  # one heartbeat of a worker invocation
     read_units: float  # per task
     log_bytes_per_task: float
     log_bytes_per_invocation: float
     idle_run: RunCost
     busy_tick: RunCost
+
+    def lock_heartbeat_units(self, beats: int) -> float:
+        """Write units of a running task's first ``beats`` lock extensions: measured, and past
+        the last measured beat at the rate of the measured second half."""
+        units = self.lock_beat_units
+        last = len(units) - 1
+        if beats <= last:
+            return units[beats]
+        half = last // 2
+        return units[last] + (beats - last) * (units[last] - units[half]) / (last - half)
 
 
 @contextlib.contextmanager
@@ -120,7 +132,7 @@ def measure(db: str | None, tasks: int = 100, race_invocations: int = 20) -> Mea
         single = happy_path(server.endpoint, tasks, 10)
         batched = happy_path(server.endpoint, tasks, 10, batch_id="bill")
         shares = write_shares(single)
-        lock_units, slot_units = _heartbeat_units(server.endpoint)
+        lock_units, slot_units = _heartbeat_units(server.endpoint, _longest_task_beats())
         race_units, race_tasks, race_started = _claim_races(server.endpoint, race_invocations)
         per_task, per_invocation = _log_bytes(server.endpoint)
         idle_run, busy_tick = _coordinator(server.endpoint)
@@ -134,7 +146,7 @@ def measure(db: str | None, tasks: int = 100, race_invocations: int = 20) -> Mea
         race_started=race_started,
         batch_extra_write_units=max(0.0, _billed(batched["total"]) / batched["finished"]
                                     - _billed(single["total"]) / finished),
-        lock_extension_units=lock_units, slot_extension_units=slot_units,
+        lock_beat_units=lock_units, slot_extension_units=slot_units,
         read_units=single["total"].read_units / finished,
         log_bytes_per_task=per_task, log_bytes_per_invocation=per_invocation,
         idle_run=idle_run, busy_tick=busy_tick)
@@ -154,23 +166,41 @@ def _meter(settings: Settings) -> CapacityMeter:
                                    LeaseModel._get_connection().connection).attach()
 
 
-def _heartbeat_units(endpoint: str, beats: int = 3) -> tuple[float, float]:
-    """Write units of one lock extension of a running task, and of one slot extension."""
+# A heartbeat is sent once an interval has passed since the last one was sent, on the heartbeat
+# thread's next wake: a little later than the interval.
+BEAT_LAG_SECONDS = 0.05
+
+
+def _longest_task_beats() -> int:
+    """Lock extensions of a task that runs as long as a worker may (Lambda's 15 minutes)."""
+    return math.ceil(p.LAMBDA_MAX_SECONDS / HEARTBEAT_SECONDS)
+
+
+def _heartbeat_units(endpoint: str, beats: int, slot_beats: int = 3) -> tuple[tuple[float, ...], float]:
+    """Write units of a running task's first n lock extensions (n = 0 ... ``beats``), sent every
+    interval (plus :data:`BEAT_LAG_SECONDS`) with the due time of its index entry kept as the
+    heartbeat keeps it; and of one slot extension."""
     settings = _settings(endpoint, "heartbeat")
-    submit.put_task(TaskSpec(key="long", type="slow"), settings)
-    claim = lifecycle.claim("long", "bill-worker", settings)
+    interval = timedelta(seconds=settings.effective_heartbeat_seconds + BEAT_LAG_SECONDS)
+    start = utcnow() - beats * interval  # every beat's "now" has passed: none is in the future
+    submit.put_task(TaskSpec(key="long", type="slow"), settings, now=start - timedelta(seconds=1))
+    claim = lifecycle.claim("long", "bill-worker", settings, now=start)
     assert claim is not None
     slot = slots.slot_key(0)
     assert slots.take(slot, "bill-worker", 60, "running")
     meter = _meter(settings)
-    for _ in range(beats):
-        assert lifecycle.extend_lock(claim, settings)
+    listed_until, units = claim.task.due_at, [0.0]
+    for number in range(1, beats + 1):
+        extension = lifecycle.extend_lock(claim, settings, start + number * interval, listed_until)
+        assert extension
+        listed_until = extension.listed_until or listed_until
+        units.append(_billed(meter.snapshot()))
     locks = meter.snapshot()
-    for _ in range(beats):
+    for _ in range(slot_beats):
         assert slots.extend(slot, "bill-worker", 60)
     both = meter.snapshot()
     meter.detach()
-    return _billed(locks) / beats, (_billed(both) - _billed(locks)) / beats
+    return tuple(units), (_billed(both) - _billed(locks)) / slot_beats
 
 
 def _claim_races(endpoint: str, invocations: int, rounds: int = 10, seconds: float = 0.5) -> tuple[float, int, int]:
@@ -324,6 +354,13 @@ class Workload:
         return self.tasks * (self.seconds + p.DYNAMODB_SECONDS_PER_TASK) / self.concurrency / 3600
 
 
+def _beat_units_line(m: Measured) -> str:
+    beats = len(m.lock_beat_units) - 1
+    shown = [n for n in (1, 2, 3, 6, 14) if n <= beats]
+    firsts = ", ".join(f"{m.lock_beat_units[n]:.0f} for {n}" for n in shown)
+    return f"{firsts} ({m.lock_beat_units[beats] / beats:.2f} a beat over {beats} beats)"
+
+
 def coworker_worker_timeout(seconds: float) -> int:
     """The worker timeout a deployment for tasks of ``seconds`` needs: the default (300 s) while a
     task fits in half of it, else Lambda's longest (900 s)."""
@@ -337,7 +374,7 @@ def coworker_bill(m: Measured, w: Workload, batched: bool = False) -> Bill:
     invocation_seconds = w.tasks * (w.seconds + p.DYNAMODB_SECONDS_PER_TASK) / w.threads / invocations
     lock_beats = max(0, math.ceil(w.seconds / HEARTBEAT_SECONDS) - 1)
     slot_beats = math.floor(invocation_seconds / HEARTBEAT_SECONDS)
-    task_units = (m.own_write_units + lock_beats * m.lock_extension_units
+    task_units = (m.own_write_units + m.lock_heartbeat_units(lock_beats)
                   + (m.batch_extra_write_units if batched else 0.0))
     invocation_units = m.invocation_write_units + m.race_write_units + slot_beats * m.slot_extension_units
     log_bytes = w.tasks * m.log_bytes_per_task + invocations * (m.log_bytes_per_invocation
@@ -499,8 +536,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{m.race_write_units:.1f} claims lost to another worker",
         f"    ({m.race_invocations} invocations of 10 threads racing: {m.race_tasks:,} tasks, "
         f"{m.race_started} invocations)",
-        f"  a heartbeat (every {HEARTBEAT_SECONDS:g} s): {m.lock_extension_units:.2f} write units a running task's "
-        f"lock, {m.slot_extension_units:.2f} its invocation's slot",
+        f"  heartbeats (every {HEARTBEAT_SECONDS:g} s): a running task's lock, in write units, "
+        f"{_beat_units_line(m)};",
+        f"    {m.slot_extension_units:.2f} an invocation's slot a beat",
         f"  read units a task: {m.read_units:.2f}; log bytes: {m.log_bytes_per_task:,.0f} a task, "
         f"{m.log_bytes_per_invocation:,.0f} an invocation",
         f"  a coordinator run with nothing to do: {idle.requests} requests ({idle.stream_reads} stream reads), "

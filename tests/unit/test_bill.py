@@ -27,7 +27,7 @@ def measured(bill):
                        metric_names=frozenset({"CoordinatorTicks"}))
     return bill.Measured(own_write_units=7.0, invocation_write_units=10.0, race_write_units=20.0,
                          race_invocations=20, race_tasks=2000, race_started=20, batch_extra_write_units=0.1,
-                         lock_extension_units=3.0, slot_extension_units=3.0, read_units=0.3,
+                         lock_beat_units=tuple(3.0 * n for n in range(5)), slot_extension_units=3.0, read_units=0.3,
                          log_bytes_per_task=40.0, log_bytes_per_invocation=0.0, idle_run=run, busy_tick=run)
 
 
@@ -62,7 +62,17 @@ def test_heartbeats_are_billed_by_task_length(bill, measured):
     unit = 1_000_000 * bill.p.DYNAMODB_WRITE_UNIT
     assert task_writes(1.0) == pytest.approx(7.0 * unit)  # no heartbeat before the first 20 s
     assert task_writes(60.0) == pytest.approx((7.0 + 2 * 3.0) * unit)  # extended at 20 s and 40 s
-    assert task_writes(300.0) == pytest.approx((7.0 + 14 * 3.0) * unit)
+    assert task_writes(300.0) == pytest.approx((7.0 + 14 * 3.0) * unit)  # past the measured beats
+
+
+def test_lock_heartbeats_past_the_measured_ones_go_on_at_the_rate_of_the_later_ones(bill, measured):
+    import dataclasses
+
+    # the first beat moves the index entry (3 units), then one in three (1, 1, 3)
+    m = dataclasses.replace(measured, lock_beat_units=(0.0, 3.0, 4.0, 5.0, 8.0, 9.0, 10.0, 13.0))
+    assert m.lock_heartbeat_units(2) == 4.0
+    assert m.lock_heartbeat_units(7) == 13.0
+    assert m.lock_heartbeat_units(10) == pytest.approx(13.0 + 3 * (13.0 - 5.0) / 4)
 
 
 def test_five_minute_tasks_get_lambdas_longest_worker_timeout(bill, measured):
