@@ -242,3 +242,17 @@ def test_a_batch_settled_for_a_redrive_still_under_way_is_not_settled_earlier_ag
     batches.settle("settled", at=later)
     batches.settle("settled")
     assert BatchModel.get(batches.batch_key("settled")).puts_closed_at == later
+
+
+def test_a_put_that_ends_before_a_settled_redrive_may_land_does_not_settle_the_batch_earlier(make_settings):
+    """The end of a put request records when the batch's puts closed; a redrive still under way
+    had settled the batch as of when it may land, and that stays: the put counts its tasks and
+    ends its request all the same."""
+    settings = make_settings()
+    submit.put_task(TaskSpec(key="closing-1", type="quick", batch_id="closing"), settings)
+    later = utcnow() + timedelta(seconds=batches.PUT_WINDOW_SECONDS)
+    batches.settle("closing", at=later)
+    submit.put_batch([TaskSpec(key="closing-2", type="quick", batch_id="closing")], "closing", settings)
+    head = BatchModel.get(batches.batch_key("closing"), consistent_read=True)
+    assert head.puts_closed_at == later
+    assert (int(head.puts_in_flight), int(head.tasks_created)) == (0, 2)

@@ -249,12 +249,16 @@ def _close(batch_id: str, created: int) -> None:
     """Record that a put request ended (its puts are all made or refused), and how many tasks
     it created: the counted total must reach them before the batch reads done. If this write
     fails, the request's promise (PUT_WINDOW_SECONDS) stands in for it: ``done`` comes later, not
-    wrong."""
+    wrong. Like :func:`settle`, it only ever moves ``puts_closed_at`` later: a redrive settled as
+    of when its writes may still land is not pulled back by a put that ends before then."""
+    head, now = BatchModel(batch_key(batch_id)), utcnow()
+    ended = [BatchModel.puts_in_flight.add(-1), BatchModel.tasks_created.add(created)]
+    later = BatchModel.puts_closed_at.does_not_exist() | (BatchModel.puts_closed_at < now)
     try:
-        BatchModel(batch_key(batch_id)).update(actions=[
-            BatchModel.puts_in_flight.add(-1), BatchModel.puts_closed_at.set(utcnow()),
-            BatchModel.tasks_created.add(created)])
-    except PynamoDBException:
+        if not writes.update(head, [*ended, BatchModel.puts_closed_at.set(now)], later,
+                             f"close the puts of batch {batch_id!r}", refresh=False):
+            writes.update(head, ended, None, f"close the puts of batch {batch_id!r}", refresh=False)
+    except (PynamoDBException, StorageError):
         logger.exception("could not record the end of a batch's puts", extra={"batch_id": batch_id})
 
 
