@@ -13,6 +13,8 @@ What Coworker does is **measured** first, on the real engine and its embedded Dy
   (each is a failed conditional write, billed at least one write unit);
 - the write units of a running task's lock extensions, beat by beat (most move the lock alone;
   about one in three moves its index entry too), and of one extension of its invocation's slot;
+- the write units a task's own writes and a lock extension add with a larger payload on its
+  record, and with the payload kept in the results bucket instead (a reference on the record);
 - the log bytes the worker Lambda handler prints, per task and per invocation;
 - one scheduled coordinator run with nothing to do (requests, units, log bytes, metrics) and one
   busy tick.
@@ -33,12 +35,14 @@ import math
 import os
 import shlex
 import sys
+import tempfile
 import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 os.environ["POWERTOOLS_METRICS_DISABLED"] = "false"  # EMF lines are log bytes too: count them
 os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "Coworker")
@@ -96,6 +100,27 @@ class Measured:
     log_bytes_per_invocation: float
     idle_run: RunCost
     busy_tick: RunCost
+    # Payload size (bytes, as stored) -> write units that a record carrying it adds to the task's
+    # own writes, and to each lock extension, over the measured small task; and the same for a
+    # payload kept in the bucket (its reference on the record).
+    payload_units: dict[int, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    bucket_units: tuple[float, float] = (0.0, 0.0)
+
+    def with_payload(self, size: int | None) -> Measured:
+        """These measurements for tasks whose payload of ``size`` bytes is on the record
+        (``None``: the small payload measured)."""
+        if size is None:
+            return self
+        return self._adding(*self.payload_units[size])
+
+    def with_payload_in_bucket(self) -> Measured:
+        """These measurements for tasks whose payload is kept in the results bucket."""
+        return self._adding(*self.bucket_units)
+
+    def _adding(self, own: float, per_beat: float) -> Measured:
+        return dataclasses.replace(
+            self, own_write_units=self.own_write_units + own,
+            lock_beat_units=tuple(units + beat * per_beat for beat, units in enumerate(self.lock_beat_units)))
 
     def lock_heartbeat_units(self, beats: int) -> float:
         """Write units of a running task's first ``beats`` lock extensions: measured, and past
@@ -134,6 +159,8 @@ def measure(db: str | None, tasks: int = 100, race_invocations: int = 20) -> Mea
         shares = write_shares(single)
         lock_units, slot_units = _heartbeat_units(server.endpoint, _longest_task_beats())
         race_units, race_tasks, race_started = _claim_races(server.endpoint, race_invocations)
+        payload_units = {size: _payload_units(server.endpoint, size) for size in PAYLOAD_SIZES}
+        bucket_units = _payload_units(server.endpoint, max(PAYLOAD_SIZES), in_bucket=True)
         per_task, per_invocation = _log_bytes(server.endpoint)
         idle_run, busy_tick = _coordinator(server.endpoint)
     finally:
@@ -149,7 +176,7 @@ def measure(db: str | None, tasks: int = 100, race_invocations: int = 20) -> Mea
         lock_beat_units=lock_units, slot_extension_units=slot_units,
         read_units=single["total"].read_units / finished,
         log_bytes_per_task=per_task, log_bytes_per_invocation=per_invocation,
-        idle_run=idle_run, busy_tick=busy_tick)
+        idle_run=idle_run, busy_tick=busy_tick, payload_units=payload_units, bucket_units=bucket_units)
 
 
 def _settings(endpoint: str, name: str, **overrides) -> Settings:
@@ -201,6 +228,39 @@ def _heartbeat_units(endpoint: str, beats: int, slot_beats: int = 3) -> tuple[tu
     both = meter.snapshot()
     meter.detach()
     return tuple(units), (_billed(both) - _billed(locks)) / slot_beats
+
+
+# Payload sizes (as DynamoDB stores them) that the bill prices, beside the small one.
+PAYLOAD_SIZES = (1024, 4096, 16384)
+
+
+def _payload_units(endpoint: str, size: int, in_bucket: bool = False) -> tuple[float, float]:
+    """Write units that a payload of ``size`` bytes adds to a task's put, claim and finish, and
+    to one lock extension that leaves the index entry, over a task with the happy path's payload;
+    ``in_bucket``: the payload is kept in the results bucket (a local folder here), its reference
+    on the record."""
+    def units(name: str, payload: Any, **overrides: Any) -> tuple[float, float]:
+        settings = _settings(endpoint, name, **overrides)
+        meter = _meter(settings)
+        submit.put_task(TaskSpec(key="sized", type="slow", payload=payload), settings)
+        claim = lifecycle.claim("sized", "bill-worker", settings)
+        assert claim is not None
+        own = _billed(meter.snapshot())
+        assert lifecycle.extend_lock(claim, settings, listed_until=utcnow() + timedelta(days=1))
+        extension = _billed(meter.snapshot()) - own
+        assert lifecycle.complete(claim, settings) is lifecycle.RecordOutcome.FINISHED
+        own = _billed(meter.snapshot()) - extension
+        meter.detach()
+        return own, extension
+
+    small = units("payload-small", {"n": 1})
+    padding = "x" * max(0, size - 16)  # the attribute names and the JSON around it make up the rest
+    if in_bucket:
+        with tempfile.TemporaryDirectory(prefix="bill-payloads-") as folder:
+            sized = units("payload-bucket", {"data": padding}, inline_payload_bytes=256, result_dir=folder)
+    else:
+        sized = units(f"payload-{size}", {"data": padding}, inline_payload_bytes=max(size * 2, 16384))
+    return sized[0] - small[0], sized[1] - small[1]
 
 
 def _claim_races(endpoint: str, invocations: int, rounds: int = 10, seconds: float = 0.5) -> tuple[float, int, int]:
@@ -361,13 +421,42 @@ def _beat_units_line(m: Measured) -> str:
     return f"{firsts} ({m.lock_beat_units[beats] / beats:.2f} a beat over {beats} beats)"
 
 
+def _print_by_payload(m: Measured, workload: Callable[[float], Workload]) -> None:
+    sizes: list[int | None] = [None, *sorted(m.payload_units)]
+    names = "".join(f"{'small' if size is None else _bytes(size):>10}" for size in sizes)
+    print(f"\nBy payload size (as stored), per {workload(1.0).tasks:,} tasks:\n")
+    print(f"  {'design':<44}{names}")
+    for seconds in (1.0, 60.0):
+        w = workload(seconds)
+        rows = {
+            f"Coworker, payload on the record ({_length(seconds)})":
+                [coworker_bill(m.with_payload(size), w).total for size in sizes],
+            f"Coworker, payload in the bucket ({_length(seconds)})":
+                [coworker_bill(m.with_payload_in_bucket(), w, payload_in_bucket=True).total for _ in sizes],
+            f"SQS + Lambda + status table ({_length(seconds)})":
+                [sqs_bill(m, w, size or 0).total for size in sizes],
+        }
+        for name, totals in rows.items():
+            print(f"  {name:<44}" + "".join(f"{'$' + format(total, ',.2f'):>10}" for total in totals))
+    own = ", ".join(f"{_bytes(size)} +{units[0]:.0f}" for size, units in sorted(m.payload_units.items()))
+    print(f"  (write units a payload adds to a task's put, claim and finish: {own}; a lock extension "
+          f"adds about a third of that;\n   in the bucket: {m.bucket_units[0]:+.0f} and a PUT and a GET; "
+          "COWORKER_INLINE_PAYLOAD_BYTES decides, 16 KB by default)")
+
+
+def _bytes(size: int) -> str:
+    return f"{size // 1024} KB" if size % 1024 == 0 else f"{size} B"
+
+
 def coworker_worker_timeout(seconds: float) -> int:
     """The worker timeout a deployment for tasks of ``seconds`` needs: the default (300 s) while a
     task fits in half of it, else Lambda's longest (900 s)."""
     return WORKER_TIMEOUT if seconds <= WORKER_TIMEOUT / 2 else p.LAMBDA_MAX_SECONDS
 
 
-def coworker_bill(m: Measured, w: Workload, batched: bool = False) -> Bill:
+def coworker_bill(m: Measured, w: Workload, batched: bool = False, payload_in_bucket: bool = False) -> Bill:
+    """``payload_in_bucket``: ``m`` measured with the payload kept in the results bucket, whose
+    requests are added (a PUT when the task is put, a GET when a worker runs it)."""
     timeout = coworker_worker_timeout(w.seconds)
     rounds = max(1, math.floor(timeout * p.COWORKER_FEED_SHARE / (w.seconds + p.DYNAMODB_SECONDS_PER_TASK)))
     invocations = math.ceil(w.tasks / (w.threads * rounds))
@@ -382,6 +471,7 @@ def coworker_bill(m: Measured, w: Workload, batched: bool = False) -> Bill:
     # While the job runs the coordinator supervises (a minute per scheduled run) and every metric
     # is published; the monthly table prices a deployment with nothing to do.
     supervising = coordinator_busy(m, w.hours)
+    bucket = {"S3 payload requests": w.tasks * (p.S3_PUT + p.S3_GET)} if payload_in_bucket else {}
     return Bill(f"Coworker{' (one batch)' if batched else ''}", {
         "DynamoDB writes, tasks": w.tasks * task_units * p.DYNAMODB_WRITE_UNIT,
         "DynamoDB writes, invocations": invocations * invocation_units * p.DYNAMODB_WRITE_UNIT,
@@ -393,19 +483,30 @@ def coworker_bill(m: Measured, w: Workload, batched: bool = False) -> Bill:
         "CloudWatch Logs": log_bytes / 1e9 * p.CLOUDWATCH_LOGS_GB,
         "X-Ray": invocations * p.XRAY_SAMPLED * p.XRAY_TRACE,
         "coordinator and metrics while it runs": supervising.total,
+        **bucket,
     }, note=f"{invocations:,} worker invocations of {w.threads} threads (timeout {timeout} s); "
             f"{lock_beats} lock heartbeats a task; write units: {task_units:.2f} a task, "
             f"{invocation_units:.0f} an invocation")
 
 
-def sqs_bill(m: Measured, w: Workload) -> Bill:
+def sqs_requests_per_task(payload_bytes: int = 0) -> float:
+    """Send, receive and delete in batches of 10; SQS bills a request per 64 KB it carries, and a
+    send or receive batch carries its 10 payloads."""
+    chunks = max(1, math.ceil(p.SQS_LAMBDA_BATCH * payload_bytes / SQS_CHUNK_BYTES))
+    return p.SQS_REQUESTS_PER_TASK + 2 * (chunks - 1) / p.SQS_LAMBDA_BATCH
+
+
+SQS_CHUNK_BYTES = 64 * 1024
+
+
+def sqs_bill(m: Measured, w: Workload, payload_bytes: int = 0) -> Bill:
     if w.seconds + p.DYNAMODB_SECONDS_PER_TASK > p.LAMBDA_MAX_SECONDS:
         return Bill("SQS + Lambda + status table", {}, note="infeasible: a task outlasts Lambda's 15 minutes")
     invocations = math.ceil(w.tasks / p.SQS_LAMBDA_BATCH)
     log_bytes = w.tasks * m.log_bytes_per_task + invocations * p.LAMBDA_PLATFORM_LOG_BYTES
     threads = min(w.threads, p.SQS_LAMBDA_BATCH)
     return Bill("SQS + Lambda + status table", {
-        "SQS requests": w.tasks * p.SQS_REQUESTS_PER_TASK * p.SQS_REQUEST,
+        "SQS requests": w.tasks * sqs_requests_per_task(payload_bytes) * p.SQS_REQUEST,
         "DynamoDB writes": w.tasks * p.STATUS_TABLE_WRITES * p.DYNAMODB_WRITE_UNIT,
         "DynamoDB storage (a month)": w.tasks * p.ITEM_BYTES / 1e9 * p.DYNAMODB_GB_MONTH,
         "Lambda requests": invocations * p.LAMBDA_REQUEST,
@@ -572,6 +673,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         others = list(rows.values())[index]
         ratios = "".join(f"{a.total / b.total:>11.2f}x" for a, b in zip(rows["Coworker"], others, strict=True))
         print(f"  {name:<34}{ratios}")
+
+    _print_by_payload(m, workload)
 
     w = workload(args.task_seconds)
     print(f"\nItemised, tasks of {_length(args.task_seconds)}:\n")

@@ -20,6 +20,10 @@ LAMBDA_MAX_SECONDS = 900
 # Lambda writes START, END and REPORT lines per invocation (about this many bytes).
 LAMBDA_PLATFORM_LOG_BYTES = 350
 API_GATEWAY_REST_REQUEST = 3.50 / 1e6  # aws.amazon.com/api-gateway/pricing
+# S3 Standard requests: aws.amazon.com/s3/pricing (a payload kept in the bucket: one PUT when it is
+# put, one GET each time a worker runs it)
+S3_PUT = 0.005 / 1000
+S3_GET = 0.0004 / 1000
 SQS_REQUEST = 0.40 / 1e6  # standard queue, per 64 KB request: aws.amazon.com/sqs/pricing
 # Step Functions: aws.amazon.com/step-functions/pricing
 STEP_FUNCTIONS_TRANSITION = 0.025 / 1000  # standard workflow state transition

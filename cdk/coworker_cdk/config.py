@@ -38,6 +38,7 @@ _SETTINGS_CONTEXT: dict[str, str] = {
     c.CTX_HANDLER_MODULES: "handler_modules",
     c.CTX_EXAMPLE_HANDLERS: "example_handlers",
     c.CTX_INLINE_RESULT_BYTES: "inline_result_bytes",
+    c.CTX_INLINE_PAYLOAD_BYTES: "inline_payload_bytes",
     c.CTX_STATUS_SHARDS: "status_shards",
     c.CTX_EVENTS: "events",
     c.CTX_EVENT_BUS: "event_bus",

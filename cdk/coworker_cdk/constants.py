@@ -81,6 +81,7 @@ CTX_EXAMPLE_HANDLERS: Final = "exampleHandlers"  # "true" | "false"
 CTX_RESULTS_BUCKET: Final = "resultsBucket"  # "true" | "false"
 CTX_API_AUTH: Final = "apiAuth"  # "api-key" | "iam"
 CTX_INLINE_RESULT_BYTES: Final = "inlineResultBytes"
+CTX_INLINE_PAYLOAD_BYTES: Final = "inlinePayloadBytes"
 CTX_STATUS_SHARDS: Final = "statusShards"
 CTX_EVENTS: Final = "events"  # completion events: off | eventbridge | log
 CTX_EVENT_BUS: Final = "eventBus"

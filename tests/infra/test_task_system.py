@@ -196,7 +196,7 @@ def _literal(text: str) -> str:
 
 
 def test_large_results_go_to_a_private_bucket_the_worker_writes_and_the_api_reads(tmp_path) -> None:
-    template, raw, _ = synth_system(tmp_path, inline_result_bytes=1024)
+    template, raw, _ = synth_system(tmp_path, inline_result_bytes=1024, inline_payload_bytes=2048)
     (bucket_id,) = template.find_resources("AWS::S3::Bucket")
     template.has_resource_properties("AWS::S3::Bucket", {
         "BucketEncryption": {"ServerSideEncryptionConfiguration": [
@@ -211,6 +211,7 @@ def test_large_results_go_to_a_private_bucket_the_worker_writes_and_the_api_read
         env = functions[role]["Environment"]["Variables"]
         assert env["COWORKER_RESULT_BUCKET"] == {"Ref": bucket_id}, role
         assert env["COWORKER_INLINE_RESULT_BYTES"] == "1024", role
+        assert env["COWORKER_INLINE_PAYLOAD_BYTES"] == "2048", role
     assert "COWORKER_RESULT_BUCKET" not in functions["coordinator"]["Environment"]["Variables"]
     by_role: dict[str, set] = {}
     for resource in raw["Resources"].values():

@@ -91,3 +91,28 @@ def test_an_idle_month_prices_one_run_a_minute_and_the_metrics_it_sends(bill, me
     busy = bill.coordinator_busy(measured, bill.p.HOURS_A_MONTH)
     assert busy.lines["custom metrics"] == pytest.approx(len(bill.CUSTOM_METRICS) * bill.p.CLOUDWATCH_METRIC_MONTH)
     assert busy.total > idle.total
+
+
+def test_a_payload_on_the_record_adds_its_measured_units_to_each_write_and_beat(bill, measured):
+    import dataclasses
+
+    m = dataclasses.replace(measured, lock_beat_units=(0.0, 3.0, 4.0, 5.0),
+                            payload_units={4096: (12.0, 4.0)}, bucket_units=(0.5, 0.0))
+    sized = m.with_payload(4096)
+    assert sized.own_write_units == 19.0
+    assert sized.lock_beat_units == (0.0, 7.0, 12.0, 17.0)
+    assert m.with_payload(None) is m
+    unit = 1_000_000 * bill.p.DYNAMODB_WRITE_UNIT
+    one_second = workload(bill, 1.0)
+    on_record = bill.coworker_bill(sized, one_second)
+    in_bucket = bill.coworker_bill(m.with_payload_in_bucket(), one_second, payload_in_bucket=True)
+    assert on_record.lines["DynamoDB writes, tasks"] == pytest.approx(19.0 * unit)
+    assert in_bucket.lines["DynamoDB writes, tasks"] == pytest.approx(7.5 * unit)
+    assert in_bucket.lines["S3 payload requests"] == pytest.approx(1_000_000 * (bill.p.S3_PUT + bill.p.S3_GET))
+    assert "S3 payload requests" not in on_record.lines
+
+
+def test_sqs_bills_a_request_per_64_kb_a_batch_carries(bill):
+    assert bill.sqs_requests_per_task(0) == pytest.approx(0.3)
+    assert bill.sqs_requests_per_task(6 * 1024) == pytest.approx(0.3)  # 60 KB a batch of 10
+    assert bill.sqs_requests_per_task(16 * 1024) == pytest.approx(0.3 + 2 * 2 / 10)  # 160 KB: 3 requests each
