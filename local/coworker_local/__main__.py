@@ -126,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-handlers", dest="use_handlers", action="store_false",
                         help="do not import a handlers package (the example types stay, unless "
                              "--example-handlers false)")
+    parser.add_argument("--env", dest="function_env", action="append", default=[], metavar="NAME[=VALUE]",
+                        help="an environment variable for your handlers in the worker and API processes, "
+                             "as a Lambda function's environment: NAME=VALUE, or NAME to pass this "
+                             "shell's value (repeatable)")
     parser.add_argument("--log-file", type=Path, default=None,
                         help="where the runtime and worker logs go (default: a file in the temp dir)")
     demo = parser.add_argument_group("demo workload")
@@ -170,13 +174,20 @@ def main(argv: list[str] | None = None) -> int:
     # a script does): Python leaves an inherited SIG_IGN in place otherwise.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     from coworker_local import demo as demo_module
-    from coworker_local.runtime import LocalRuntime, default_handlers_dir, local_settings, with_handlers_package
+    from coworker_local.runtime import (
+        LocalRuntime,
+        default_handlers_dir,
+        function_environment,
+        local_settings,
+        with_handlers_package,
+    )
 
     overrides = {name: getattr(args, name) for name in Settings.model_fields if name not in NOT_FLAGS}
     handlers = (args.handlers or default_handlers_dir()) if args.use_handlers else None
     try:
         settings = local_settings(**overrides)
         with_handlers_package(settings, handlers)  # a bad package is refused before anything starts
+        function_env = function_environment(args.function_env, os.environ)
     except ConfigurationError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -195,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
                            prewarm=args.prewarm_workers,
                            api_environments=args.api_environments,
                            prewarm_api=args.prewarm_api,
-                           database=args.db, data_dir=args.data_dir, handlers=handlers)
+                           database=args.db, data_dir=args.data_dir, handlers=handlers,
+                           function_env=function_env)
     try:
         runtime.start()
     except DatabaseStartError as exc:

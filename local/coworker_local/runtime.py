@@ -24,6 +24,7 @@ import collections
 import dataclasses
 import math
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -38,6 +39,7 @@ from coworker.bootstrap import configure
 from coworker.config import Settings
 from coworker.engine import dispatch
 from coworker.engine.handlers import handler_package
+from coworker.errors import ConfigurationError
 from coworker.observability import invocation_scope, logger, metrics
 
 from coworker_local import migration
@@ -81,6 +83,31 @@ def local_settings(environ: dict[str, str] | None = None, **overrides: Any) -> S
 # variable, else a ``handlers/`` folder in the current directory (the stack's default too).
 HANDLERS_DIR_VARIABLE = "COWORKER_HANDLERS_DIR"
 DEFAULT_HANDLERS_DIR = "handlers"
+
+
+# ``--env`` names: what a shell takes; the runtime's own (settings, credentials, Powertools) are not.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+RESERVED_ENV_PREFIXES = ("COWORKER_", "AWS_", "POWERTOOLS_")
+
+
+def function_environment(entries: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """``--env`` entries as variables: ``NAME=VALUE``, or ``NAME`` for ``environ``'s value.
+    :class:`ConfigurationError` for a name that is not one, is not set, or is a setting's."""
+    variables: dict[str, str] = {}
+    for entry in entries:
+        name, given, value = entry.partition("=")
+        if not ENV_NAME.fullmatch(name):
+            raise ConfigurationError(f"--env {entry}: {name!r} is not an environment variable name "
+                                     "(letters, digits and _, not starting with a digit)")
+        if name.startswith(RESERVED_ENV_PREFIXES):
+            raise ConfigurationError(f"--env {entry}: {name} is set by the runtime; give a setting with "
+                                     "its flag or its environment variable")
+        if not given:
+            if name not in environ:
+                raise ConfigurationError(f"--env {name}: {name} is not set in this shell; give NAME=VALUE")
+            value = environ[name]
+        variables[name] = value
+    return variables
 
 
 def default_handlers_dir(environ: Mapping[str, str] | None = None) -> Path | None:
@@ -190,12 +217,15 @@ class LocalRuntime:
         allowed_hosts: Sequence[str] = (),
         api_environments: int = DEFAULT_MAX_ENVIRONMENTS,
         prewarm_api: int = 1,
+        function_env: Mapping[str, str] | None = None,
     ) -> None:
         self.requested_settings = settings
         self.allowed_hosts = tuple(allowed_hosts)  # host names the API answers to besides addresses
         # Your handlers package: imported by the API process and every worker, as on Lambda.
         self.settings, self.handlers_path = with_handlers_package(settings, handlers)
         self.handlers_dir = Path(handlers).resolve() if handlers is not None else None
+        # Your handlers' own variables (``--env``), as a Lambda function's environment.
+        self.function_env = dict(function_env or {})
         self.host = host
         self.port = port
         self.max_invocations = max_invocations or default_max_invocations(settings)
@@ -229,8 +259,9 @@ class LocalRuntime:
 
     def worker_environment(self) -> dict[str, str]:
         """What a worker process gets: the settings as environment variables, credentials,
-        Powertools switches and the basics of a process environment."""
+        Powertools switches, the basics of a process environment and your ``function_env``."""
         environ = {name: os.environ[name] for name in PASSED_THROUGH if name in os.environ}
+        environ.update(self.function_env)
         environ.update(FAKE_CREDENTIALS)
         environ.update({k: v for k, v in os.environ.items() if k.startswith(("AWS_", "POWERTOOLS_"))})
         environ.update(self.settings.as_environment())

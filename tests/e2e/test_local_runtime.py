@@ -255,7 +255,7 @@ def test_your_handlers_package_runs_in_the_worker_processes_without_pythonpath(s
     from tests.support.handler_packages import write_handler_package
 
     package, name, task_type = write_handler_package(tmp_path)
-    runtime = start_runtime("--no-demo", "--handlers", str(package))
+    runtime = start_runtime("--no-demo", "--handlers", str(package), "--env", "TEAM_GREETING=hello, workers")
     assert runtime.wait_for(lambda: "Task types" in runtime.text(), 10, "the banner")
     banner_types = next(line for line in runtime.text().splitlines() if "Task types" in line)
     assert task_type in banner_types and "quick" in banner_types and str(package) in banner_types
@@ -275,6 +275,14 @@ def test_your_handlers_package_runs_in_the_worker_processes_without_pythonpath(s
     response = runtime.get(f"/tasks/{name}-big/result")
     assert response.status_code == 200 and len(response.content) == big["result_ref"]["bytes"]
     assert response.json() == {"text": "é" * 1_000_000, "attempt": 1}
+
+    # ``--env``: your handlers' own variables reach the worker processes, as a function's environment.
+    response = runtime.post("/tasks", json={"key": f"{name}-env", "type": f"{task_type}-env",
+                                            "payload": {"name": "TEAM_GREETING"}})
+    assert response.status_code == 201, response.text
+    told = runtime.wait_for(lambda: (t := runtime.task(f"{name}-env"))["status"] == "finished" and t, 30,
+                            "the env task to finish")
+    assert told["result"] == {"value": "hello, workers"}
 
 
 def test_the_repository_handlers_folder_is_picked_up_by_default(runtime):

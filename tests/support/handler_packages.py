@@ -10,7 +10,8 @@ from pathlib import Path
 def write_handler_package(root: Path, name: str | None = None, *, task_type: str | None = None,
                           requirements: str = "") -> tuple[Path, str, str]:
     """A package ``root/<name>`` with one module registering ``task_type`` (which doubles its
-    payload's ``n``) and ``<task_type>-big`` (a result of about ``bytes`` bytes), a nested module,
+    payload's ``n``), ``<task_type>-big`` (a result of about ``bytes`` bytes) and ``<task_type>-env``
+    (the value of the environment variable ``name``), a nested module,
     a test module that must never be imported, and ``requirements.txt``. Returns
     ``(package folder, name, task type)``; names are unique."""
     suffix = uuid.uuid4().hex[:8]
@@ -29,6 +30,12 @@ def write_handler_package(root: Path, name: str | None = None, *, task_type: str
         @task_handler({task_type + "-big"!r})
         def big(payload: dict, context: TaskContext) -> dict:
             return {{"text": "é" * (payload["bytes"] // 2), "attempt": context.attempt}}
+
+        @task_handler({task_type + "-env"!r})
+        def env(payload: dict, context: TaskContext) -> dict:
+            import os
+
+            return {{"value": os.environ.get(payload["name"])}}
     '''))
     (package / "reports" / "__init__.py").write_text("")
     (package / "reports" / "summary.py").write_text(textwrap.dedent(f'''
