@@ -159,11 +159,28 @@ def test_under_slow_writes_no_task_runs_twice_at_once_and_none_past_its_deadline
     def worker(owner: str) -> None:
         reports.extend(run_batch(keys, owner, settings, deadline))
 
+    # Meanwhile, every running task's index entry stays at or after its lock (no reader of the
+    # index may meet a live lock as due), however the lock extensions land.
+    behind: list[tuple[str, object, object]] = []
+    done = threading.Event()
+
+    def watch_entries() -> None:
+        while not done.wait(0.05):
+            for key in keys:
+                task = lifecycle.get_task(key)
+                if task.status == "processing" and task.due_at < task.lock_expires_at:
+                    behind.append((key, task.due_at, task.lock_expires_at))
+
     threads = [threading.Thread(target=worker, args=(owner,)) for owner in ("w-1", "w-2")]
+    watcher = threading.Thread(target=watch_entries, daemon=True)
+    watcher.start()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
+    done.set()
+    watcher.join(timeout=10)
+    assert behind == []
 
     # No live worker lost a task it held (a claim taken over shows as lost), no two runs of one
     # task overlap, none started past the handlers' deadline, and one still running at it was told
