@@ -22,7 +22,10 @@ Then it checks, from the handlers' own notes and the task records:
   worker tells its handler before the lock lapses; a handler that does not heed it runs on, and
   its result is discarded);
 * every finished task's result was written by its last attempt, from a run not told its claim
-  was lost: no stale attempt overwrote a newer one.
+  was lost: no stale attempt overwrote a newer one;
+* while the batch ran, no running task's index entry was seen behind its lock (``due_at`` before
+  ``lock_expires_at``: a reader of the index would take a live lock for lost work), from a scan of
+  the table every half second, straight from DynamoDB Local.
 
 It also prints how many runs were told their claim was lost: live workers whose lock extensions
 could not land in time (writes slower than the lock allows). Exit status 1 if a check fails.
@@ -50,7 +53,9 @@ from urllib.parse import urlsplit
 
 BENCHMARKS_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS_DIR))
+from coworker.config import Settings  # noqa: E402
 from coworker_local.client import Coworker  # noqa: E402
+from coworker_local.database import dynamodb_client  # noqa: E402
 from system import Runtime, descendants, start_database  # noqa: E402
 
 WRITES = frozenset({"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"})
@@ -175,9 +180,47 @@ def read_runs(path: Path) -> dict[str, list[dict[str, Any]]]:
     return by_key
 
 
-def check(tasks: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, Any]]]) -> dict[str, list[str]]:
+class EntryWatch:
+    """Scans the running tasks every half second, straight from the database, for an index entry
+    behind its lock (``due_at`` before ``lock_expires_at``). Each item a scan returns is one
+    version of it, so the rule holds for it whatever the scan's consistency."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.client = dynamodb_client(Settings(dynamodb_endpoint=endpoint))
+        self.table = Settings().table_name
+        self.behind: list[str] = []
+        self.scans = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="entry-watch", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            with contextlib.suppress(Exception):  # the table is made by the first runtime
+                for page in self.client.get_paginator("scan").paginate(
+                        TableName=self.table, FilterExpression="#s = :p",
+                        ProjectionExpression="#k, due_at, lock_expires_at",
+                        ExpressionAttributeNames={"#s": "status", "#k": "key"},
+                        ExpressionAttributeValues={":p": {"S": "processing"}}):
+                    for item in page["Items"]:
+                        due, lock = item.get("due_at", {}).get("S"), item.get("lock_expires_at", {}).get("S")
+                        if due is not None and lock is not None and due < lock:
+                            self.behind.append(f"{item['key']['S']}: due {due}, lock {lock}")
+                self.scans += 1
+
+    def __enter__(self) -> EntryWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def check(tasks: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, Any]]],
+          behind: Sequence[str] = ()) -> dict[str, list[str]]:
     """What broke a promise, by check (empty lists: none)."""
-    problems: dict[str, list[str]] = {"not ended": [], "never ran": [], "ran twice at once": [], "stale result": []}
+    problems: dict[str, list[str]] = {"not ended": [], "never ran": [], "ran twice at once": [], "stale result": [],
+                                      "entry behind its lock": list(behind)}
     for key, task in tasks.items():
         if task["status"] not in ("finished", "ignored"):
             problems["not ended"].append(f"{key} is {task['status']}")
@@ -216,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         database = start_database("dynamodb-local")
         try:
             with SlowWrites(database.endpoint, args.slow_share, args.slow_seconds, args.seed,
-                            args.slow_reads) as proxy:
+                            args.slow_reads) as proxy, EntryWatch(database.endpoint) as watch:
                 runtimes: list[Runtime] = []
 
                 def start() -> Runtime:
@@ -231,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             database.stop()
         runs = read_runs(notes)
-    problems = check(tasks, runs)
+    problems = check(tasks, runs, watch.behind if watch.scans else ["no scan of the running tasks succeeded"])
     statuses = collections.Counter(task["status"] for task in tasks.values())
     reasons = collections.Counter((task["errors"] or [{}])[-1].get("kind", "?") for task in tasks.values()
                                   if task["status"] == "ignored")
@@ -239,7 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"chaos: {args.tasks} tasks (0.2-4 s, a fifth fail their first attempt, half heed a lost claim); "
           f"{held:,} of {passed:,} requests held up to {args.slow_seconds:g} s "
           f"({args.slow_share:.0%} of {'requests' if args.slow_reads else 'writes'}); "
-          f"{kills} worker processes and {len(runtimes) - 1} whole runtimes SIGKILLed")
+          f"{kills} worker processes and {len(runtimes) - 1} whole runtimes SIGKILLed; "
+          f"{watch.scans} scans of the running tasks")
     print(f"  ended: {dict(statuses)}" + (f"; ignored because: {dict(reasons)}" if reasons else ""))
     print(f"  runs: {len(every)} started, {sum('ended' not in run for run in every)} killed mid-run, "
           f"{sum(bool(run.get('told')) for run in every)} told their claim was lost (lock extensions "

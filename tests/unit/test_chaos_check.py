@@ -50,3 +50,10 @@ def test_a_task_that_never_ran_or_never_ended_is_found(chaos) -> None:
     tasks = {"k": {"status": "processing", "attempts": 1, "errors": []}}
     problems = chaos.check(tasks, {})
     assert problems["never ran"] and problems["not ended"]
+
+
+def test_an_entry_seen_behind_its_lock_is_a_broken_promise(chaos):
+    runs = {"k": [{"token": "w:1", "attempt": 1, "started": 0.0, "ended": 1.0, "told": False}]}
+    problems = chaos.check(_finished(1, "w:1"), runs, ["k: due 1, lock 2"])
+    assert problems["entry behind its lock"] == ["k: due 1, lock 2"]
+    assert not any(found for name, found in problems.items() if name != "entry behind its lock")
