@@ -12,7 +12,7 @@ What Coworker does is **measured** first, on the real engine and its embedded Dy
 - claims lost to another worker with many invocations feeding themselves from one queue at once
   (each is a failed conditional write, billed at least one write unit);
 - the write units of a running task's lock extensions, beat by beat (most move the lock alone;
-  about one in three moves its index entry too), and of one extension of its invocation's slot;
+  every other one moves its index entry too), and of one extension of its invocation's slot;
 - the write units a task's own writes and a lock extension add with a larger payload on its
   record, and with the payload kept in the results bucket instead (a reference on the record);
 - the log bytes the worker Lambda handler prints, per task and per invocation;

@@ -397,7 +397,7 @@ def test_the_backlog_counts_tasks_waiting_for_a_place(make_settings):
 
 
 def test_the_heartbeat_moves_the_index_entry_only_when_the_lock_would_pass_it(make_settings):
-    """The heartbeat keeps the due time it last wrote: its first beat moves the entry a lock
+    """The heartbeat keeps the due time it last wrote: its first beat moves the entry half a lock
     lifetime past the lock; a beat soon after moves the lock alone (1 write unit, not 3)."""
     settings = make_settings()
     _put(settings, "long")
@@ -408,7 +408,7 @@ def test_the_heartbeat_moves_the_index_entry_only_when_the_lock_would_pass_it(ma
     time.sleep(0.01)
     heartbeat.beat()
     first = lifecycle.get_task("long")
-    assert first.due_at == first.lock_expires_at + timedelta(seconds=settings.effective_lock_seconds)
+    assert first.due_at == first.lock_expires_at + lifecycle.listing_horizon(settings)
     time.sleep(0.01)
     heartbeat.beat()
     second = lifecycle.get_task("long")

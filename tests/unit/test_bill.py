@@ -68,11 +68,11 @@ def test_heartbeats_are_billed_by_task_length(bill, measured):
 def test_lock_heartbeats_past_the_measured_ones_go_on_at_the_rate_of_the_later_ones(bill, measured):
     import dataclasses
 
-    # the first beat moves the index entry (3 units), then one in three (1, 1, 3)
-    m = dataclasses.replace(measured, lock_beat_units=(0.0, 3.0, 4.0, 5.0, 8.0, 9.0, 10.0, 13.0))
+    # the first beat moves the index entry (3 units), then every other one (1, 3, 1, 3, ...)
+    m = dataclasses.replace(measured, lock_beat_units=(0.0, 3.0, 4.0, 7.0, 8.0, 11.0, 12.0, 15.0))
     assert m.lock_heartbeat_units(2) == 4.0
-    assert m.lock_heartbeat_units(7) == 13.0
-    assert m.lock_heartbeat_units(10) == pytest.approx(13.0 + 3 * (13.0 - 5.0) / 4)
+    assert m.lock_heartbeat_units(7) == 15.0
+    assert m.lock_heartbeat_units(10) == pytest.approx(15.0 + 3 * (15.0 - 7.0) / 4)
 
 
 def test_five_minute_tasks_get_lambdas_longest_worker_timeout(bill, measured):

@@ -11,7 +11,7 @@ interval (at most :data:`MAX_IN_FLIGHT` at once): the first to land keeps the lo
 only ever move a lock forward (a late write cannot shorten it, see
 :func:`coworker.engine.lifecycle.extend_lock`). Each task remembers the index due time it last
 wrote, so that an extension moves the task's index entry (two more write units) only when the
-new lock would pass it: about one beat in three.
+new lock would pass it: every other beat.
 
 Timeline of one lock (``L`` the lock's lifetime, ``h`` the heartbeat interval, ``m = h / 2``)::
 

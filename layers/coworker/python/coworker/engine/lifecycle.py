@@ -12,7 +12,7 @@ Lock and fencing timeline (``A``, ``B`` are workers; ``n`` is the attempt number
     t0  A claims: status=processing, lock_owner=A, attempts=n, due_at=lock_expires_at=t0+L
         (A's heartbeats push lock_expires_at on, and due_at, the index key, past it: see extend_lock)
     t1  A dies (or stalls) ............................................
-    t0+L  lock expired; once due_at has passed too (at most L later), the coordinator sees
+    t0+L  lock expired; once due_at has passed too (at most L/2 later), the coordinator sees
           processing & due_at <= now and dispatches again
     t2  B claims: condition "open & due_at <= now & attempts < max" holds; attempts=n+1, owner=B
     t3  A wakes and tries to record: condition "status=processing & owner=A & attempts=n" fails
@@ -287,9 +287,10 @@ class LockExtension:
 
 
 def listing_horizon(settings: Settings) -> timedelta:
-    """How far past a running task's lock its index entry is moved when it must move: one lock
-    lifetime (see :func:`extend_lock`)."""
-    return timedelta(seconds=settings.effective_lock_seconds)
+    """How far past a running task's lock its index entry is moved when it must move: half a lock
+    lifetime (see :func:`extend_lock`), so that a dead worker's task is found within 1.5 lock
+    lifetimes of its last heartbeat, well within the 2 x ``lock_seconds`` promised."""
+    return timedelta(seconds=settings.effective_lock_seconds / 2)
 
 
 def extend_lock(claim: Claim, settings: Settings, now: datetime | None = None,
@@ -300,10 +301,10 @@ def extend_lock(claim: Claim, settings: Settings, now: datetime | None = None,
     the index's sort key) only when the new lock would pass it (``listed_until``, the due time this
     worker last wrote: the claim's expiry at first; ``None``, not known: move it), and then to the
     lock plus :func:`listing_horizon`. Moving an index key is a delete and a put in the index, so
-    an extension that leaves it costs 1 write unit instead of 3, and one in three moves it (at the
-    defaults). ``due_at >= lock_expires_at`` holds after every write, so a reader of the index
+    an extension that leaves it costs 1 write unit instead of 3, and every other one moves it (at
+    the defaults). ``due_at >= lock_expires_at`` holds after every write, so a reader of the index
     never meets a live lock as due, and a claim's ``due_at <= now`` still implies an expired lock;
-    a lost task shows as due at most one lock lifetime after its lock lapsed.
+    a lost task shows as due at most half a lock lifetime after its lock lapsed.
 
     Fenced like a result: false when the claim was taken over, cancelled or already recorded,
     which tells the worker that its attempt no longer counts. A lock only moves forward: when
