@@ -25,6 +25,9 @@ where they start, which the benchmark compares with its own clock (same machine)
 4. **SIGKILL -> running again**: a long task's worker process is killed as soon as the task is
    seen processing (its lock then has nearly all of ``lock_seconds`` left: the slow case); time
    until the task is claimed again (attempts 2, processing). Target < 2 x lock_seconds.
+   ``kill-after-beat``: the same, killed right after a heartbeat moved the task's index entry
+   ahead of its lock (half a lock lifetime past it: the slowest case since heartbeats move the
+   entry only every other beat). Same target.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ from coworker.data.models import TaskModel  # noqa: E402
 from coworker_local.runtime import LocalRuntime, local_settings  # noqa: E402
 
 HANDLER_MODULES = "coworker.engine.examples,bench_handlers"
-SECTIONS = ("latency", "utilisation", "kill", "kill-busy")
+SECTIONS = ("latency", "utilisation", "kill", "kill-after-beat", "kill-busy")
 SUBMIT_CHUNK = min(500, MAX_BATCH_TASKS)
 LATENCY_PAUSE = 0.2
 # After the window ends, time for the tasks that ran into it to finish and be recorded.
@@ -363,9 +366,10 @@ def report_duplicates(bench: Bench) -> None:
 # -- 4. SIGKILL -> running again -------------------------------------------------------------------
 
 
-def run_kill(bench: Bench) -> None:
+def run_kill(bench: Bench, after_beat: bool = False) -> None:
     lock, rounds = bench.args.lock_seconds, bench.args.kill_rounds
-    say("\n== 4. Worker SIGKILL -> its task claimed again ==")
+    say("\n== 4. Worker SIGKILL -> its task claimed again =="
+        if not after_beat else "\n== 4a. Worker SIGKILL right after a beat moved the index entry -> claimed again ==")
     with bench.runtime(lock_seconds=lock) as runtime:
         say(describe(runtime, f"{rounds} rounds, one bench-long task each "
                               f"({3 * lock} s, stops when its claim is lost)"))
@@ -390,6 +394,12 @@ def run_kill(bench: Bench) -> None:
 
             wait_until(found, timeout=10, interval=0.05, what=f"the worker process of {key}")
             pid = holders[0]["pid"]
+            if after_beat:
+                def moved(key: str = key) -> bool:
+                    current = TaskModel.get(key, consistent_read=True)
+                    return current.lock_expires_at is not None and current.due_at > current.lock_expires_at
+
+                wait_until(moved, timeout=3 * lock, interval=0.02, what=f"a beat to move {key}'s entry")
             expires = TaskModel.get(key).lock_expires_at
             os.kill(pid, signal.SIGKILL)
             killed = time.time()
@@ -500,6 +510,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             report_duplicates(bench)
             if "kill" in sections:
                 run_kill(bench)
+            if "kill-after-beat" in sections:
+                run_kill(bench, after_beat=True)
             if "kill-busy" in sections:
                 run_kill_busy(bench)
     say(f"\n({time.monotonic() - started:.0f} s in all)")
