@@ -159,8 +159,7 @@ def measure(db: str | None, tasks: int = 100, race_invocations: int = 20) -> Mea
         shares = write_shares(single)
         lock_units, slot_units = _heartbeat_units(server.endpoint, _longest_task_beats())
         race_units, race_tasks, race_started = _claim_races(server.endpoint, race_invocations)
-        payload_units = {size: _payload_units(server.endpoint, size) for size in PAYLOAD_SIZES}
-        bucket_units = _payload_units(server.endpoint, max(PAYLOAD_SIZES), in_bucket=True)
+        payload_units, bucket_units = _payload_units(server.endpoint, PAYLOAD_SIZES)
         per_task, per_invocation = _log_bytes(server.endpoint)
         idle_run, busy_tick = _coordinator(server.endpoint)
     finally:
@@ -234,11 +233,12 @@ def _heartbeat_units(endpoint: str, beats: int, slot_beats: int = 3) -> tuple[tu
 PAYLOAD_SIZES = (1024, 4096, 16384)
 
 
-def _payload_units(endpoint: str, size: int, in_bucket: bool = False) -> tuple[float, float]:
-    """Write units that a payload of ``size`` bytes adds to a task's put, claim and finish, and
-    to one lock extension that leaves the index entry, over a task with the happy path's payload;
-    ``in_bucket``: the payload is kept in the results bucket (a local folder here), its reference
-    on the record."""
+def _payload_units(endpoint: str, sizes: Sequence[int]
+                   ) -> tuple[dict[int, tuple[float, float]], tuple[float, float]]:
+    """Write units that a payload of each of ``sizes`` bytes adds to a task's put, claim and
+    finish, and to one lock extension that leaves the index entry, over a task with the happy
+    path's payload; and the same for the largest kept in the results bucket (a local folder
+    here), its reference on the record."""
     def units(name: str, payload: Any, **overrides: Any) -> tuple[float, float]:
         settings = _settings(endpoint, name, **overrides)
         meter = _meter(settings)
@@ -253,14 +253,18 @@ def _payload_units(endpoint: str, size: int, in_bucket: bool = False) -> tuple[f
         meter.detach()
         return own, extension
 
+    def padded(size: int) -> dict[str, str]:
+        return {"data": "x" * max(0, size - 16)}  # the attribute names and the JSON make up the rest
+
+    def added(sized: tuple[float, float]) -> tuple[float, float]:
+        return sized[0] - small[0], sized[1] - small[1]
+
     small = units("payload-small", {"n": 1})
-    padding = "x" * max(0, size - 16)  # the attribute names and the JSON around it make up the rest
-    if in_bucket:
-        with tempfile.TemporaryDirectory(prefix="bill-payloads-") as folder:
-            sized = units("payload-bucket", {"data": padding}, inline_payload_bytes=256, result_dir=folder)
-    else:
-        sized = units(f"payload-{size}", {"data": padding}, inline_payload_bytes=max(size * 2, 16384))
-    return sized[0] - small[0], sized[1] - small[1]
+    on_record = {size: added(units(f"payload-{size}", padded(size), inline_payload_bytes=max(size * 2, 16384)))
+                 for size in sizes}
+    with tempfile.TemporaryDirectory(prefix="bill-payloads-") as folder:
+        in_bucket = added(units("payload-bucket", padded(max(sizes)), inline_payload_bytes=256, result_dir=folder))
+    return on_record, in_bucket
 
 
 def _claim_races(endpoint: str, invocations: int, rounds: int = 10, seconds: float = 0.5) -> tuple[float, int, int]:

@@ -87,7 +87,9 @@ DEFAULT_HANDLERS_DIR = "handlers"
 
 # ``--env`` names: what a shell takes; the runtime's own (settings, credentials, Powertools) are not.
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-RESERVED_ENV_PREFIXES = ("COWORKER_", "AWS_", "POWERTOOLS_")
+# Variables of this shell that every worker and API process gets (credentials, Powertools switches).
+PASSED_PREFIXES = ("AWS_", "POWERTOOLS_")
+RESERVED_ENV_PREFIXES = ("COWORKER_", *PASSED_PREFIXES)
 
 
 def function_environment(entries: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
@@ -263,7 +265,7 @@ class LocalRuntime:
         environ = {name: os.environ[name] for name in PASSED_THROUGH if name in os.environ}
         environ.update(self.function_env)
         environ.update(FAKE_CREDENTIALS)
-        environ.update({k: v for k, v in os.environ.items() if k.startswith(("AWS_", "POWERTOOLS_"))})
+        environ.update({k: v for k, v in os.environ.items() if k.startswith(PASSED_PREFIXES)})
         environ.update(self.settings.as_environment())
         if self.handlers_path is not None:
             environ["PYTHONPATH"] = os.pathsep.join(

@@ -39,6 +39,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pynamodb.exceptions import DoesNotExist, PynamoDBException
+from pynamodb.expressions.condition import Condition
 from pynamodb.transactions import TransactWrite
 
 from coworker.data import writes
@@ -253,13 +254,18 @@ def _close(batch_id: str, created: int) -> None:
     of when its writes may still land is not pulled back by a put that ends before then."""
     head, now = BatchModel(batch_key(batch_id)), utcnow()
     ended = [BatchModel.puts_in_flight.add(-1), BatchModel.tasks_created.add(created)]
-    later = BatchModel.puts_closed_at.does_not_exist() | (BatchModel.puts_closed_at < now)
     try:
-        if not writes.update(head, [*ended, BatchModel.puts_closed_at.set(now)], later,
+        if not writes.update(head, [*ended, BatchModel.puts_closed_at.set(now)], _settled_before(now),
                              f"close the puts of batch {batch_id!r}", refresh=False):
             writes.update(head, ended, None, f"close the puts of batch {batch_id!r}", refresh=False)
     except (PynamoDBException, StorageError):
         logger.exception("could not record the end of a batch's puts", extra={"batch_id": batch_id})
+
+
+def _settled_before(when: datetime) -> Condition:
+    """The batch's settle time (``puts_closed_at``) is unset or before ``when``: the condition of
+    every write that sets it, so that it only ever moves later."""
+    return BatchModel.puts_closed_at.does_not_exist() | (BatchModel.puts_closed_at < when)
 
 
 def settle(batch_id: str, at: datetime | None = None) -> None:
@@ -268,11 +274,10 @@ def settle(batch_id: str, at: datetime | None = None) -> None:
     batch with callbacks that had left the watched partition goes back to it (a callback not yet
     fired may fire after the redrive)."""
     head, when = BatchModel(batch_key(batch_id)), at or utcnow()
-    # Only ever later: a redrive settled as of when it may land is not undone by a quicker one.
-    later = BatchModel.puts_closed_at.does_not_exist() | (BatchModel.puts_closed_at < when)
     try:
-        if not writes.update(head, [BatchModel.puts_closed_at.set(when)], BatchModel.key.exists() & later,
-                             f"settle batch {batch_id!r}"):
+        # Only ever later: a redrive settled as of when it may land is not undone by a quicker one.
+        if not writes.update(head, [BatchModel.puts_closed_at.set(when)],
+                             BatchModel.key.exists() & _settled_before(when), f"settle batch {batch_id!r}"):
             head = BatchModel.get(head.key, consistent_read=True)  # settled later already (or no batch)
         if head.callbacks is not None and head.status_shard is None:
             head.update(actions=rewatch_actions(utcnow()), condition=BatchModel.callbacks.exists())
