@@ -22,7 +22,12 @@ reversed every other round):
   ``--replay`` P x T (processes x threads), each task's writes in order, to the same table (the
   peer's: a new one, as its runs get) holding the same items (its put phase replayed first,
   untimed). Reads, leases and slots are not replayed:
-  the replay is the database's ceiling for the writes a task needs.
+  the replay is the database's ceiling for the writes a task needs;
+* **the same replay through botocore** (``--botocore``): the same requests, in the same order, from
+  the same processes and threads, sent by a plain botocore DynamoDB client (one per process, as
+  the engine shares one: signing, serialising, urllib3, parsing, its standard retry handler)
+  instead of plain HTTP. No pynamodb and none of Coworker's code: what the library that both
+  sides use costs for exactly these writes, so the best any botocore-based client could do.
 
 Per side and per task: tasks/s of the run phase, client CPU (this process's, or the replaying
 processes'), DynamoDB Local's CPU (both from /proc) and requests (for a replay, with those
@@ -60,6 +65,8 @@ import throughput  # noqa: E402  - also sets Powertools' switches and registers 
 from coworker_local.database import embedded_database  # noqa: E402
 
 WRITES = ("PutItem", "UpdateItem", "DeleteItem")
+# Labels of replayed runs end with one of these.
+REPLAYS = (" replay", " botocore")
 # Requests about tables, not their items (a new table for each peer run): not counted per task.
 TABLE_ADMIN = ("CreateTable", "DescribeTable", "UpdateTable", "DescribeTimeToLive", "UpdateTimeToLive")
 
@@ -90,10 +97,43 @@ def split_writes(sent: list[tuple[str, dict]], keys: set[str]) -> tuple[list[dic
 # -- the replaying processes ----------------------------------------------------------------------
 
 _WORK: list[list[tuple[str, bytes]]] = []  # per task: (operation, body), inherited by forked senders
+# How the senders send: "http" (plain keep-alive HTTP) or "botocore" (a botocore client).
+VIA = ("http", "botocore")
 
 
-def _send_tasks(endpoint: str, tasks: list[list[tuple[str, bytes]]], threads: int) -> int:
+def _send_with_botocore(endpoint: str, tasks: list[list[tuple[str, bytes]]], threads: int) -> int:
+    """Send each task's requests in order through one botocore client shared by ``threads``
+    threads (the bodies decoded first, so the client does all the request's work); the refused count."""
+    import botocore.config
+    import botocore.exceptions
+    import botocore.session
+
+    client = botocore.session.get_session().create_client(
+        "dynamodb", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="test",
+        aws_secret_access_key="test",
+        config=botocore.config.Config(max_pool_connections=threads, retries={"mode": "standard"}))
+    decoded = [[(operation, json.loads(body)) for operation, body in requests] for requests in tasks]
+    refused = 0
+    lock = threading.Lock()
+
+    def send(requests: list[tuple[str, dict]]) -> None:
+        nonlocal refused
+        for operation, params in requests:
+            try:
+                client._make_api_call(operation, params)
+            except botocore.exceptions.ClientError:
+                with lock:
+                    refused += 1
+
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        list(pool.map(send, decoded))
+    return refused
+
+
+def _send_tasks(endpoint: str, tasks: list[list[tuple[str, bytes]]], threads: int, via: str = "http") -> int:
     """Send each task's requests in order, ``threads`` tasks at a time; the refused count."""
+    if via == "botocore":
+        return _send_with_botocore(endpoint, tasks, threads)
     where = urlsplit(endpoint)
     local = threading.local()
     refused = 0
@@ -122,21 +162,24 @@ def _send_tasks(endpoint: str, tasks: list[list[tuple[str, bytes]]], threads: in
     return refused
 
 
-def _sender(endpoint: str, part: int, parts: int, threads: int, results: multiprocessing.Queue) -> None:
-    results.put(_send_tasks(endpoint, _WORK[part::parts], threads))
+def _sender(endpoint: str, part: int, parts: int, threads: int, via: str, results: multiprocessing.Queue) -> None:
+    results.put(_send_tasks(endpoint, _WORK[part::parts], threads, via))
 
 
 def replay(endpoint: str, table: str, puts: list[dict], per_task: dict[str, list[tuple[str, dict]]],
-           processes: int, threads: int, database_pid: int | None) -> dict:
-    """Put ``puts`` into ``table`` (untimed), then send ``per_task`` from processes x threads, each
-    item under a key of its own (``replay-`` and its key), so that a side's own table can take them."""
+           processes: int, threads: int, database_pid: int | None, via: str = "http") -> dict:
+    """Put ``puts`` into ``table`` (untimed), then send ``per_task`` from processes x threads
+    (``via`` plain HTTP or a botocore client), each item under a key of its own (``replay-``, or
+    ``replay-<via>-``, and its key), so that a side's own table can take them."""
+    prefix = "replay-" if via == "http" else f"replay-{via}-"
+
     def retarget(body: dict) -> bytes:
         body = {**body, "TableName": table}
         for field in ("Key", "Item"):
             if field in body:
                 named = dict(body[field])
                 name = next(iter(named))
-                named[name] = {"S": "replay-" + named[name]["S"]}
+                named[name] = {"S": prefix + named[name]["S"]}
                 body[field] = named
         return json.dumps(body).encode()
 
@@ -147,7 +190,7 @@ def replay(endpoint: str, table: str, puts: list[dict], per_task: dict[str, list
     children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     server0 = throughput.process_cpu_seconds(database_pid)
     started = time.perf_counter()
-    senders = [context.Process(target=_sender, args=(endpoint, part, processes, threads, results))
+    senders = [context.Process(target=_sender, args=(endpoint, part, processes, threads, via, results))
                for part in range(processes)]
     for sender in senders:
         sender.start()
@@ -224,6 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="rounds not counted (DynamoDB Local's JIT)")
     parser.add_argument("--concurrency", type=int, default=8, help="threads of each side")
     parser.add_argument("--replay", default="2x16", help="replaying processes x threads")
+    parser.add_argument("--botocore", action="store_true",
+                        help="also replay each side's writes through a plain botocore client (the library's floor)")
     parser.add_argument("--engine-processes", default="2x16",
                         help="the engine also in worker processes, slots x threads, as the local runtime "
                              "runs it ('' to skip)")
@@ -278,12 +323,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result["requests"] = sum(1 for operation, body in sent if operation not in TABLE_ADMIN
                                          and not (operation == "PutItem" and item_key(body) in keys)) / len(keys)
                 puts, per_task = split_writes(sent, keys)
-                replayed = replay(endpoint, replay_table(), puts, per_task, processes, threads, pid)
+                replays = {"replay": replay(endpoint, replay_table(), puts, per_task, processes, threads, pid)}
+                if args.botocore:
+                    replays["botocore"] = replay(endpoint, replay_table(), puts, per_task, processes, threads, pid,
+                                                 via="botocore")
                 if not counted:
                     continue
                 results[label].append(result)
-                results[f"{label} replay"].append(replayed)
-                for name, figures in ((label, result), (f"{label} replay", replayed)):
+                for kind, replayed in replays.items():
+                    results[f"{label} {kind}"].append(replayed)
+                for name, figures in ((label, result), *((f"{label} {kind}", r) for kind, r in replays.items())):
                     rate = figures["tasks"] / figures["seconds"]
                     print(f"  round {round_no - args.warmup + 1}: {name:<18} {rate:7.1f} tasks/s   CPU/task: "
                           f"client {figures['client_ms']:5.2f} ms + DynamoDB Local {figures['server_ms']:5.2f} ms   "
@@ -307,9 +356,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  peer / its replay:   {ratio('peer', 'peer replay'):.2f}")
     print(f"  engine / peer:       {ratio('engine', 'peer'):.2f}x (target >= 1.0 at equal concurrency)")
     print(f"  engine's replay / peer's replay: {ratio('engine replay', 'peer replay'):.2f}x (the writes alone)")
-    for label in [label for label in results if label.startswith("engine ") and not label.endswith("replay")]:
+    for label in [label for label in results if label.startswith("engine ") and not label.endswith(REPLAYS)]:
         print(f"  {label} / its replay: {ratio(label, label + ' replay'):.2f}; / the peer: "
               f"{ratio(label, 'peer'):.2f}x")
+    if args.botocore:
+        for label in [label for label in results if not label.endswith(REPLAYS)]:
+            print(f"  {label}: botocore replay / plain replay {ratio(label + ' botocore', label + ' replay'):.2f}; "
+                  f"{label} / botocore replay {ratio(label, label + ' botocore'):.2f}")
     return 0
 
 
