@@ -97,8 +97,6 @@ def split_writes(sent: list[tuple[str, dict]], keys: set[str]) -> tuple[list[dic
 # -- the replaying processes ----------------------------------------------------------------------
 
 _WORK: list[list[tuple[str, bytes]]] = []  # per task: (operation, body), inherited by forked senders
-# How the senders send: "http" (plain keep-alive HTTP) or "botocore" (a botocore client).
-VIA = ("http", "botocore")
 
 
 def _send_with_botocore(endpoint: str, tasks: list[list[tuple[str, bytes]]], threads: int) -> int:
