@@ -56,7 +56,7 @@ import prices as p  # noqa: E402
 from cost import RecordingInvoker, happy_path, write_shares  # noqa: E402
 from coworker.bootstrap import configure  # noqa: E402
 from coworker.config import Settings  # noqa: E402
-from coworker.data.models import LeaseModel, TaskModel, utcnow  # noqa: E402
+from coworker.data.models import ErrorKind, LeaseModel, TaskModel, utcnow  # noqa: E402
 from coworker.engine import dispatch, lifecycle, progress, slots, submit  # noqa: E402
 from coworker.engine.outcomes import TaskOutcome  # noqa: E402
 from coworker.engine.tasks import TaskSpec  # noqa: E402
@@ -105,6 +105,9 @@ class Measured:
     # payload kept in the bucket (its reference on the record).
     payload_units: dict[int, tuple[float, float]] = dataclasses.field(default_factory=dict)
     bucket_units: tuple[float, float] = (0.0, 0.0)
+    # A task's whole life (put, claims, failures, finish) when its first n attempts fail with a
+    # system error (a message and a traceback at their caps), n = 0, 1, ...
+    retry_units: tuple[float, ...] = ()
 
     def with_payload(self, size: int | None) -> Measured:
         """These measurements for tasks whose payload of ``size`` bytes is on the record
@@ -160,6 +163,7 @@ def measure(db: str | None, tasks: int = 100, race_invocations: int = 20) -> Mea
         lock_units, slot_units = _heartbeat_units(server.endpoint, _longest_task_beats())
         race_units, race_tasks, race_started = _claim_races(server.endpoint, race_invocations)
         payload_units, bucket_units = _payload_units(server.endpoint, PAYLOAD_SIZES)
+        retry_units = _retry_units(server.endpoint, RETRIED_FAILURES)
         per_task, per_invocation = _log_bytes(server.endpoint)
         idle_run, busy_tick = _coordinator(server.endpoint)
     finally:
@@ -175,7 +179,8 @@ def measure(db: str | None, tasks: int = 100, race_invocations: int = 20) -> Mea
         lock_beat_units=lock_units, slot_extension_units=slot_units,
         read_units=single["total"].read_units / finished,
         log_bytes_per_task=per_task, log_bytes_per_invocation=per_invocation,
-        idle_run=idle_run, busy_tick=busy_tick, payload_units=payload_units, bucket_units=bucket_units)
+        idle_run=idle_run, busy_tick=busy_tick, payload_units=payload_units, bucket_units=bucket_units,
+        retry_units=retry_units)
 
 
 def _settings(endpoint: str, name: str, **overrides) -> Settings:
@@ -265,6 +270,36 @@ def _payload_units(endpoint: str, sizes: Sequence[int]
     with tempfile.TemporaryDirectory(prefix="bill-payloads-") as folder:
         in_bucket = added(units("payload-bucket", padded(max(sizes)), inline_payload_bytes=256, result_dir=folder))
     return on_record, in_bucket
+
+
+# Failed attempts before the finish that the bill measures a task's life with (0 ... this).
+RETRIED_FAILURES = 3
+
+
+def _retry_units(endpoint: str, most: int) -> tuple[float, ...]:
+    """Write units of a task's whole life when its first n attempts fail, n = 0 ... ``most``: each
+    failure a system error with a message of about 140 characters and a traceback at its cap (one
+    through a few libraries passes 2 KB), retried at once, then a claim that finishes."""
+    settings = _settings(endpoint, "retries", backoff_base_seconds=0, backoff_max_seconds=0, max_attempts=most + 1)
+    message = "ConnectionError: " + "m" * (lifecycle.MAX_MESSAGE_CHARS // 8)
+    traceback = "t" * lifecycle.MAX_TRACEBACK_CHARS
+    meter = _meter(settings)
+    lives = []
+    for failures in range(most + 1):
+        before = _billed(meter.snapshot())
+        key = f"retried-{failures}"
+        submit.put_task(TaskSpec(key=key, type="slow"), settings)
+        for attempt in range(1, failures + 2):
+            claim = lifecycle.claim(key, "bill-worker", settings)
+            assert claim is not None
+            if attempt <= failures:
+                error = lifecycle.error_record(attempt, ErrorKind.SYSTEM, message, utcnow(), traceback)
+                assert lifecycle.fail(claim, settings, error) is lifecycle.RecordOutcome.FAILED
+            else:
+                assert lifecycle.complete(claim, settings) is lifecycle.RecordOutcome.FINISHED
+        lives.append(_billed(meter.snapshot()) - before)
+    meter.detach()
+    return tuple(lives)
 
 
 def _claim_races(endpoint: str, invocations: int, rounds: int = 10, seconds: float = 0.5) -> tuple[float, int, int]:
@@ -644,6 +679,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"  heartbeats (every {HEARTBEAT_SECONDS:g} s): a running task's lock, in write units, "
         f"{_beat_units_line(m)};",
         f"    {m.slot_extension_units:.2f} an invocation's slot a beat",
+        f"  a task's whole life when its first n attempts fail (system errors, 2 KB tracebacks), "
+        f"n = 0 ... {len(m.retry_units) - 1}: " + ", ".join(f"{units:.2f}" for units in m.retry_units)
+        + " write units",
         f"  read units a task: {m.read_units:.2f}; log bytes: {m.log_bytes_per_task:,.0f} a task, "
         f"{m.log_bytes_per_invocation:,.0f} an invocation",
         f"  a coordinator run with nothing to do: {idle.requests} requests ({idle.stream_reads} stream reads), "

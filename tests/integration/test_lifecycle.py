@@ -245,6 +245,20 @@ def test_flaky_task_finishes_on_a_later_attempt_with_its_errors_kept(settings):
     assert [e.kind for e in task.errors] == ["system", "system"]
 
 
+def test_a_failing_tasks_history_keeps_every_message_and_only_the_newest_traceback(settings):
+    # Given a task whose first three attempts fail with a system error, each with a traceback
+    submit.put_task(TaskSpec(key="f3", type="flaky", payload={"fail_attempts": 3}, max_attempts=5), settings)
+    outcomes = [process_task("f3", "w", settings, _deadline()).outcome for _ in range(4)]
+    assert outcomes == [TaskOutcome.FAILED] * 3 + [TaskOutcome.FINISHED]
+    # Then every attempt's message is kept, but only the newest traceback: the record, which every
+    # later write pays for by its size, does not grow by up to 2 KB per failure
+    errors = lifecycle.get_task("f3").errors
+    assert [(int(e.attempt), e.message) for e in errors] == [
+        (n, f"ConnectionError: upstream reset the connection (attempt {n})") for n in (1, 2, 3)]
+    assert [e.traceback is not None for e in errors] == [False, False, True]
+    assert "Traceback" in errors[-1].traceback and "(attempt 3)" in errors[-1].traceback
+
+
 def test_non_retryable_business_failure_is_ignored_at_once(settings):
     _put(settings, key="r", type_="test-refuse", max_attempts=5)
     assert process_task("r", "w", settings, _deadline()).outcome is TaskOutcome.IGNORED

@@ -336,6 +336,21 @@ def holds(claim: Claim) -> bool:
             and int(task.attempts or 0) == claim.attempt and int(task.generation or 0) == claim.generation)
 
 
+def kept_history(entries: Sequence[ErrorRecord], settings: Settings) -> list[ErrorRecord]:
+    """The error history a write keeps: the last ``error_history`` entries, and of their
+    tracebacks only the newest one (older entries keep their messages).
+
+    Every write of a task (each claim, heartbeat and result) is billed by the size of its record:
+    up to 2 KB of traceback per failed attempt would make each later write of a failing task cost
+    more, the more it had failed. Copies: the entries given are not changed.
+    """
+    kept = list(entries)[-settings.error_history:]
+    newest = max((n for n, entry in enumerate(kept) if entry.traceback), default=None)
+    return [entry if n == newest or not entry.traceback else
+            ErrorRecord(attempt=entry.attempt, at=entry.at, kind=entry.kind, message=entry.message)
+            for n, entry in enumerate(kept)]
+
+
 def _history(claim: Claim, settings: Settings, now: datetime, new: list[ErrorRecord]) -> list[ErrorRecord]:
     entries = list(claim.task.errors or [])
     if claim.took_over_lost_attempt:
@@ -344,7 +359,7 @@ def _history(claim: Claim, settings: Settings, now: datetime, new: list[ErrorRec
                          "the worker's lock expired before it recorded a result", now)
         )
     entries.extend(new)
-    return entries[-settings.error_history:]
+    return kept_history(entries, settings)
 
 
 def release_lock_actions(now: datetime) -> list[Any]:
@@ -521,7 +536,7 @@ def _write_with_error(task: TaskModel, entry: ErrorRecord | Callable[[TaskModel]
         except DoesNotExist:
             return False
         added = entry(current) if callable(entry) else entry
-        history = [*(current.errors or []), added][-settings.error_history:]
+        history = kept_history([*(current.errors or []), added], settings)
         unchanged = TaskModel.updated_at == current.updated_at
         try:
             if _write(task, [*actions, TaskModel.errors.set(history)], condition & unchanged, what, refresh=refresh):
