@@ -131,15 +131,19 @@ def cmd_submit(client: ApiClient, args: argparse.Namespace, out: TextIO, err: Te
     if args.type or args.key or args.payload:
         raise UsageError("--file cannot be combined with --type/--key/--payload")
     if args.file == "-":
-        lines: list[str] = sys.stdin.read().splitlines()
-        source = "stdin"
+        data, source = sys.stdin.buffer.read(), "stdin"
     else:
         try:
-            with open(args.file, encoding="utf-8") as handle:
-                lines = handle.read().splitlines()
+            with open(args.file, "rb") as handle:
+                data = handle.read()
         except OSError as exc:
             raise UsageError(f"cannot read {args.file}: {exc.strerror}") from None
         source = args.file
+    try:
+        lines = data.decode("utf-8-sig").splitlines()
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise UsageError(f"{source}, line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x})") from None
     tasks = list(_read_tasks(lines, source))
     if not tasks:
         raise UsageError(f"{source} holds no tasks")

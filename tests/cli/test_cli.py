@@ -225,6 +225,27 @@ def test_api_key_is_sent_and_usage_and_connection_errors(served):
     assert result.returncode == 3 and "cannot reach the API" in result.stderr
 
 
+def test_a_tasks_file_that_is_not_utf8_is_a_usage_error_not_a_traceback(served, tmp_path):
+    # Given a JSON-lines file whose second line is Latin-1, not UTF-8
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_bytes(b'{"type": "quick", "key": "ok"}\n{"type": "quick", "key": "caf\xe9"}\n')
+    before = len(served.events)
+    for args, stdin in ((("submit", "--file", str(tasks)), None), (("submit", "--file", "-"), "stdin")):
+        if stdin:  # the same bytes on standard input
+            environ = {**os.environ, "COWORKER_API_URL": served.url,
+                       "PYTHONPATH": f"{LIBRARY}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+            result = subprocess.run([*_command(), *args], input=tasks.read_bytes(), capture_output=True,
+                                    env=environ, timeout=60)
+            stderr = result.stderr.decode()
+        else:
+            result = served.run(*args)
+            stderr = result.stderr
+        # Then it says where and why, exits as a usage error, and sends nothing
+        assert result.returncode == 2 and "line 2: not UTF-8 text (byte 0xe9)" in stderr, stderr
+        assert "Traceback" not in stderr
+    assert len(served.events) == before
+
+
 def test_iam_requests_carry_a_sigv4_signature_for_execute_api_that_verifies(served):
     """``--iam`` (for a stack deployed with apiAuth=iam): each request is signed for execute-api
     with the caller's credentials; the signature is recomputed here from what the API received."""
