@@ -245,7 +245,7 @@ def test_flaky_task_finishes_on_a_later_attempt_with_its_errors_kept(settings):
     assert [e.kind for e in task.errors] == ["system", "system"]
 
 
-def test_a_failing_tasks_history_keeps_every_message_and_only_the_newest_traceback(settings):
+def test_a_failing_tasks_history_keeps_every_message_and_only_the_newest_traceback(settings, log_lines):
     # Given a task whose first three attempts fail with a system error, each with a traceback
     submit.put_task(TaskSpec(key="f3", type="flaky", payload={"fail_attempts": 3}, max_attempts=5), settings)
     outcomes = [process_task("f3", "w", settings, _deadline()).outcome for _ in range(4)]
@@ -257,6 +257,10 @@ def test_a_failing_tasks_history_keeps_every_message_and_only_the_newest_traceba
         (n, f"ConnectionError: upstream reset the connection (attempt {n})") for n in (1, 2, 3)]
     assert [e.traceback is not None for e in errors] == [False, False, True]
     assert "Traceback" in errors[-1].traceback and "(attempt 3)" in errors[-1].traceback
+    # And each attempt's traceback is in the worker's log, by task key and attempt
+    raised = [line for line in log_lines() if line["message"] == "task raised" and line.get("task_key") == "f3"]
+    assert [(line["attempt"], line["exception_name"]) for line in raised] == [(n, "ConnectionError") for n in (1, 2, 3)]
+    assert all(f"(attempt {line['attempt']})" in line["exception"] for line in raised)
 
 
 def test_non_retryable_business_failure_is_ignored_at_once(settings):

@@ -92,7 +92,8 @@ def _run_handler(claim: Claim, context: TaskContext, settings: Settings) -> tupl
         logger.info("task failed (business)", extra={"error": str(exc)})
         return None, lifecycle.error_record(claim.attempt, ErrorKind.BUSINESS, str(exc), utcnow()), exc.retryable
     except Exception as exc:  # noqa: BLE001 - any handler error is a recorded system error
-        logger.warning("task raised", extra={"error": f"{type(exc).__name__}: {exc}"})
+        # With its traceback: the task's record keeps only its newest one (lifecycle.kept_history).
+        logger.warning("task raised", exc_info=True, extra={"error": f"{type(exc).__name__}: {exc}"})
         return None, lifecycle.error_from_exception(claim.attempt, ErrorKind.SYSTEM, exc, utcnow()), True
 
 
