@@ -131,7 +131,9 @@ def cmd_submit(client: ApiClient, args: argparse.Namespace, out: TextIO, err: Te
     if args.type or args.key or args.payload:
         raise UsageError("--file cannot be combined with --type/--key/--payload")
     if args.file == "-":
-        data, source = sys.stdin.buffer.read(), "stdin"
+        # Bytes, so that text that is not UTF-8 is told apart (a replaced stdin may have no buffer).
+        stdin = getattr(sys.stdin, "buffer", None)
+        data, source = (stdin.read() if stdin is not None else sys.stdin.read().encode()), "stdin"
     else:
         try:
             with open(args.file, "rb") as handle:
