@@ -150,8 +150,9 @@ def _exists(key: str) -> bool:
 
 @pytest.mark.slow
 def test_the_example_crawl_fans_one_seed_out_to_400_pages_each_crawled_once(dynamodb_server) -> None:
-    # 1 + 7 + 49 + 343 pages, each putting 9 follow-ups (its links, the home page and its parent):
-    # 3,600 idempotent puts by key, of which 3,200 find their page already there.
+    # 1 + 7 + 49 + 343 pages: each page above the last level puts its 7 links, and every page puts
+    # the home page and its parent again: 1,199 idempotent puts by key, 800 of them finding their
+    # page already there.
     with LocalTaskSystem(dynamodb_endpoint=dynamodb_server.endpoint, max_concurrency=20, batch_size=10) as system:
         system.put("crawl", {"fanout": 7, "max_depth": 3}, key=crawl_key("/"), batch_id="crawl")
         system.drain(timeout_seconds=300)
