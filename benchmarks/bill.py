@@ -56,13 +56,14 @@ import prices as p  # noqa: E402
 from cost import RecordingInvoker, happy_path, write_shares  # noqa: E402
 from coworker.bootstrap import configure  # noqa: E402
 from coworker.config import Settings  # noqa: E402
+from coworker.data import writes  # noqa: E402
 from coworker.data.models import ErrorKind, LeaseModel, TaskModel, utcnow  # noqa: E402
 from coworker.engine import dispatch, lifecycle, progress, slots, submit  # noqa: E402
 from coworker.engine.outcomes import TaskOutcome  # noqa: E402
 from coworker.engine.tasks import TaskSpec  # noqa: E402
 from coworker.observability import MetricName, logger, metrics  # noqa: E402
 from coworker_local.capacity import CapacityMeter  # noqa: E402
-from coworker_local.database import create_table, dynamodb_client, start_database  # noqa: E402
+from coworker_local.database import MOTO, create_table, dynamodb_client, start_database  # noqa: E402
 
 TASK_LENGTHS = (0.05, 1.0, 60.0, 300.0)
 HEARTBEAT_SECONDS = Settings.model_fields["lock_seconds"].default / 3  # the deployed default
@@ -82,6 +83,21 @@ class RunCost:
     write_units: float
     log_bytes: int
     metric_names: frozenset[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Tracked:
+    """The writes of the one design that reaches about 5 write units a task (docs/cost.md, "What
+    the per-task lock costs"; not built): the claim takes the task out of the status index, the
+    finish writes no index, and a worker invocation's slot records the keys it is about to claim,
+    one write per feed window, so that a lapsed slot says which tasks to take back. Measured write
+    by write on the same database, with the engine's own put and a prototype of each other write."""
+
+    own_write_units: float  # a task's put, claim (out of the index) and finish (no index)
+    write_ahead_units: dict[int, float]  # key length -> a task's share of its slot's key records
+    slot_extension_units: dict[int, float]  # key length -> one slot heartbeat, its keys held
+    fence_units: float  # recovery after a crash: one fence write a key the lapsed slot held
+    window: int  # keys recorded per slot write
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +124,17 @@ class Measured:
     # A task's whole life (put, claims, failures, finish) when its first n attempts fail with a
     # system error (a message and a traceback at their caps), n = 0, 1, ...
     retry_units: tuple[float, ...] = ()
+    # The design that tracks running tasks per worker invocation (not built), its writes measured.
+    tracked: Tracked | None = None
+
+    def with_running_tracked_per_invocation(self, key_chars: int) -> Measured:
+        """These measurements for the design that tracks running tasks per worker invocation
+        (:class:`Tracked`), with task keys of ``key_chars`` characters."""
+        assert self.tracked is not None
+        return dataclasses.replace(
+            self, own_write_units=self.tracked.own_write_units + self.tracked.write_ahead_units[key_chars],
+            lock_beat_units=tuple(0.0 for _ in self.lock_beat_units),
+            slot_extension_units=self.tracked.slot_extension_units[key_chars])
 
     def with_payload(self, size: int | None) -> Measured:
         """These measurements for tasks whose payload of ``size`` bytes is on the record
@@ -150,12 +177,22 @@ def _printed() -> Iterator[io.StringIO]:
         handler.setStream(stream)
 
 
+# moto reports wrong capacity (0.5 for an UpdateItem, no index writes): there the rules bill alone.
+_rules_only = False
+
+
 def _billed(total) -> float:
+    """Write units as DynamoDB reports them, with what it leaves out (a failed conditional write);
+    by the documented rules on moto."""
+    if _rules_only:
+        return total.write_units
     return total.reported_write_units + total.unreported_write_units
 
 
 def measure(db: str | None, tasks: int = 100, race_invocations: int = 20) -> Measured:
+    global _rules_only
     server = start_database(db)
+    _rules_only = server.name == MOTO
     try:
         single = happy_path(server.endpoint, tasks, 10)
         batched = happy_path(server.endpoint, tasks, 10, batch_id="bill")
@@ -164,6 +201,7 @@ def measure(db: str | None, tasks: int = 100, race_invocations: int = 20) -> Mea
         race_units, race_tasks, race_started = _claim_races(server.endpoint, race_invocations)
         payload_units, bucket_units = _payload_units(server.endpoint, PAYLOAD_SIZES)
         retry_units = _retry_units(server.endpoint, RETRIED_FAILURES)
+        tracked = _tracked_units(server.endpoint)
         per_task, per_invocation = _log_bytes(server.endpoint)
         idle_run, busy_tick = _coordinator(server.endpoint)
     finally:
@@ -180,7 +218,7 @@ def measure(db: str | None, tasks: int = 100, race_invocations: int = 20) -> Mea
         read_units=single["total"].read_units / finished,
         log_bytes_per_task=per_task, log_bytes_per_invocation=per_invocation,
         idle_run=idle_run, busy_tick=busy_tick, payload_units=payload_units, bucket_units=bucket_units,
-        retry_units=retry_units)
+        retry_units=retry_units, tracked=tracked)
 
 
 def _settings(endpoint: str, name: str, **overrides) -> Settings:
@@ -300,6 +338,107 @@ def _retry_units(endpoint: str, most: int) -> tuple[float, ...]:
         lives.append(_billed(meter.snapshot()) - before)
     meter.detach()
     return tuple(lives)
+
+
+# Task key lengths the tracked design is measured with: the happy path's (``task-000001``), and a
+# longer one, such as a URL or an order id with a prefix. The slot's records grow with them.
+TRACKED_KEY_CHARS = (11, 64)
+
+
+def _tracked_units(endpoint: str, windows: int = 3) -> Tracked:
+    """Write units of the design that tracks running tasks per worker invocation (see
+    :class:`Tracked`), for each of :data:`TRACKED_KEY_CHARS`: ``windows`` feed windows of the
+    feeder's size, each recorded in the slot before its claims (the slot's list set to the keys
+    still running, a thread's worth, and the new window's), then claimed and finished; a slot
+    heartbeat with those keys held; and the recovery of a lapsed slot, a fence on each key it
+    held."""
+    settings = _settings(endpoint, "tracked")
+    window = 4 * settings.batch_size  # the feeder's window (feeder.Feeder)
+    slot = slots.slot_key(0)
+    assert slots.take(slot, "bill-worker", 600, "running")
+    client = LeaseModel._get_connection().connection.client
+    own, write_ahead, extension = 0.0, {}, {}
+
+    def record(keys: Sequence[str]) -> None:
+        values: dict[str, Any] = {":holder": {"S": "bill-worker"}}
+        if keys:
+            values[":keys"] = {"SS": list(keys)}
+        client.update_item(TableName=settings.table_name, Key={"key": {"S": slot}},
+                           UpdateExpression="SET held_keys = :keys" if keys else "REMOVE held_keys",
+                           ConditionExpression="holder = :holder", ExpressionAttributeValues=values)
+
+    meter = _meter(settings)
+    for chars in TRACKED_KEY_CHARS:
+        batches = [[f"t{chars}-{n}-{i:04d}".ljust(chars, "x") for i in range(window)] for n in range(windows)]
+        before, ahead, running = meter.snapshot(), 0.0, []
+        for keys in batches:
+            for key in keys:
+                submit.put_task(TaskSpec(key=key, type="quick", payload={"n": 1}), settings)
+            mark = _billed(meter.snapshot())
+            record([*running, *keys])
+            ahead += _billed(meter.snapshot()) - mark
+            for key in keys:
+                claim = _claim_out_of_index(key, settings)
+                _finish_without_index(claim, settings)
+            running = keys[-settings.batch_size:]  # a window is fetched while a thread's worth still runs
+        mark = _billed(meter.snapshot())
+        assert slots.extend(slot, "bill-worker", 600)
+        extension[chars] = _billed(meter.snapshot()) - mark
+        record([])
+        ahead += _billed(meter.snapshot()) - mark - extension[chars]
+        tasks = windows * window
+        own = (_billed(meter.snapshot()) - _billed(before) - ahead - extension[chars]) / tasks
+        write_ahead[chars] = ahead / tasks
+    # A lapsed slot's recovery: half its window claimed (put back into the index), half not yet.
+    keys = [f"fence-{i:04d}" for i in range(window)]
+    for number, key in enumerate(keys):
+        submit.put_task(TaskSpec(key=key, type="quick", payload={"n": 1}), settings)
+        if number % 2:
+            _claim_out_of_index(key, settings)
+    mark = _billed(meter.snapshot())
+    for key in keys:
+        _fence(key, slot, settings)
+    fence = (_billed(meter.snapshot()) - mark) / window
+    meter.detach()
+    return Tracked(own_write_units=own, write_ahead_units=write_ahead, slot_extension_units=extension,
+                   fence_units=fence, window=window)
+
+
+def _claim_out_of_index(key: str, settings: Settings) -> lifecycle.Claim:
+    """A prototype of the tracked design's claim: today's claim, but the task leaves the status
+    index (no ``status_shard``, no ``due_at``) instead of moving to ``processing``."""
+    now = utcnow()
+    expires = lifecycle.lock_expiry(settings, now)
+    task = TaskModel(key)
+    actions = [TaskModel.claimed_from.set(TaskModel.status), TaskModel.status.set("processing"),
+               TaskModel.status_shard.remove(), TaskModel.due_at.remove(), TaskModel.lock_owner.set("bill-worker"),
+               TaskModel.lock_expires_at.set(expires), TaskModel.attempts.add(1), TaskModel.updated_at.set(now)]
+    claimable = (TaskModel.status == "todo") & (TaskModel.due_at <= now) & (TaskModel.attempts < TaskModel.max_attempts)
+    assert writes.update(task, actions, claimable, f"claim task {key!r}")
+    return lifecycle.Claim(task=task, owner="bill-worker", attempt=int(task.attempts))
+
+
+def _finish_without_index(claim: lifecycle.Claim, settings: Settings) -> None:
+    """A prototype of the tracked design's finish: today's, with no index entry to remove."""
+    now = utcnow()
+    actions = [TaskModel.status.set("finished"), TaskModel.finished_at.set(now), *lifecycle.release_lock_actions(now)]
+    if settings.retention_days:
+        actions.append(TaskModel.delete_after_epoch.set(now + timedelta(days=settings.retention_days)))
+    assert writes.update(claim.task, actions, lifecycle.fenced(claim), "record", refresh=False)
+
+
+def _fence(key: str, slot: str, settings: Settings) -> None:
+    """A prototype of the recovery's fence: a claimed task of the lapsed slot goes back into the
+    index as lost work (``processing``, due now); one not yet claimed is marked so that the slot's
+    late claim fails. One write either way."""
+    now = utcnow()
+    client = TaskModel._get_connection().connection.client
+    shard = TaskModel.shard_value_of(key, "processing")
+    client.update_item(
+        TableName=settings.table_name, Key={"key": {"S": key}},
+        UpdateExpression="SET revoked_by = :slot, status_shard = if_not_exists(status_shard, :shard), "
+                         "due_at = if_not_exists(due_at, :now)",
+        ExpressionAttributeValues={":slot": {"S": slot}, ":shard": {"S": shard}, ":now": {"S": now.isoformat()}})
 
 
 def _claim_races(endpoint: str, invocations: int, rounds: int = 10, seconds: float = 0.5) -> tuple[float, int, int]:
@@ -481,6 +620,34 @@ def _print_by_payload(m: Measured, workload: Callable[[float], Workload]) -> Non
     print(f"  (write units a payload adds to a task's put, claim and finish: {own}; a lock extension "
           f"adds about a third of that;\n   in the bucket: {m.bucket_units[0]:+.0f} and a PUT and a GET; "
           "COWORKER_INLINE_PAYLOAD_BYTES decides, 16 KB by default)")
+
+
+def _print_tracked(m: Measured, workload: Callable[[float], Workload]) -> None:
+    """What the per-task lock and index entry cost: the bill as built beside the design that tracks
+    running tasks per worker invocation (measured write by write, not built)."""
+    tracked = m.tracked
+    if tracked is None:
+        return
+    header = "".join(f"{_length(s):>12}" for s in TASK_LENGTHS)
+    print(f"\nWhat the per-task lock costs, per {workload(1.0).tasks:,} tasks (docs/cost.md; the second design "
+          "is not built):\n")
+    print(f"  {'design':<50}{header}")
+    sqs = [sqs_bill(m, workload(s)).total for s in TASK_LENGTHS]
+    rows = {"Coworker as built: each task its own lock": [coworker_bill(m, workload(s)).total for s in TASK_LENGTHS]}
+    for chars in sorted(tracked.write_ahead_units):
+        rows[f"running tasks tracked per invocation, {chars}-char keys"] = [
+            coworker_bill(m.with_running_tracked_per_invocation(chars), workload(s)).total for s in TASK_LENGTHS]
+    for name, totals in rows.items():
+        print(f"  {name:<50}" + "".join(f"{'$' + format(total, ',.2f'):>12}" for total in totals))
+        print(f"  {'  / SQS + Lambda + status table':<50}"
+              + "".join(f"{a / b:>11.2f}x" for a, b in zip(totals, sqs, strict=True)))
+    ahead = ", ".join(f"{units:.3f} with {chars}-char keys"
+                      for chars, units in sorted(tracked.write_ahead_units.items()))
+    beats = ", ".join(f"{units:.2f}" for _, units in sorted(tracked.slot_extension_units.items()))
+    print(f"  (write units a task, tracked: {tracked.own_write_units:.2f} for its put, claim and finish, and its share "
+          f"of the slot's key records, one a window of {tracked.window}: {ahead};\n"
+          f"   no lock heartbeats, a slot heartbeat {beats} with its keys held; after a crash, "
+          f"{tracked.fence_units:.2f} a key the lapsed slot held)")
 
 
 def _bytes(size: int) -> str:
@@ -666,7 +833,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.redirect_stdout(io.StringIO()):
         m = measure(args.db, race_invocations=args.race_invocations)
     print()
-    where = "moto" if args.db == "moto" else "its embedded DynamoDB"
+    where = "moto (write units by the documented rules)" if _rules_only else "its embedded DynamoDB"
     idle, tick = m.idle_run, m.busy_tick
     for line in (
         f"Measured on the real engine and {where}:",
@@ -682,6 +849,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"  a task's whole life when its first n attempts fail (system errors, 2 KB tracebacks), "
         f"n = 0 ... {len(m.retry_units) - 1}: " + ", ".join(f"{units:.2f}" for units in m.retry_units)
         + " write units",
+        *([f"  the design that tracks running tasks per invocation (not built), write units a task: "
+           f"{m.tracked.own_write_units:.2f} and its slot's key records"] if m.tracked else []),
         f"  read units a task: {m.read_units:.2f}; log bytes: {m.log_bytes_per_task:,.0f} a task, "
         f"{m.log_bytes_per_invocation:,.0f} an invocation",
         f"  a coordinator run with nothing to do: {idle.requests} requests ({idle.stream_reads} stream reads), "
@@ -716,6 +885,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ratios = "".join(f"{a.total / b.total:>11.2f}x" for a, b in zip(rows["Coworker"], others, strict=True))
         print(f"  {name:<34}{ratios}")
 
+    _print_tracked(m, workload)
     _print_by_payload(m, workload)
 
     w = workload(args.task_seconds)

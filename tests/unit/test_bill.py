@@ -116,3 +116,22 @@ def test_sqs_bills_a_request_per_64_kb_a_batch_carries(bill):
     assert bill.sqs_requests_per_task(0) == pytest.approx(0.3)
     assert bill.sqs_requests_per_task(6 * 1024) == pytest.approx(0.3)  # 60 KB a batch of 10
     assert bill.sqs_requests_per_task(16 * 1024) == pytest.approx(0.3 + 2 * 2 / 10)  # 160 KB: 3 requests each
+
+
+def test_tracking_running_tasks_per_invocation_drops_lock_heartbeats_and_bills_the_slots_records(bill, measured):
+    import dataclasses
+
+    tracked = bill.Tracked(own_write_units=5.0, write_ahead_units={11: 0.05, 64: 0.125},
+                           slot_extension_units={11: 3.0, 64: 6.0}, fence_units=1.5, window=40)
+    m = dataclasses.replace(measured, tracked=tracked).with_running_tracked_per_invocation(64)
+    assert m.own_write_units == pytest.approx(5.125)
+    assert m.lock_heartbeat_units(14) == 0.0  # a task's lock is its invocation's slot
+    assert m.slot_extension_units == 6.0
+    unit = 1_000_000 * bill.p.DYNAMODB_WRITE_UNIT
+    five_minutes = workload(bill, 300.0)
+    assert bill.coworker_bill(m, five_minutes).lines["DynamoDB writes, tasks"] == pytest.approx(5.125 * unit)
+    built = bill.coworker_bill(measured, five_minutes)
+    assert built.lines["DynamoDB writes, tasks"] == pytest.approx((7.0 + 14 * 3.0) * unit)
+    # each invocation's slot beats cost twice as much with 64-character keys held
+    assert (bill.coworker_bill(m, five_minutes).lines["DynamoDB writes, invocations"]
+            > built.lines["DynamoDB writes, invocations"])
