@@ -428,9 +428,9 @@ def _finish_without_index(claim: lifecycle.Claim, settings: Settings) -> None:
 
 
 def _fence(key: str, slot: str, settings: Settings) -> None:
-    """A prototype of the recovery's fence: a claimed task of the lapsed slot goes back into the
+    """A prototype of the recovery's fence: a task the lapsed slot claimed goes back into the
     index as lost work (``processing``, due now); one not yet claimed is marked so that the slot's
-    late claim fails. One write either way."""
+    late claim fails; one another worker holds is left alone. One write either way."""
     now = utcnow()
     client = TaskModel._get_connection().connection.client
     shard = TaskModel.shard_value_of(key, "processing")
@@ -438,7 +438,9 @@ def _fence(key: str, slot: str, settings: Settings) -> None:
         TableName=settings.table_name, Key={"key": {"S": key}},
         UpdateExpression="SET revoked_by = :slot, status_shard = if_not_exists(status_shard, :shard), "
                          "due_at = if_not_exists(due_at, :now)",
-        ExpressionAttributeValues={":slot": {"S": slot}, ":shard": {"S": shard}, ":now": {"S": now.isoformat()}})
+        ConditionExpression="attribute_not_exists(lock_owner) OR lock_owner = :owner",
+        ExpressionAttributeValues={":slot": {"S": slot}, ":shard": {"S": shard}, ":now": {"S": now.isoformat()},
+                                   ":owner": {"S": "bill-worker"}})
 
 
 def _claim_races(endpoint: str, invocations: int, rounds: int = 10, seconds: float = 0.5) -> tuple[float, int, int]:
