@@ -826,14 +826,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--memory-mb", type=int, default=512, help="worker memory (all designs)")
     parser.add_argument("--threads", type=int, default=10, help="tasks at once in one invocation (all designs)")
     parser.add_argument("--concurrency", type=int, default=1000, help="tasks at once in all")
-    parser.add_argument("--race-invocations", type=int, default=20,
-                        help="worker invocations racing for one queue when claim races are measured")
+    parser.add_argument("--race-invocations", type=int, default=None,
+                        help="worker invocations racing for one queue when claim races are measured "
+                             "(default: as many as run at --concurrency, 100)")
     parser.add_argument("--db", choices=("auto", "dynamodb-local", "moto"), default=None)
     args = parser.parse_args(argv)
     print(f"$ .venv/bin/python benchmarks/bill.py {shlex.join(sys.argv[1:] if argv is None else argv)}".rstrip())
     started = time.monotonic()
     with contextlib.redirect_stdout(io.StringIO()):
-        m = measure(args.db, race_invocations=args.race_invocations)
+        m = measure(args.db, race_invocations=args.race_invocations or max(1, args.concurrency // args.threads))
     print()
     where = "moto (write units by the documented rules)" if _rules_only else "its embedded DynamoDB"
     idle, tick = m.idle_run, m.busy_tick
