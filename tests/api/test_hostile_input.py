@@ -150,3 +150,34 @@ def test_a_raw_dynamodb_error_on_any_route_is_a_503_not_a_500(api, monkeypatch, 
     status, answer, _ = api.call(method, path)
     assert (status, answer["error"]) == (503, "storage_unavailable"), answer
     assert "retry later" in answer["message"] and "arn:" not in answer["message"]
+
+
+BODY_ROUTES = [("POST", "/tasks"), ("POST", "/bulk"), ("PUT", "/types/quick/limit"), ("PUT", "/rate-limits/site"),
+               ("PUT", "/schedules/nightly")]
+MEDIA_TYPES = ["multipart/form-data", "multipart/form-data; boundary=", "multipart/form-data; boundary=x",
+               "application/x-www-form-urlencoded", "text/plain", "application/json"]
+
+
+@pytest.mark.parametrize("media_type", MEDIA_TYPES)
+def test_an_empty_body_is_a_missing_body_whatever_its_content_type(api, media_type) -> None:
+    # Given a table with a task in it
+    api.call("POST", "/tasks", {"key": "existing", "type": "quick"})
+    before = api.items()
+    for method, path in BODY_ROUTES:
+        # When a route that takes a body gets an empty one, with any Content-Type
+        status, answer, _ = api.call(method, path, headers={"Content-Type": media_type}, raw="")
+        # Then it answers as it does to no body at all: a 4xx in the API's shape, and nothing changes
+        _, without, _ = api.call(method, path, headers={"Content-Type": "application/json"}, raw="")
+        assert 400 <= status < 500 and answer["error"] and answer["message"], (method, path, answer)
+        assert (status, answer["error"]) == (without["statusCode"], without["error"]), (method, path)
+    assert api.items() == before
+
+
+def test_a_route_without_a_body_takes_an_empty_form_post(api, settings) -> None:
+    # ``curl -X POST -d ''`` sends an empty form body
+    submit.put_task(TaskSpec(key="t", type="quick"), settings)
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    status, answer, _ = api.call("POST", "/tasks/t/cancel", headers=form, raw="")
+    assert status == 200 and answer["status"] == "ignored", answer
+    status, answer, _ = api.call("POST", "/types/quick/pause", headers={"Content-Type": "multipart/form-data"}, raw="")
+    assert status == 200, answer

@@ -130,6 +130,18 @@ def body_problem(event: Mapping[str, Any]) -> tuple[HTTPStatus, str, str] | None
     return None
 
 
+def forget_media_type_of_empty_body(event: dict[str, Any]) -> None:
+    """Drop the ``Content-Type`` of a request with no body: there is nothing it describes, and
+    Powertools would parse the empty body by it (a multipart type without a boundary raises), so
+    the route sees a missing body, as when the header is absent."""
+    if event.get("body"):
+        return
+    for name in ("headers", "multiValueHeaders"):
+        headers = event.get(name)
+        if headers:
+            event[name] = {key: value for key, value in headers.items() if str(key).lower() != "content-type"}
+
+
 class TaskApiResolver(APIGatewayRestResolver):
     """Powertools' REST resolver with the body checked first: JSON only (415 otherwise, in the
     API's error shape), UTF-8, parsed strictly (see :func:`parse_json_strictly`)."""
@@ -138,9 +150,11 @@ class TaskApiResolver(APIGatewayRestResolver):
         super().__init__(enable_validation=True, json_body_deserializer=parse_json_strictly)
 
     def _resolve(self) -> ResponseBuilder:
-        problem = body_problem(self.current_event.raw_event)
+        event = self.current_event.raw_event
+        problem = body_problem(event)
         if problem is not None:
             return ResponseBuilder(error_response(*problem))
+        forget_media_type_of_empty_body(event)
         return super()._resolve()
 
 
