@@ -93,7 +93,7 @@ class Tracked:
     one write per feed window, so that a lapsed slot says which tasks to take back. Measured write
     by write on the same database, with the engine's own put and a prototype of each other write."""
 
-    own_write_units: float  # a task's put, claim (out of the index) and finish (no index)
+    own_write_units: dict[int, float]  # key length -> a task's put, claim (out of the index), finish (no index)
     write_ahead_units: dict[int, float]  # key length -> a task's share of its slot's key records
     slot_extension_units: dict[int, float]  # key length -> one slot heartbeat, its keys held
     fence_units: float  # recovery after a crash: one fence write a key the lapsed slot held
@@ -132,7 +132,7 @@ class Measured:
         (:class:`Tracked`), with task keys of ``key_chars`` characters."""
         assert self.tracked is not None
         return dataclasses.replace(
-            self, own_write_units=self.tracked.own_write_units + self.tracked.write_ahead_units[key_chars],
+            self, own_write_units=self.tracked.own_write_units[key_chars] + self.tracked.write_ahead_units[key_chars],
             lock_beat_units=tuple(0.0 for _ in self.lock_beat_units),
             slot_extension_units=self.tracked.slot_extension_units[key_chars])
 
@@ -357,7 +357,9 @@ def _tracked_units(endpoint: str, windows: int = 3) -> Tracked:
     slot = slots.slot_key(0)
     assert slots.take(slot, "bill-worker", 600, "running")
     client = LeaseModel._get_connection().connection.client
-    own, write_ahead, extension = 0.0, {}, {}
+    own: dict[int, float] = {}
+    write_ahead: dict[int, float] = {}
+    extension: dict[int, float] = {}
 
     def record(keys: Sequence[str]) -> None:
         values: dict[str, Any] = {":holder": {"S": "bill-worker"}}
@@ -387,7 +389,7 @@ def _tracked_units(endpoint: str, windows: int = 3) -> Tracked:
         record([])
         ahead += _billed(meter.snapshot()) - mark - extension[chars]
         tasks = windows * window
-        own = (_billed(meter.snapshot()) - _billed(before) - ahead - extension[chars]) / tasks
+        own[chars] = (_billed(meter.snapshot()) - _billed(before) - ahead - extension[chars]) / tasks
         write_ahead[chars] = ahead / tasks
     # A lapsed slot's recovery: half its window claimed (put back into the index), half not yet.
     keys = [f"fence-{i:04d}" for i in range(window)]
@@ -439,8 +441,8 @@ def _fence(key: str, slot: str, settings: Settings) -> None:
         UpdateExpression="SET revoked_by = :slot, status_shard = if_not_exists(status_shard, :shard), "
                          "due_at = if_not_exists(due_at, :now)",
         ConditionExpression="attribute_not_exists(lock_owner) OR lock_owner = :owner",
-        ExpressionAttributeValues={":slot": {"S": slot}, ":shard": {"S": shard}, ":now": {"S": now.isoformat()},
-                                   ":owner": {"S": "bill-worker"}})
+        ExpressionAttributeValues={":slot": {"S": slot}, ":shard": {"S": shard},
+                                   ":now": {"S": TaskModel.due_at.serialize(now)}, ":owner": {"S": "bill-worker"}})
 
 
 def _claim_races(endpoint: str, invocations: int, rounds: int = 10, seconds: float = 0.5) -> tuple[float, int, int]:
@@ -643,10 +645,11 @@ def _print_tracked(m: Measured, workload: Callable[[float], Workload]) -> None:
         print(f"  {name:<50}" + "".join(f"{'$' + format(total, ',.2f'):>12}" for total in totals))
         print(f"  {'  / SQS + Lambda + status table':<50}"
               + "".join(f"{a / b:>11.2f}x" for a, b in zip(totals, sqs, strict=True)))
+    own = ", ".join(f"{units:.2f}" for _, units in sorted(tracked.own_write_units.items()))
     ahead = ", ".join(f"{units:.3f} with {chars}-char keys"
                       for chars, units in sorted(tracked.write_ahead_units.items()))
     beats = ", ".join(f"{units:.2f}" for _, units in sorted(tracked.slot_extension_units.items()))
-    print(f"  (write units a task, tracked: {tracked.own_write_units:.2f} for its put, claim and finish, and its share "
+    print(f"  (write units a task, tracked: {own} for its put, claim and finish, and its share "
           f"of the slot's key records, one a window of {tracked.window}: {ahead};\n"
           f"   no lock heartbeats, a slot heartbeat {beats} with its keys held; after a crash, "
           f"{tracked.fence_units:.2f} a key the lapsed slot held)")
@@ -852,8 +855,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"  a task's whole life when its first n attempts fail (system errors, 2 KB tracebacks), "
         f"n = 0 ... {len(m.retry_units) - 1}: " + ", ".join(f"{units:.2f}" for units in m.retry_units)
         + " write units",
-        *([f"  the design that tracks running tasks per invocation (not built), write units a task: "
-           f"{m.tracked.own_write_units:.2f} and its slot's key records"] if m.tracked else []),
+        *(["  the design that tracks running tasks per invocation (not built), write units a task: "
+           + ", ".join(f"{units:.2f}" for _, units in sorted(m.tracked.own_write_units.items()))
+           + " and its slot's key records"] if m.tracked else []),
         f"  read units a task: {m.read_units:.2f}; log bytes: {m.log_bytes_per_task:,.0f} a task, "
         f"{m.log_bytes_per_invocation:,.0f} an invocation",
         f"  a coordinator run with nothing to do: {idle.requests} requests ({idle.stream_reads} stream reads), "

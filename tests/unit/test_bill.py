@@ -121,7 +121,7 @@ def test_sqs_bills_a_request_per_64_kb_a_batch_carries(bill):
 def test_tracking_running_tasks_per_invocation_drops_lock_heartbeats_and_bills_the_slots_records(bill, measured):
     import dataclasses
 
-    tracked = bill.Tracked(own_write_units=5.0, write_ahead_units={11: 0.05, 64: 0.125},
+    tracked = bill.Tracked(own_write_units={11: 5.0, 64: 5.0}, write_ahead_units={11: 0.05, 64: 0.125},
                            slot_extension_units={11: 3.0, 64: 6.0}, fence_units=1.5, window=40)
     m = dataclasses.replace(measured, tracked=tracked).with_running_tracked_per_invocation(64)
     assert m.own_write_units == pytest.approx(5.125)
