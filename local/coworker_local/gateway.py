@@ -26,6 +26,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -370,12 +371,14 @@ def _refused(status: int, message: str) -> GatewayResponse:
                            json.dumps({"statusCode": status, "message": message}))
 
 
-def _content_length(value: str | None) -> int | None:
+def _content_length(headers: Message) -> int | None:
     """The body's length from ``Content-Length`` (0 when absent); ``None`` when it is not a
-    plain count of bytes (``abc``, ``1e3``, ``-1``, two different values)."""
-    if value is None:
+    plain count of bytes (``abc``, ``1e3``, ``-1``, two different values, in one header or in
+    two)."""
+    given = headers.get_all("Content-Length")
+    if not given:
         return 0
-    values = {part.strip() for part in value.split(",")}
+    values = {part.strip() for value in given for part in value.split(",")}
     if len(values) != 1:
         return None
     (text,) = values
@@ -409,7 +412,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
         raise AttributeError(name)
 
     def _method_not_allowed(self) -> None:
-        length = _content_length(self.headers.get("Content-Length"))
+        length = _content_length(self.headers)
         if length is not None and 0 < length <= MAX_REQUEST_BYTES:
             self.rfile.read(length)  # the next request on this connection starts after it
         else:  # a body it will not read, or of unknown length: where the next request starts is unknown
@@ -444,7 +447,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
         framing has been answered (the connection is then closed: where the next request would
         start is unknown)."""
         encoding = self.headers.get("Transfer-Encoding")
-        length = _content_length(self.headers.get("Content-Length"))
+        length = _content_length(self.headers)
         if encoding is not None:
             if self.headers.get("Content-Length") is not None or encoding.strip().lower() != "chunked":
                 return self._refuse_framing(400, "send a body either with Content-Length or chunked, not both "

@@ -176,7 +176,7 @@ def test_a_request_naming_the_server_by_a_foreign_host_name_is_refused(echo_gate
         assert requests.get(f"{gateway.url}/x", headers={"Host": f"{host}:{port}"}, timeout=10).status_code == 201
 
 
-@pytest.mark.parametrize("length", [b"abc", b"1e3", b"-1", b"5, 6"])
+@pytest.mark.parametrize("length", [b"abc", b"1e3", b"-1", b"5, 6", b"2\r\nContent-Length: 3"])
 def test_a_content_length_that_is_not_a_size_gets_400_and_the_connection_closes(echo_gateway, length):
     gateway, seen = echo_gateway
     answer = _raw(gateway, b"POST /tasks HTTP/1.1\r\nHost: localhost\r\nContent-Length: " + length + b"\r\n\r\n{}")
