@@ -5,7 +5,9 @@ Standard library only; ``--iam`` signs requests with SigV4 through botocore.
 It follows the API's own advice: a 503 (DynamoDB or the object store refused; a batch stored part
 way lists the keys it stored) is re-sent as it was, and a 429 (throttled) is re-sent after backing
 off, both with exponential delays (a ``Retry-After`` header is honoured), at most
-:data:`RESEND_ATTEMPTS` times; then the last answer is reported, saying how long it tried. Puts are
+:data:`RESEND_ATTEMPTS` times in a row without progress (a batch's answer that stored tasks it had
+not stored before starts the count again: when writes are slow, each send stores a part); then the
+last answer is reported, saying how long it tried. Puts are
 idempotent by key, so a re-sent batch stores only what is missing (the CLI gives every task a key
 before it sends it). A 504 (API Gateway cut the request off at 29 s: what it did is unknown) is
 re-sent the same way only where sending again is safe: reads, and calls that say so (a batch put
@@ -90,19 +92,23 @@ class ApiClient:
         if idempotent is None:
             idempotent = method == "GET"
         resent = RESENT_STATUSES | {TIMED_OUT} if idempotent else RESENT_STATUSES
-        for attempt in range(1, RESEND_ATTEMPTS + 2):
+        attempt = stalled = 0  # sends, and re-sends in a row that stored nothing new
+        while True:
+            attempt += 1
             try:
                 return self._send(method, path, query, body)
             except ApiError as exc:
                 if exc.status not in resent:
                     raise
+                progressed = not set(exc.stored) <= self._calls.stored  # bounded: each key once
                 self._calls.stored.update(exc.stored)
-                if attempt > RESEND_ATTEMPTS:
+                stalled = 0 if progressed else stalled + 1
+                if stalled > RESEND_ATTEMPTS:
                     exc.message += (f" (sent {attempt} times over {time.monotonic() - started:.0f} s; "
                                     "try again later)")
+                    exc.args = (exc.message,)
                     raise
-                self._sleep(resend_delay(attempt, exc.retry_after))
-        raise AssertionError("unreachable")  # pragma: no cover
+                self._sleep(resend_delay(max(1, stalled), exc.retry_after))
 
     @property
     def stored_before_resend(self) -> set[str]:

@@ -153,3 +153,36 @@ def test_a_keyed_batch_cut_off_at_the_gateway_is_sent_again_a_put_without_key_is
     finally:
         reads.close()
     assert reads.bodies == [{"GET": "/batches/b"}] * 2
+
+
+def test_a_batch_stored_a_part_at_each_send_is_re_sent_while_it_progresses(no_waiting) -> None:
+    # Slow writes: each send stores one more task, for more sends than the re-sends allowed in a row
+    keys = [f"k{n}" for n in range(api_client.RESEND_ATTEMPTS + 4)]
+    tasks = [{"key": key, "type": "quick"} for key in keys]
+
+    def one_more(body: dict) -> dict:
+        sent = len(api.bodies)
+        return _unavailable(keys[sent - 1:sent])
+
+    def all_there(body: dict) -> dict:
+        results = [{"key": key, "outcome": "exists"} for key in keys]
+        return {"batch_id": "b", "created": 0, "existing": len(keys), "results": results}
+
+    api = ScriptedApi([*((503, one_more) for _ in keys), (200, all_there)])
+    try:
+        submitted = Coworker(api=api_client.ApiClient(api.url)).submit(tasks, batch_id="b")
+    finally:
+        api.close()
+    assert len(api.bodies) == len(keys) + 1
+    assert (submitted.created, submitted.existing) == (len(keys), 0)  # each stored once, by some send
+
+
+def test_the_message_of_a_request_given_up_says_how_often_it_was_sent(no_waiting) -> None:
+    api = ScriptedApi([(503, _unavailable(["k"]))])  # the same key each time: no progress after the first
+    try:
+        with pytest.raises(api_client.ApiError) as refused:
+            Coworker(api=api_client.ApiClient(api.url)).submit([{"key": "k", "type": "quick"}], batch_id="b")
+    finally:
+        api.close()
+    assert len(api.bodies) == api_client.RESEND_ATTEMPTS + 2
+    assert f"sent {api_client.RESEND_ATTEMPTS + 2} times" in str(refused.value)
