@@ -83,10 +83,12 @@ class ApiClient:
         self._calls = threading.local()
 
     def request(self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None,
-                *, idempotent: bool | None = None) -> Any:
+                *, idempotent: bool | None = None,
+                resend: Callable[[Any, set[str]], Any] | None = None) -> Any:
         """One call, re-sent on 429 and 503 as the API advises (see the module's docstring), and
         on 504 when ``idempotent`` (default: for GET only): sending it again changes nothing that
-        the first attempt did."""
+        the first attempt did. ``resend`` gives the body to send again, from the body last sent
+        and the keys stored so far (default: the same body)."""
         started = time.monotonic()
         self._calls.stored = set()
         if idempotent is None:
@@ -109,6 +111,8 @@ class ApiClient:
                     exc.args = (exc.message,)
                     raise
                 self._sleep(resend_delay(max(1, stalled), exc.retry_after))
+                if resend is not None:
+                    body = resend(body, self._calls.stored)
 
     @property
     def stored_before_resend(self) -> set[str]:

@@ -142,12 +142,12 @@ class Coworker:
             if callbacks:
                 body["callbacks"] = dict(callbacks)
             # Every task has a key and the batch its id: a request cut off (504) is safe to send again.
-            answer = self.api.request("POST", "/tasks", body=body, idempotent=True)
-            # Tasks stored by an attempt the API asked to re-send answer "exists" the second time
-            # (after a 504, which names none, they are counted as existing).
-            again = sum(1 for result in answer["results"]
-                        if result["outcome"] == "exists" and result["key"] in self.api.stored_before_resend)
-            return answer["created"] + again, answer["existing"] - again
+            answer = self.api.request("POST", "/tasks", body=body, idempotent=True, resend=_without_stored)
+            # Tasks stored by an attempt the API asked to re-send are left out of the next one, or
+            # answer "exists" in it (after a 504, which names none, they are counted as existing).
+            stored = self.api.stored_before_resend & {task["key"] for task in chunk}
+            again = sum(1 for result in answer["results"] if result["outcome"] == "exists" and result["key"] in stored)
+            return answer["created"] + len(stored), answer["existing"] - again
 
         def record(chunk: list[dict[str, Any]], counts: tuple[int, int]) -> None:
             nonlocal created, existing
@@ -217,6 +217,14 @@ class Coworker:
 
 
 _Sent = tuple[list[dict[str, Any]], Future[tuple[int, int]]]
+
+
+def _without_stored(body: dict[str, Any], stored: set[str]) -> dict[str, Any]:
+    """A batch put to send again: without the tasks an earlier send stored (at least one task
+    stays, to be answered as existing). When writes are slow each send puts a part of its tasks
+    before its window closes; sending them all again would spend the window on those stored."""
+    rest = [task for task in body["tasks"] if task["key"] not in stored]
+    return {**body, "tasks": rest or body["tasks"][:1]}
 
 
 def _answered(sent: _Sent) -> tuple[list[dict[str, Any]], tuple[int, int]]:

@@ -273,3 +273,31 @@ def test_a_put_that_ends_before_a_settled_redrive_may_land_does_not_settle_the_b
     head = BatchModel.get(batches.batch_key("closing"), consistent_read=True)
     assert head.puts_closed_at == later
     assert (int(head.puts_in_flight), int(head.tasks_created)) == (0, 2)
+
+
+def test_re_sending_the_same_batch_reaches_the_tasks_earlier_sends_did_not(make_settings, monkeypatch):
+    """Writes so slow that each send of a batch starts only a third of its puts before its window
+    closes, stored or not: re-sending the same request (as the 503 says) reaches the others, since
+    each send puts the tasks in an order of its own. In a fixed order every send would spend its
+    window on the same first tasks, and the rest would never be stored."""
+    settings = make_settings()
+    real = writes.each_within
+    reach = 10
+
+    def a_part(write, items, threads, window=None):
+        results, _ = real(write, items[:reach], threads)
+        return [*results, *[None] * (len(items) - reach)], len(items) - reach
+
+    monkeypatch.setattr(writes, "each_within", a_part)
+    keys = [f"part-{n:02d}" for n in range(3 * reach)]
+    specs = [TaskSpec(key=key, type="quick", batch_id="parts") for key in keys]
+    def stored() -> set[str]:
+        return {task.key for task in TaskModel.scan(TaskModel.key.startswith("part-"))}
+
+    # each task is missed by a send with chance 2/3: all 30 are in after 60 sends but for 1 in 10^9
+    sends = 0
+    while stored() != set(keys) and sends < 60:
+        sends += 1
+        with pytest.raises(PartialPutError):
+            submit.put_batch(specs, "parts", settings)
+    assert stored() == set(keys), f"after {sends} sends"

@@ -34,6 +34,7 @@ Batches made by releases before the stream kept ``total`` on the head and outcom
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -173,7 +174,9 @@ def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = 
     which also keeps the promise): puts not started by its start limit are skipped, and those still
     under way at its end are left to land or not (the batch is then not closed: its promise stands
     in); :class:`PartialPutError` names the tasks known stored. Putting the same tasks again stores
-    the rest, and finds those that landed meanwhile existing.
+    the rest, and finds those that landed meanwhile existing. Each call puts them in an order of
+    its own: in a fixed one, every re-send would spend its window on the tasks an earlier one
+    stored, and never reach the rest.
     """
     window = writes.Window.of_request()  # opening the batch is one of its writes
     now = now or utcnow()
@@ -192,8 +195,12 @@ def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = 
 
     outcomes: list[bool | None] = []
     unreached = 0
+    order = random.sample(range(len(tasks)), len(tasks))
     try:
-        outcomes, unreached = writes.each_within(put, tasks, PUT_THREADS, window)
+        in_order, unreached = writes.each_within(put, [tasks[n] for n in order], PUT_THREADS, window)
+        outcomes = [None] * len(tasks)
+        for position, number in enumerate(order):
+            outcomes[number] = in_order[position]
     finally:
         created = [bool(outcome) for outcome in outcomes] or [False] * len(tasks)
         stored = [task.key for task, made in zip(tasks, created, strict=True) if made]
