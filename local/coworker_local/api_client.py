@@ -3,10 +3,11 @@
 Standard library only; ``--iam`` signs requests with SigV4 through botocore.
 
 It follows the API's own advice: a 503 (DynamoDB or the object store refused; a batch stored part
-way lists the keys it stored) is re-sent as it was, and a 429 (throttled) is re-sent after backing
-off, both with exponential delays (a ``Retry-After`` header is honoured), at most
-:data:`RESEND_ATTEMPTS` times in a row without progress (a batch's answer that stored tasks it had
-not stored before starts the count again: when writes are slow, each send stores a part); then the
+way lists the keys it stored) is re-sent (a batch without the tasks already stored, see
+``Coworker.submit``), and a 429 (throttled) is re-sent after backing off, both with exponential
+delays (a ``Retry-After`` header is honoured), at most :data:`RESEND_ATTEMPTS` times in a row
+without progress (a batch's answer that stored tasks it had not stored before starts the count
+again: when writes are slow, each send stores a part) and :data:`MAX_SENDS` times in all; then the
 last answer is reported, saying how long it tried. Puts are
 idempotent by key, so a re-sent batch stores only what is missing (the CLI gives every task a key
 before it sends it). A 504 (API Gateway cut the request off at 29 s: what it did is unknown) is
@@ -34,6 +35,8 @@ RESENT_STATUSES = frozenset({429, 503})
 # API Gateway's "Endpoint request timed out": re-sent only where sending again is safe.
 TIMED_OUT = 504
 RESEND_ATTEMPTS = 6
+# Sends of one request in all, however many of them stored something new.
+MAX_SENDS = 100
 FIRST_DELAY_SECONDS = 1.0
 MAX_DELAY_SECONDS = 20.0
 
@@ -105,7 +108,7 @@ class ApiClient:
                 progressed = not set(exc.stored) <= self._calls.stored  # bounded: each key once
                 self._calls.stored.update(exc.stored)
                 stalled = 0 if progressed else stalled + 1
-                if stalled > RESEND_ATTEMPTS:
+                if stalled > RESEND_ATTEMPTS or attempt >= MAX_SENDS:
                     exc.message += (f" (sent {attempt} times over {time.monotonic() - started:.0f} s; "
                                     "try again later)")
                     exc.args = (exc.message,)
