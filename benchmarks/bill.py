@@ -58,7 +58,7 @@ from coworker.bootstrap import configure  # noqa: E402
 from coworker.config import Settings  # noqa: E402
 from coworker.data import writes  # noqa: E402
 from coworker.data.models import ErrorKind, LeaseModel, TaskModel, utcnow  # noqa: E402
-from coworker.engine import dispatch, lifecycle, progress, slots, submit  # noqa: E402
+from coworker.engine import dispatch, lifecycle, progress, slots, submit, timing  # noqa: E402
 from coworker.engine.outcomes import TaskOutcome  # noqa: E402
 from coworker.engine.tasks import TaskSpec  # noqa: E402
 from coworker.observability import MetricName, logger, metrics  # noqa: E402
@@ -68,6 +68,8 @@ from coworker_local.database import MOTO, create_table, dynamodb_client, start_d
 TASK_LENGTHS = (0.05, 1.0, 60.0, 300.0)
 HEARTBEAT_SECONDS = Settings.model_fields["lock_seconds"].default / 3  # the deployed default
 WORKER_TIMEOUT = Settings.model_fields["worker_timeout_seconds"].default
+TIMEOUT_MARGIN = Settings.model_fields["timeout_margin_seconds"].default
+MAX_ATTEMPTS = Settings.model_fields["max_attempts"].default
 SUPERVISE_SECONDS = Settings.model_fields["supervise_seconds"].default
 TICK_SECONDS = Settings.model_fields["tick_seconds"].default
 CUSTOM_METRICS = sorted(value for name, value in vars(MetricName).items() if name.isupper())
@@ -626,6 +628,17 @@ def _print_by_payload(m: Measured, workload: Callable[[float], Workload]) -> Non
           "COWORKER_INLINE_PAYLOAD_BYTES decides, 16 KB by default)")
 
 
+def _print_deadline_losses() -> None:
+    print("\nAttempts killed at a worker's deadline, tasks back to back in each thread "
+          f"(margin {TIMEOUT_MARGIN:g} s):\n")
+    print(f"  {'':<34}" + "".join(f"{_length(s):>12}" for s in TASK_LENGTHS))
+    for declared, name in ((False, "no time limits declared"), (True, "time limits declared")):
+        timeouts = [coworker_worker_timeout(s, declared) for s in TASK_LENGTHS]
+        print(f"  {name + ': worker timeout':<34}" + "".join(f"{t:>11}s" for t in timeouts))
+        shares = [deadline_rounds(s, t, declared).lost_share for s, t in zip(TASK_LENGTHS, timeouts, strict=True)]
+        print(f"  {'  attempts killed':<34}" + "".join(f"{share:>12.0%}" for share in shares))
+
+
 def _print_tracked(m: Measured, workload: Callable[[float], Workload]) -> None:
     """What the per-task lock and index entry cost: the bill as built beside the design that tracks
     running tasks per worker invocation (measured write by write, not built)."""
@@ -659,22 +672,71 @@ def _bytes(size: int) -> str:
     return f"{size // 1024} KB" if size % 1024 == 0 else f"{size} B"
 
 
-def coworker_worker_timeout(seconds: float) -> int:
-    """The worker timeout a deployment for tasks of ``seconds`` needs: the default (300 s) while a
-    task fits in half of it, else Lambda's longest (900 s)."""
-    return WORKER_TIMEOUT if seconds <= WORKER_TIMEOUT / 2 else p.LAMBDA_MAX_SECONDS
+def coworker_worker_timeout(seconds: float, limits_declared: bool = True) -> int:
+    """The worker timeout a deployment for tasks of ``seconds`` has. With their time limit declared
+    (``seconds``), the stack's choice: the default (300 s), or the shortest that gives the limit.
+    Without (as before issue 47): the default while a task fits in half of it, else Lambda's longest
+    (900 s), as a team would have set it by hand."""
+    if not limits_declared:
+        return WORKER_TIMEOUT if seconds <= WORKER_TIMEOUT / 2 else p.LAMBDA_MAX_SECONDS
+    needed = timing.worker_timeout_for(seconds, TIMEOUT_MARGIN)
+    return max(WORKER_TIMEOUT, needed if needed is not None else p.LAMBDA_MAX_SECONDS)
 
 
-def coworker_bill(m: Measured, w: Workload, batched: bool = False, payload_in_bucket: bool = False) -> Bill:
+@dataclasses.dataclass(frozen=True)
+class Rounds:
+    """What one thread of a worker invocation does with back-to-back tasks of one length."""
+
+    finished: int  # tasks it runs to the end
+    lost: int  # attempts it starts and that are killed at its deadline (0 or 1)
+    seconds: float  # how long the invocation runs
+
+    @property
+    def lost_share(self) -> float:
+        return self.lost / (self.finished + self.lost)
+
+
+def deadline_rounds(seconds: float, timeout: int, limits_declared: bool = True) -> Rounds:
+    """Back-to-back tasks of ``seconds`` in one thread of a ``timeout``-s worker.
+
+    Declared limits: a task starts only if it ends before the deadline less the margin, and the
+    invocation ends after its last one. Without: the worker claims until the last tenth of its
+    timeout and starts a handler until the deadline less the margin, so the task that straddles it
+    is killed there (its attempt lost) and the invocation runs to its end.
+    """
+    length = seconds + p.DYNAMODB_SECONDS_PER_TASK
+    handlers_until = timeout - TIMEOUT_MARGIN
+    finished = max(1, math.floor(handlers_until / length)) if handlers_until >= length else 0
+    if limits_declared:
+        return Rounds(max(1, finished), 0, max(1, finished) * length)
+    claims_until = timeout - max(2 * TIMEOUT_MARGIN, 0.1 * timeout)
+    starts = math.ceil(claims_until / length)
+    lost = 1 if starts > finished else 0
+    finished = min(starts, finished)
+    return Rounds(finished, lost, timeout if lost else finished * length)
+
+
+def coworker_bill(m: Measured, w: Workload, batched: bool = False, payload_in_bucket: bool = False,
+                  limits_declared: bool = True) -> Bill:
     """``payload_in_bucket``: ``m`` measured with the payload kept in the results bucket, whose
-    requests are added (a PUT when the task is put, a GET when a worker runs it)."""
-    timeout = coworker_worker_timeout(w.seconds)
-    rounds = max(1, math.floor(timeout * p.COWORKER_FEED_SHARE / (w.seconds + p.DYNAMODB_SECONDS_PER_TASK)))
-    invocations = math.ceil(w.tasks / (w.threads * rounds))
-    invocation_seconds = w.tasks * (w.seconds + p.DYNAMODB_SECONDS_PER_TASK) / w.threads / invocations
+    requests are added (a PUT when the task is put, a GET when a worker runs it). Without
+    ``limits_declared``, the attempts killed at a worker's deadline (see :func:`deadline_rounds`)
+    are billed: their Lambda time, and the writes of a failed attempt (``m.retry_units``) each."""
+    timeout = coworker_worker_timeout(w.seconds, limits_declared)
+    rounds = deadline_rounds(w.seconds, timeout, limits_declared)
+    if rounds.finished == 0:
+        return Bill("Coworker (no limits declared)", {}, note=f"infeasible: a task outlasts a {timeout}-s worker")
+    # Each attempt is lost with the same chance: attempts per finished task, geometric.
+    attempts = 1 / (1 - rounds.lost_share)
+    lost_per_task = attempts - 1
+    thread_rounds = w.tasks * attempts / (rounds.finished + rounds.lost)  # one thread's invocation each
+    invocations = math.ceil(thread_rounds / w.threads)
+    invocation_seconds = thread_rounds * rounds.seconds / w.threads / invocations
     lock_beats = max(0, math.ceil(w.seconds / HEARTBEAT_SECONDS) - 1)
     slot_beats = math.floor(invocation_seconds / HEARTBEAT_SECONDS)
+    failed_attempt_units = (m.retry_units[1] - m.retry_units[0]) if len(m.retry_units) > 1 else m.own_write_units
     task_units = (m.own_write_units + m.lock_heartbeat_units(lock_beats)
+                  + lost_per_task * (failed_attempt_units + m.lock_heartbeat_units(lock_beats))
                   + (m.batch_extra_write_units if batched else 0.0))
     invocation_units = m.invocation_write_units + m.race_write_units + slot_beats * m.slot_extension_units
     log_bytes = w.tasks * m.log_bytes_per_task + invocations * (m.log_bytes_per_invocation
@@ -683,7 +745,11 @@ def coworker_bill(m: Measured, w: Workload, batched: bool = False, payload_in_bu
     # is published; the monthly table prices a deployment with nothing to do.
     supervising = coordinator_busy(m, w.hours)
     bucket = {"S3 payload requests": w.tasks * (p.S3_PUT + p.S3_GET)} if payload_in_bucket else {}
-    return Bill(f"Coworker{' (one batch)' if batched else ''}", {
+    name = f"Coworker{' (one batch)' if batched else ''}{'' if limits_declared else ' (no limits declared)'}"
+    lost_note = (f"; {rounds.lost_share:.0%} of attempts killed at the deadline ({lost_per_task:.2f} a task, "
+                 f"{rounds.lost_share ** MAX_ATTEMPTS:.1%} of tasks ignored at {MAX_ATTEMPTS} attempts)"
+                 if rounds.lost else "")
+    return Bill(name, {
         "DynamoDB writes, tasks": w.tasks * task_units * p.DYNAMODB_WRITE_UNIT,
         "DynamoDB writes, invocations": invocations * invocation_units * p.DYNAMODB_WRITE_UNIT,
         "DynamoDB reads": w.tasks * m.read_units * p.DYNAMODB_READ_UNIT,
@@ -697,7 +763,7 @@ def coworker_bill(m: Measured, w: Workload, batched: bool = False, payload_in_bu
         **bucket,
     }, note=f"{invocations:,} worker invocations of {w.threads} threads (timeout {timeout} s); "
             f"{lock_beats} lock heartbeats a task; write units: {task_units:.2f} a task, "
-            f"{invocation_units:.0f} an invocation")
+            f"{invocation_units:.0f} an invocation{lost_note}")
 
 
 def sqs_requests_per_task(payload_bytes: int = 0) -> float:
@@ -879,6 +945,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  {'design':<34}{header}")
     rows: dict[str, list[Bill]] = {
         "Coworker": [coworker_bill(m, workload(s)) for s in TASK_LENGTHS],
+        "Coworker, no time limits declared": [coworker_bill(m, workload(s), limits_declared=False)
+                                              for s in TASK_LENGTHS],
         "SQS + Lambda + status table": [sqs_bill(m, workload(s)) for s in TASK_LENGTHS],
         "Distributed Map (cheapest batch)": [cheapest_distributed_map(m, workload(s)) for s in TASK_LENGTHS],
     }
@@ -887,11 +955,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {name:<34}{cells}")
     batches = "".join(f"{b.name.split('batch ')[1].rstrip(')'):>12}" for b in rows["Distributed Map (cheapest batch)"])
     print(f"  {'  (its item batch)':<34}{batches}")
-    for name, index in (("Coworker / SQS", 1), ("Coworker / Distributed Map", 2)):
+    for name, index in (("Coworker / SQS", 2), ("Coworker / Distributed Map", 3)):
         others = list(rows.values())[index]
         ratios = "".join(f"{a.total / b.total:>11.2f}x" for a, b in zip(rows["Coworker"], others, strict=True))
         print(f"  {name:<34}{ratios}")
 
+    _print_deadline_losses()
     _print_tracked(m, workload)
     _print_by_payload(m, workload)
 

@@ -15,11 +15,13 @@ from typing import Any
 
 from constructs import Node
 from coworker.config import Settings
+from coworker.engine import timing
 from coworker.engine.handlers import handler_package
 from coworker.errors import ConfigurationError
 from pydantic import ValidationError
 
 from coworker_cdk import constants as c
+from coworker_cdk.declared import declared_limits
 
 # Library settings a deployment may set: each is an option of TaskSystem under the Settings
 # field's name, and a context key of the stack.
@@ -226,6 +228,9 @@ class StackConfig:
                                          "example_handlers off there would be nothing to run")
             settings = settings.model_copy(update={"example_handlers": True})
 
+        explicit_timeout = options.get("worker_timeout_seconds") is not None
+        settings = _fit_worker_timeout(settings, handlers_dir, explicit=explicit_timeout)
+
         def choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
             value = str(options.get(name) or default).lower()
             if value not in allowed:
@@ -316,6 +321,36 @@ def _settings_from_options(options: dict[str, Any]) -> Settings:
             shown = f": got {error['input']!r}" if field in context_key else ""
             problems.append(f"{where}: {error['msg']}{shown}")
         raise ConfigurationError("; ".join(problems)) from None
+
+
+def _fit_worker_timeout(settings: Settings, handlers_dir: Path | None, explicit: bool) -> Settings:
+    """The worker's timeout follows the time limits the deployed types declare: raised so that
+    the longest fits (see :mod:`coworker.engine.timing`), unless ``workerTimeoutSeconds`` was set,
+    which must then give it. A limit no Lambda worker gives is refused, naming the type."""
+    limits = declared_limits(handlers_dir, settings.example_handlers)
+    if not limits:
+        return settings
+    margin = settings.timeout_margin_seconds
+    beyond = sorted(name for name, limit in limits.items() if timing.worker_timeout_for(limit, margin) is None)
+    if beyond:
+        named = ", ".join(f"{name!r} ({limits[name]:g} s)" for name in beyond)
+        raise ConfigurationError(
+            f"task type {named} declares a time limit longer than a Lambda worker can give: at most "
+            f"{timing.longest_limit(timing.LAMBDA_MAX_TIMEOUT_SECONDS, margin):g} s, since a Lambda function runs at "
+            f"most {timing.LAMBDA_MAX_TIMEOUT_SECONDS} s; lower its timeout_seconds or split its work into shorter "
+            "tasks")
+    longest = max(limits, key=lambda name: limits[name])
+    needed = timing.worker_timeout_for(limits[longest], margin)
+    assert needed is not None
+    if settings.worker_timeout_seconds >= needed:
+        return settings
+    if explicit:
+        raise ConfigurationError(
+            f"option worker_timeout_seconds (context {c.CTX_WORKER_TIMEOUT}) is {settings.worker_timeout_seconds}, "
+            f"which gives a task at most {timing.max_task_seconds(settings):g} s, but task type {longest!r} declares "
+            f"a time limit of {limits[longest]:g} s: set {c.CTX_WORKER_TIMEOUT} to at least {needed}, or leave it "
+            "unset and the stack sizes the worker from the declared limits")
+    return settings.model_copy(update={"worker_timeout_seconds": needed})
 
 
 def _handlers_dir(value: Any) -> Path | None:

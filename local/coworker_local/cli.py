@@ -136,6 +136,8 @@ def _add_submit(commands: Commands) -> None:
     submit.add_argument("--rate-limit", dest="rate_limit", type=int, help="starts per interval, 1-1000")
     submit.add_argument("--rate-interval", dest="rate_interval_seconds", type=float, metavar="SECONDS",
                         help="the interval of --rate-limit (default 1)")
+    submit.add_argument("--timeout-seconds", dest="timeout_seconds", type=float, metavar="SECONDS",
+                        help="the task's time limit (default: its type's); refused if the worker cannot give it")
     submit.add_argument("--file", help="JSON lines, one task object per line; '-' reads stdin")
     submit.add_argument("--batch-id", dest="batch_id", help="batch id for --file (generated when absent)")
     for event, when in (("complete", "every task is finished or ignored"),
@@ -244,6 +246,8 @@ def _add_schedule_commands(commands: Commands) -> None:
     schedule.add_argument("--type", help="put: the type of the task each occurrence puts")
     schedule.add_argument("--payload", help="put: the task's JSON payload")
     schedule.add_argument("--max-attempts", type=int, dest="max_attempts")
+    schedule.add_argument("--timeout-seconds", dest="timeout_seconds", type=float, metavar="SECONDS",
+                          help="put: the task's time limit (default: its type's)")
     schedule.add_argument("--timezone", default="UTC", help="put: IANA time zone of a cron expression")
     schedule.add_argument("--missed", choices=["once", "skip"], default="once",
                           help="put: occurrences missed while nothing ran: run the latest once, or skip")

@@ -87,7 +87,7 @@ def _task_from_flags(args: argparse.Namespace) -> dict[str, Any]:
     if args.payload is not None:
         task["payload"] = _json_flag(args.payload, "--payload")
     for name in ("max_attempts", "run_at", "priority", "concurrency_key", "concurrency_limit", "rate_key",
-                 "rate_limit", "rate_interval_seconds"):
+                 "rate_limit", "rate_interval_seconds", "timeout_seconds"):
         if getattr(args, name) is not None:
             task[name] = getattr(args, name)
     return task
@@ -490,6 +490,8 @@ def cmd_schedule(client: ApiClient, args: argparse.Namespace, out: TextIO, err: 
             task["payload"] = _json_flag(args.payload, "--payload")
         if args.max_attempts is not None:
             task["max_attempts"] = args.max_attempts
+        if args.timeout_seconds is not None:
+            task["timeout_seconds"] = args.timeout_seconds
         body = {"expression": args.expression, "timezone": args.timezone, "missed": args.missed,
                 "paused": args.paused, "task": task}
         answer = client.request("PUT", path, body=body)

@@ -37,7 +37,7 @@ from typing import IO, Any
 
 from coworker.bootstrap import configure
 from coworker.config import Settings
-from coworker.engine import dispatch
+from coworker.engine import dispatch, handlers, timing
 from coworker.engine.handlers import handler_package
 from coworker.errors import ConfigurationError
 from coworker.observability import invocation_scope, logger, metrics
@@ -272,6 +272,16 @@ class LocalRuntime:
                 filter(None, [str(self.handlers_path), os.environ.get("PYTHONPATH", "")]))
         return environ
 
+    def _fit_worker_timeout(self) -> None:
+        """As the stack does: a worker timeout long enough for the longest limit a type declares."""
+        handlers.load_handler_modules(self.settings.handler_module_list)
+        fitted = timing.fitted_worker_timeout(self.settings, handlers.declared_timeouts())
+        if fitted > self.settings.worker_timeout_seconds:
+            logger.warning("worker timeout raised to fit the time limits task types declare",
+                           extra={"worker_timeout_seconds": fitted,
+                                  "was": self.settings.worker_timeout_seconds})
+            self.settings = self.settings.model_copy(update={"worker_timeout_seconds": fitted})
+
     def start(self) -> LocalRuntime:
         from coworker_local.dashboard import dashboard_routes, static_folder
 
@@ -304,6 +314,7 @@ class LocalRuntime:
                                            log=self.log if not isinstance(self.log, int) else None)
             self.settings = self.settings.model_copy(update={"dynamodb_endpoint": self.database.endpoint})
         self.table_created = create_table(self.settings)
+        self._fit_worker_timeout()
         self.pool = ProcessWorkerPool(
             self.worker_environment(),
             timeout_seconds=self.settings.worker_timeout_seconds,

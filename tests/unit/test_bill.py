@@ -75,11 +75,40 @@ def test_lock_heartbeats_past_the_measured_ones_go_on_at_the_rate_of_the_later_o
     assert m.lock_heartbeat_units(10) == pytest.approx(15.0 + 3 * (15.0 - 7.0) / 4)
 
 
-def test_five_minute_tasks_get_lambdas_longest_worker_timeout(bill, measured):
+def test_five_minute_tasks_get_the_worker_timeout_their_declared_limit_needs(bill, measured):
     assert bill.coworker_worker_timeout(1.0) == 300
-    assert bill.coworker_worker_timeout(300.0) == 900
+    assert bill.coworker_worker_timeout(300.0) == 312  # 300 s, the 5-s margin and 6 s to start
     note = bill.coworker_bill(measured, workload(bill, 300.0)).note
-    assert "timeout 900 s" in note and f"{math.ceil(1_000_000 / 20):,} worker invocations" in note
+    assert "timeout 312 s" in note and f"{math.ceil(1_000_000 / 10):,} worker invocations" in note
+    assert "killed" not in note
+    # Without declared limits a team set Lambda's longest by hand, and a third of the attempts die.
+    assert bill.coworker_worker_timeout(300.0, limits_declared=False) == 900
+    undeclared = bill.coworker_bill(measured, workload(bill, 300.0), limits_declared=False).note
+    assert "timeout 900 s" in undeclared and "33% of attempts killed at the deadline (0.50 a task" in undeclared
+
+
+@pytest.mark.parametrize(("seconds", "timeout", "finished", "lost"), [
+    (60.0, 300, 4, 1),  # 1 attempt in 5 (issue 47)
+    (100.0, 300, 2, 1),  # 1 in 3
+    (150.0, 300, 1, 1),  # 1 in 2
+    (300.0, 900, 2, 1),  # 1 in 3 even at 900 s
+    (1.0, 300, 265, 0),  # claims end at 90 % of the timeout; nothing straddles the deadline
+])
+def test_without_limits_the_task_straddling_the_deadline_is_killed(bill, seconds, timeout, finished, lost):
+    rounds = bill.deadline_rounds(seconds, timeout, limits_declared=False)
+    assert (rounds.finished, rounds.lost) == (finished, lost)
+    length = seconds + bill.p.DYNAMODB_SECONDS_PER_TASK
+    assert rounds.seconds == (timeout if lost else pytest.approx(finished * length))
+    declared = bill.deadline_rounds(seconds, bill.coworker_worker_timeout(seconds), limits_declared=True)
+    assert declared.lost == 0 and declared.finished >= 1
+
+
+def test_attempts_lost_at_the_deadline_cost_lambda_time_and_writes(bill, measured):
+    sixty = workload(bill, 60.0)
+    declared = bill.coworker_bill(measured, sixty)
+    undeclared = bill.coworker_bill(measured, sixty, limits_declared=False)
+    assert undeclared.lines["Lambda GB-s"] > declared.lines["Lambda GB-s"] * 1.2
+    assert undeclared.lines["DynamoDB writes, tasks"] > declared.lines["DynamoDB writes, tasks"]
 
 
 def test_an_idle_month_prices_one_run_a_minute_and_the_metrics_it_sends(bill, measured):

@@ -6,7 +6,7 @@ import gc
 
 from coworker.config import Settings
 from coworker.data import connection
-from coworker.engine import handlers, offload
+from coworker.engine import durations, handlers, offload
 
 _started = False
 
@@ -22,6 +22,7 @@ def configure(settings: Settings | None = None) -> Settings:
     global _started
     settings = settings or Settings.from_env()
     connection.bind(settings)
+    durations.observed.forget()  # run times read or counted belong to the table bound before
     connection.build_clients()  # once per process, before any worker thread needs one
     offload.store_for(settings)
     handlers.load_handler_modules(settings.handler_module_list)

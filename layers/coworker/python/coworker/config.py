@@ -48,7 +48,9 @@ class Settings(BaseModel):
                                         "max_concurrency / batch_size worker invocations run at once.")
     worker_timeout_seconds: int = Field(300, ge=3, le=900, alias="COWORKER_WORKER_TIMEOUT_SECONDS",
                                         description="Worker invocation time limit (the Lambda timeout); "
-                                                    "a worker keeps taking due work until it nears it.")
+                                                    "a worker claims a task only if the time it has left "
+                                                    "covers the task's time limit; raised to fit the longest "
+                                                    "limit a task type declares.")
     lock_seconds: int = Field(60, ge=3, alias="COWORKER_LOCK_SECONDS",
                               description="Lock lifetime of a claim, extended by heartbeats while the "
                                           "task runs: a dead worker's task runs again after about this long.")

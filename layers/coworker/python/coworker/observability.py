@@ -146,6 +146,8 @@ class MetricName:
     SLOT_TAKEN_OVER = "WorkerSlotTakenOver"  # a dispatched worker found its slot given away
     FEED_PAGES = "WorkerFeedQueries"
     DURATION = "TaskDuration"
+    TOO_LONG = "TaskLeftForFreshWorker"  # its time limit was longer than the worker's time left
+    TIMED_OUT = "TaskTimedOut"  # an attempt still running at its time limit (or the worker's deadline)
     DISPATCHED = "TasksDispatched"
     WORKER_INVOCATIONS = "WorkerInvocations"
     BUSY_SLOTS = "BusyWorkerSlots"

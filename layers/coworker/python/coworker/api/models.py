@@ -256,6 +256,8 @@ class TaskOut(BaseModel):
     rate_key: str | None = None
     rate_limit: int | None = None
     rate_interval_seconds: float | None = None
+    timeout_seconds: float | None = Field(None, description="The task's own time limit, if it was put with one "
+                                                            "(else its type's declared limit applies).")
     blocked: bool = Field(False, description="Waiting for a place in its concurrency group (its key's or its "
                                              "type's limit is reached): out of the queue until one frees.")
     result: Any = None

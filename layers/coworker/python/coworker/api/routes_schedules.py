@@ -14,7 +14,7 @@ from aws_lambda_powertools.event_handler.router import APIGatewayRouter
 
 from coworker.api.errors import ERROR_RESPONSES, BadRequestError, responses
 from coworker.api.models import ScheduleIn, ScheduleOut, SchedulesOut
-from coworker.api.routes_tasks import check_task_types
+from coworker.api.routes_tasks import check_tasks
 from coworker.api.services import Services
 from coworker.engine import schedules
 
@@ -36,8 +36,7 @@ def router(services: Services) -> APIGatewayRouter:
     def put_schedule(name: str, body: Annotated[ScheduleIn, Body(description="When it fires and what it puts")]
                      ) -> Response[ScheduleOut]:
         schedule_name = checked_name(name)
-        if settings.validate_task_types:
-            check_task_types([body.task], batch=False, location=("body", "task", "type"))
+        check_tasks([body.task], settings, batch=False, location=("body", "task"))
         try:
             schedule, created = schedules.put(schedule_name, body.expression, body.timezone, body.missed, body.task,
                                               paused=body.paused)

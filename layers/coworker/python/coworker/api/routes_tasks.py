@@ -46,7 +46,7 @@ from coworker.api.services import Services
 from coworker.config import Settings
 from coworker.data import writes
 from coworker.data.models import TaskModel, TaskStatus, iso_utc, status_shards, utcnow
-from coworker.engine import batches, handlers, lifecycle, offload, redrive, submit
+from coworker.engine import batches, handlers, lifecycle, offload, redrive, submit, timing
 from coworker.engine.submit import PutOutcome
 from coworker.engine.tasks import NewTask, key_problem
 from coworker.errors import TaskNotFoundError
@@ -88,11 +88,10 @@ def router(services: Services) -> APIGatewayRouter:
     def submit_tasks(body: Annotated[Submission, Body(description="A task, or {\"tasks\": [...]} for a batch")]
                      ) -> Response[SubmitTaskOut | SubmitBatchOut]:
         now = utcnow()
-        if settings.validate_task_types:
-            check_task_types([body] if isinstance(body, TaskIn) else body.tasks, batch=isinstance(body, BatchIn))
-            if isinstance(body, BatchIn) and body.callbacks is not None:
-                for event, task in body.callbacks.named().items():
-                    check_task_types([task], batch=False, location=("body", "callbacks", event, "type"))
+        check_tasks([body] if isinstance(body, TaskIn) else body.tasks, settings, batch=isinstance(body, BatchIn))
+        if isinstance(body, BatchIn) and body.callbacks is not None:
+            for event, task in body.callbacks.named().items():
+                check_tasks([task], settings, batch=False, location=("body", "callbacks", event))
         if isinstance(body, TaskIn):
             return submit_one(body, services, now)
         assert isinstance(body, BatchIn)
@@ -143,17 +142,30 @@ def router(services: Services) -> APIGatewayRouter:
 
 # -- submit ------------------------------------------------------------------------------------
 
-def check_task_types(tasks: Sequence[NewTask], batch: bool, location: tuple[str, ...] = ("body", "type")) -> None:
-    """Refuse tasks whose type has no registered handler (422, each entry named, the known types
-    listed): the API imports the same handler modules as the workers. ``location`` is where a
-    single task's type sits in the request."""
+def check_tasks(tasks: Sequence[NewTask], settings: Settings, batch: bool,
+                location: tuple[str | int, ...] = ("body",)) -> None:
+    """Refuse (422, each entry named) tasks whose type has no registered handler (with
+    ``validate_task_types``; the API imports the same handler modules as the workers, the known
+    types are listed), and tasks whose time limit, their own or their type's, no runner of this
+    deployment gives (the message names the runner and the setting). ``location`` is where a
+    single task sits in the request."""
     known = handlers.registered_types()
-    errors = [
-        {"type": "unknown_task_type", "loc": ("body", "tasks", index, "type") if batch else location,
-         "msg": f"no handler is registered for task type {task.type!r}; known types: {', '.join(known) or 'none'}",
-         "input": task.type}
-        for index, task in enumerate(tasks) if task.type not in known
-    ]
+    errors: list[dict[str, Any]] = []
+    for index, task in enumerate(tasks):
+        where = ("body", "tasks", index) if batch else location
+        if settings.validate_task_types and task.type not in known:
+            errors.append({"type": "unknown_task_type", "loc": (*where, "type"), "input": task.type,
+                           "msg": f"no handler is registered for task type {task.type!r}; known types: "
+                                  f"{', '.join(known) or 'none'}"})
+            continue
+        own = task.timeout_seconds
+        limit = own if own is not None else handlers.declared_timeout(task.type)
+        what = "the task" if own is not None else f"task type {task.type!r}"
+        problem = timing.limit_problem(limit, settings, what) if limit is not None else None
+        if problem is not None:
+            errors.append({"type": "time_limit_too_long", "msg": problem,
+                           "loc": (*where, "timeout_seconds" if own is not None else "type"),
+                           "input": own if own is not None else task.type})
     if errors:
         raise RequestValidationError(errors)
 

@@ -73,6 +73,7 @@ CONTROL_KEY_PREFIX: Final = "control#"
 CONTROL_KEY: Final = CONTROL_KEY_PREFIX + "types"
 CURSOR_SECRET_KEY: Final = CONTROL_KEY_PREFIX + "cursor-secret"
 CURSOR_STATE_PREFIX: Final = CONTROL_KEY_PREFIX + "cursor#"  # listing states too long for a cursor
+DURATIONS_PREFIX: Final = CONTROL_KEY_PREFIX + "durations#"  # a task type's observed run times
 SLOT_KEY_PREFIX: Final = "slot#"
 LEASE_KEY_PREFIX: Final = "lease#"
 COORDINATOR_LEASE: Final = LEASE_KEY_PREFIX + "coordinator"

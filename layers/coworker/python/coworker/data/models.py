@@ -153,6 +153,8 @@ class TaskModel(Model):
     rate_interval_seconds = NumberAttribute(null=True)
     # The start (epoch ms) its rate group last booked for it: it keeps its place in line.
     rate_booked_at = NumberAttribute(null=True)
+    # Its own time limit in seconds (else its type's declared one): see coworker.engine.timing.
+    timeout_seconds = NumberAttribute(null=True)
     delete_after_epoch = TTLAttribute(null=True, attr_name=layout.TTL_ATTRIBUTE)
 
     status_index = StatusIndex()
@@ -201,6 +203,7 @@ class TaskModel(Model):
             "rate_limit": int(self.rate_limit) if self.rate_limit is not None else None,
             "rate_interval_seconds": (float(self.rate_interval_seconds)
                                       if self.rate_interval_seconds is not None else None),
+            "timeout_seconds": float(self.timeout_seconds) if self.timeout_seconds is not None else None,
             "result": self.result,
             "result_ref": self.result_ref,
             "errors": [
@@ -353,6 +356,20 @@ class ControlModel(Model):
     updated_at = UTCDateTimeAttribute(null=True)
 
 
+class DurationsModel(Model):
+    """A task type's observed handler run times, ``control#durations#<type>``: counts in buckets
+    of a log scale (see :mod:`coworker.engine.durations`), written whole under ``version``."""
+
+    class Meta:
+        table_name = layout.DEFAULT_TABLE_NAME
+        region = "us-east-1"
+
+    key = UnicodeAttribute(hash_key=True, attr_name=layout.PARTITION_KEY)
+    counts = ListAttribute(of=NumberAttribute, null=True)
+    version = NumberAttribute(default=0)
+    updated_at = UTCDateTimeAttribute(null=True)
+
+
 class SecretModel(Model):
     """A secret of the deployment kept in its table (``control#cursor-secret``): readable only by
     those who may read the tasks themselves."""
@@ -465,4 +482,4 @@ class ScheduleModel(Model):
 # Every model of the table: bound together (``connection.bind``), sharing one client.
 ALL_MODELS: tuple[type[Model], ...] = (TaskModel, BatchModel, LeaseModel, ControlModel, GateModel,
                                        StreamCheckpointModel, SecretModel, CursorStateModel, ScheduleModel,
-                                       RateGateModel)
+                                       RateGateModel, DurationsModel)

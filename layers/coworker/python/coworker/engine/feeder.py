@@ -10,7 +10,7 @@ import random
 import threading
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from coworker.config import Settings
@@ -67,14 +67,17 @@ class Feeder:
     :func:`~coworker.data.layout.stripe_shards`). It takes a window of them, and only when those
     run short, a few of the other stripes' newest keys.
     Workers that look at the same moment so take different tasks instead of racing for the head
-    item, and no stripe starves when its slot is idle. It stops when a page has nothing new, when the
-    feed cut-off passes, or when the invocation lost its slot.
+    item, and no stripe starves when its slot is idle. Only tasks whose type ``fits`` the time left
+    are taken (see :mod:`coworker.engine.budget`). It stops when a page has nothing new it may
+    take, when the feed cut-off passes, or when the invocation lost its slot.
     """
 
     def __init__(self, settings: Settings, hints: Sequence[str], self_feed: bool, feed_until: float,
                  slot_number: int | None = None, stop: threading.Event | None = None,
-                 window: int | None = None) -> None:
+                 window: int | None = None, fits: Callable[[str], bool] | None = None) -> None:
         self._settings = settings
+        # Whether a task of a type may still be taken (its time fits what the invocation has left).
+        self._fits = fits or (lambda _task_type: True)
         self._queue: collections.deque[tuple[str, TaskSource]] = collections.deque(
             (key, TaskSource.HINT) for key in hints)
         # Deferred keys (turned away by their rate group) by their booked start, a monotonic time.
@@ -245,6 +248,8 @@ class Feeder:
                     self._seen.add(task.key)
                 if action is not DueAction.RUN:
                     continue  # paused, stopped or lost at its ceiling: the coordinator sees to it
+                if not self._fits(task.task_type):
+                    continue  # longer than this invocation has left: a fresh one takes it
                 page.append((task.key, task.due_at is None or task.due_at <= help_before))
                 own += shard_of(task.key, self._stripes) == self._stripe
                 if own >= self._window:
@@ -313,7 +318,3 @@ def _starting_at(shards: list[int], first: int) -> list[int]:
     return shards[cut:] + shards[:cut]
 
 
-def feed_cutoff(settings: Settings, deadline: float) -> float:
-    """When a worker stops taking more work: 10% of its timeout (at least the margin) before the end."""
-    tail = max(2 * settings.timeout_margin_seconds, 0.1 * settings.worker_timeout_seconds)
-    return deadline - tail

@@ -9,6 +9,10 @@ A module of your own, in your handlers package (``handlers/`` next to app.py by 
         ...
         return {"width": 800}          # stored as the task's result
 
+    @task_handler("convert", timeout_seconds=240)   # its time limit (see docs/time.md)
+    def convert(payload: dict, context: TaskContext) -> dict:
+        ...
+
 The stack bundles the package into the worker and the local runtime imports it; every module in
 it is imported at start-up (test modules excepted), so the engine needs no change.
 """
@@ -28,7 +32,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from coworker.engine.tasks import NewTask, TaskSpec
+from coworker.engine.tasks import MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS, NewTask, TaskSpec
 from coworker.errors import ConfigurationError, UnknownTaskTypeError
 
 # Most follow-up tasks one attempt may spawn (each is a transactional put when it finishes).
@@ -45,8 +49,12 @@ class TaskContext:
     # "<owner>:<attempt>" (".r<n>" added after n redrives): unique per attempt; pass it to downstream
     # systems that refuse writes from an attempt that is no longer current.
     fencing_token: str
-    deadline: float  # time.monotonic() value by which the handler must return
+    # time.monotonic() value by which the handler must return: its start plus its time limit, or the
+    # worker's deadline if sooner
+    deadline: float
     batch_id: str | None = None  # the batch the task belongs to, if any
+    # The longest time limit this deployment's runners give a task (a follow-up's is checked against it).
+    max_timeout_seconds: float | None = None
     # Set by the worker's heartbeat when this attempt's claim was taken over or cancelled.
     lost: threading.Event = dataclasses.field(default_factory=threading.Event, compare=False, repr=False)
     # Follow-up tasks asked for by this attempt, put when it is recorded as finished.
@@ -56,7 +64,8 @@ class TaskContext:
               max_attempts: int | None = None, run_at: datetime | None = None, priority: int | None = None,
               inherit_batch: bool = False, concurrency_key: str | None = None,
               concurrency_limit: int | None = None, rate_key: str | None = None,
-              rate_limit: int | None = None, rate_interval_seconds: float | None = None) -> str:
+              rate_limit: int | None = None, rate_interval_seconds: float | None = None,
+              timeout_seconds: float | None = None) -> str:
         """Ask for a follow-up task; returns its key.
 
         Nothing is written until this attempt finishes: then the follow-ups are put with the
@@ -67,7 +76,8 @@ class TaskContext:
         page, put it once. Default key ``<this key>/<n>``. ``inherit_batch`` puts it in this
         task's batch (its total grows, so the batch is done when the follow-ups are).
         ``concurrency_key`` / ``concurrency_limit`` and ``rate_key`` / ``rate_limit`` /
-        ``rate_interval_seconds`` limit it like a task put through the API.
+        ``rate_interval_seconds`` limit it like a task put through the API; ``timeout_seconds`` is
+        its own time limit (default: its type's).
         Raises ``ValueError`` for a task the API would refuse, or past ``MAX_FOLLOW_UPS``.
         """
         if task_type not in _registry:
@@ -79,10 +89,14 @@ class TaskContext:
             task = NewTask(key=key, type=task_type, payload=payload, max_attempts=max_attempts,
                            run_at=run_at, priority=priority, concurrency_key=concurrency_key,
                            concurrency_limit=concurrency_limit, rate_key=rate_key, rate_limit=rate_limit,
-                           rate_interval_seconds=rate_interval_seconds)
+                           rate_interval_seconds=rate_interval_seconds, timeout_seconds=timeout_seconds)
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'task'}: {e['msg']}" for e in exc.errors())
             raise ValueError(f"follow-up task refused: {problems}") from None
+        limit = task.timeout_seconds if task.timeout_seconds is not None else declared_timeout(task_type)
+        if limit is not None and self.max_timeout_seconds is not None and limit > self.max_timeout_seconds:
+            raise ValueError(f"follow-up task refused: its time limit of {limit:g} s is longer than this "
+                             f"deployment's worker gives a task ({self.max_timeout_seconds:g} s)")
         self.follow_ups.append(task.to_spec(batch_id=self.batch_id if inherit_batch else None, parent=self.key))
         return key
 
@@ -97,20 +111,48 @@ class TaskContext:
 
 Handler = Callable[[Any, TaskContext], Any]
 
-_registry: dict[str, Handler] = {}
+
+@dataclasses.dataclass(frozen=True)
+class Registration:
+    """A task type's handler and its declared time limit (seconds; ``None``: not declared)."""
+
+    function: Handler
+    timeout_seconds: float | None = None
 
 
-def task_handler(task_type: str) -> Callable[[Handler], Handler]:
-    """Register the decorated function as the handler of ``task_type``."""
+_registry: dict[str, Registration] = {}
+
+
+def task_handler(task_type: str, *, timeout_seconds: float | None = None) -> Callable[[Handler], Handler]:
+    """Register the decorated function as the handler of ``task_type``.
+
+    ``timeout_seconds`` declares how long one attempt may take: a worker starts the task only
+    with that much time left, and an attempt still running after it is recorded as timed out
+    (and retried). The stack sizes the worker's timeout from the declared limits, and the API
+    refuses a task whose limit no runner of the deployment can give.
+    """
+    limit = check_timeout(timeout_seconds, f"task type {task_type!r}")
 
     def register(function: Handler) -> Handler:
         existing = _registry.get(task_type)
-        if existing is not None and existing is not function:
-            raise ConfigurationError(f"task type {task_type!r} already has a handler: {existing!r}")
-        _registry[task_type] = function
+        if existing is not None and existing.function is not function:
+            raise ConfigurationError(f"task type {task_type!r} already has a handler: {existing.function!r}")
+        _registry[task_type] = Registration(function, limit)
         return function
 
     return register
+
+
+def check_timeout(value: Any, what: str) -> float | None:
+    """``value`` as a time limit in seconds (a positive number, at most
+    :data:`~coworker.engine.tasks.MAX_TIMEOUT_SECONDS`), or :class:`ConfigurationError`."""
+    if value is None:
+        return None
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not MIN_TIMEOUT_SECONDS <= value <= MAX_TIMEOUT_SECONDS:
+        raise ConfigurationError(f"{what}: timeout_seconds must be a number of seconds from {MIN_TIMEOUT_SECONDS:g} "
+                                 f"to {MAX_TIMEOUT_SECONDS:g}, not {value!r}")
+    return float(value)
 
 
 # Names a handlers package may not take: they would shadow the library, the functions' own
@@ -177,7 +219,7 @@ def handler_package(path: str | Path) -> tuple[Path, str]:
 def get_handler(task_type: str) -> Handler:
     """The handler registered for ``task_type``, or :class:`UnknownTaskTypeError`."""
     try:
-        return _registry[task_type]
+        return _registry[task_type].function
     except KeyError:
         raise UnknownTaskTypeError(
             f"no handler registered for task type {task_type!r} (known: {', '.join(sorted(_registry)) or 'none'})"
@@ -187,3 +229,14 @@ def get_handler(task_type: str) -> Handler:
 def registered_types() -> list[str]:
     """The task types that have a handler, sorted."""
     return sorted(_registry)
+
+
+def declared_timeout(task_type: str) -> float | None:
+    """The time limit ``task_type`` declares where its handler is registered, or ``None``."""
+    registration = _registry.get(task_type)
+    return registration.timeout_seconds if registration is not None else None
+
+
+def declared_timeouts() -> dict[str, float]:
+    """Every registered type that declares a time limit, with its limit."""
+    return {name: r.timeout_seconds for name, r in sorted(_registry.items()) if r.timeout_seconds is not None}

@@ -24,9 +24,10 @@ Timeline of one lock (``L`` the lock's lifetime, ``h`` the heartbeat interval, `
 
 A refused extension means the claim was taken over or cancelled: the handler is told at once.
 A refused slot extension means the capacity accounting gave the slot away (this worker stalled):
-the worker stops taking new work. At ``deadline`` (a ``time.monotonic()`` value) every handler
-still running is recorded as timed out, and a task whose handler has not started is given back
-(its attempt does not count); from then on no handler starts.
+the worker stops taking new work. A handler still running at its own time limit
+(``Running.ends_at``) is recorded as timed out then, and its task retried. At ``deadline`` (a
+``time.monotonic()`` value) every handler still running is recorded as timed out, and a task whose
+handler has not started is given back (its attempt does not count); from then on no handler starts.
 """
 
 from __future__ import annotations
@@ -66,9 +67,15 @@ class Running:
     # When the write that set the lock's current expiry was sent (the claim's, then each extension's).
     locked_at: float = dataclasses.field(default_factory=time.monotonic)
     handler_started: bool = False
+    # When its handler must have returned (its start plus its time limit, or the deadline), and
+    # that limit (``None``: none declared, the invocation's deadline only): set as it starts.
+    ends_at: float | None = None
+    limit: float | None = None
     done: bool = False
     timed_out: bool = False
     outcome: RecordOutcome | None = None
+    # Set once the heartbeat has written what a timeout leaves (its record, or the claim given back).
+    settled: threading.Event = dataclasses.field(default_factory=threading.Event)
     in_flight: int = 0
     last_sent: float = 0.0
     # The index due time last written for this claim (see lifecycle.extend_lock): the claim's.
@@ -153,23 +160,39 @@ class Heartbeat:
         with self._lock:
             running = list(self._running.values())
         for task in running:
-            with task.lock:
-                if task.done or task.timed_out:
-                    continue
-                task.timed_out = True
-                started = task.handler_started
-            task.context.lost.set()  # whatever it returns now is discarded: it may as well stop
+            self._expire(task)
+
+    def _expire(self, task: Running, only_past: float | None = None) -> None:
+        """Record ``task``'s handler as timed out (give its claim back if it never started); with
+        ``only_past``, only if its handler started and must have returned by then."""
+        with task.lock:
+            if task.done or task.timed_out:
+                return
+            if only_past is not None and not (task.handler_started and task.ends_at is not None
+                                              and task.ends_at <= only_past):
+                return
+            task.timed_out = True
+            started = task.handler_started
+        task.context.lost.set()  # whatever it returns now is discarded: it may as well stop
+        try:
             if started:
                 self._record_timeout(task)
             else:
                 self._give_back(task)
+        finally:
+            task.settled.set()
 
     def _record_timeout(self, task: Running) -> None:
         claim = task.claim
-        error = lifecycle.error_record(
-            claim.attempt, ErrorKind.TIMEOUT,
-            f"did not finish within the worker's time limit (attempt {claim.attempt})", utcnow())
-        logger.warning("task timed out; recording and releasing the lock", extra={"task_key": claim.key})
+        over_limit = (task.limit is not None and task.ends_at is not None
+                      and (self._deadline is None or task.ends_at < self._deadline))
+        reason = (f"did not finish within its time limit of {task.limit:g} s" if over_limit and task.limit
+                  else "did not finish within the worker's time limit")
+        error = lifecycle.error_record(claim.attempt, ErrorKind.TIMEOUT, f"{reason} (attempt {claim.attempt})",
+                                       utcnow())
+        metrics.add_metric(name=MetricName.TIMED_OUT, unit=MetricUnit.Count, value=1)
+        logger.warning("task timed out; recording and releasing the lock",
+                       extra={"task_key": claim.key, "time_limit_seconds": task.limit})
         try:
             task.outcome = lifecycle.fail(claim, self._settings, error)
         except Exception:  # noqa: BLE001 - the lock then expires and the task runs again
@@ -249,8 +272,14 @@ class Heartbeat:
         wake = now + retry
         due: list[Running] = []
         late: list[Running] = []
+        overdue: list[Running] = []
         with self._lock:
             for task in self._running.values():
+                if task.ends_at is not None and task.handler_started and not task.done:
+                    if now >= task.ends_at:
+                        overdue.append(task)  # past its time limit: recorded as timed out below
+                        continue
+                    wake = min(wake, task.ends_at)
                 # (A task whose handler returned keeps its lock while its outcome is written.)
                 if task.context.lost.is_set():
                     continue
@@ -266,6 +295,8 @@ class Heartbeat:
                     due.append(task)
                     next_send = now + retry
                 wake = min(wake, next_send, task.locked_at + lock_seconds - retry)
+        for task in overdue:  # on the pool: a slow write delays no other lock
+            self._executor().submit(self._expire, task, now)
         for task in late:
             self._lost(task, "the task's lock could not be extended in time (writes are slow); the handler is told")
         for task in due:

@@ -169,6 +169,7 @@ def new_task(spec: TaskSpec, settings: Settings, now: datetime) -> TaskModel:
         rate_key=spec.rate_key,
         rate_limit=spec.rate_limit if spec.rate_key else None,
         rate_interval_seconds=(spec.rate_interval_seconds or 1.0) if spec.rate_key and spec.rate_limit else None,
+        timeout_seconds=spec.timeout_seconds,
     )
 
 
@@ -181,14 +182,16 @@ def get_task(key: str, consistent: bool = True) -> TaskModel:
 
 
 def claim(key: str, owner: str, settings: Settings, now: datetime | None = None,
-          paused: Collection[str] = (), stopped_batches: Collection[str] = ()) -> Claim | None:
+          paused: Collection[str] = (), stopped_batches: Collection[str] = (),
+          time_left: float | None = None, too_long_types: Collection[str] = ()) -> Claim | None:
     """Take the task for ``owner`` with one conditional UpdateItem; ``None`` if not claimable.
 
     Claimable: todo or failed and due, or processing with an expired lock, and below the
     attempt ceiling; not held (parked while its type is paused) or blocked (waiting for a place
     in its concurrency group), not of a ``paused`` type and
-    not of a batch in ``stopped_batches``. Of any number of concurrent claimers exactly one
-    succeeds.
+    not of a batch in ``stopped_batches``; with ``time_left`` (seconds the claimer has for a
+    handler), not a task whose own time limit is longer, nor one without a limit of its own whose
+    type is in ``too_long_types``. Of any number of concurrent claimers exactly one succeeds.
     """
     now = now or utcnow()
     expires = lock_expiry(settings, now)
@@ -203,6 +206,11 @@ def claim(key: str, owner: str, settings: Settings, now: datetime | None = None,
         claimable &= ~TaskModel.task_type.is_in(*sorted(paused))
     if stopped_batches:
         claimable &= ~TaskModel.batch_id.is_in(*sorted(stopped_batches))
+    if time_left is not None:
+        no_limit_of_its_own = TaskModel.timeout_seconds.does_not_exist()
+        if too_long_types:
+            no_limit_of_its_own &= ~TaskModel.task_type.is_in(*sorted(too_long_types))
+        claimable &= no_limit_of_its_own | (TaskModel.timeout_seconds <= time_left)
     task = TaskModel(key)
     actions = [
         TaskModel.claimed_from.set(TaskModel.status),  # right-hand side reads the old value

@@ -22,6 +22,7 @@ class TaskOutcome(str, enum.Enum):
     BLOCKED = "blocked"  # its concurrency group was full: it waits for a place, out of the queue
     DEFERRED = "deferred"  # its rate group had no token: it is due again when one frees (retry_at)
     SKIPPED = "skipped"  # too little time left to start it; it stays due for the next dispatch
+    TOO_LONG = "too_long"  # its time limit (or p95) is longer than the time left: due for a fresh worker
     FINISHED = "finished"
     FAILED = "failed"
     IGNORED = "ignored"

@@ -26,6 +26,10 @@ MAX_CONCURRENCY_LIMIT = 1000  # a gate item holds ~30 bytes per place: 1,000 pla
 MAX_RATE_LIMIT = 1000  # a rate gate keeps the last N starts (~8 bytes each): 1,000 stay under 10 KB
 MAX_RATE_INTERVAL_SECONDS = 86_400.0
 MIN_RATE_INTERVAL_SECONDS = 0.001  # the start log counts milliseconds
+# A task's time limit (its own, or its type's): the bounds of the value; what a deployment's runners
+# can give is checked where the task is put (coworker.engine.timing).
+MIN_TIMEOUT_SECONDS = 1.0
+MAX_TIMEOUT_SECONDS = 7 * 86_400.0
 BATCH_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 # Containers (objects, arrays) nested in a payload at most: below every later stage's limit (the
 # storage library's JSON encoding, the response models), so a payload taken is a payload read.
@@ -150,6 +154,12 @@ class NewTask(BaseModel):
         description=f"The interval of rate_limit, in seconds ({MIN_RATE_INTERVAL_SECONDS:g}-"
                     f"{MAX_RATE_INTERVAL_SECONDS:g}; default 1). Only with rate_limit.")
 
+    timeout_seconds: float | None = Field(
+        None, ge=MIN_TIMEOUT_SECONDS, le=MAX_TIMEOUT_SECONDS, strict=True, allow_inf_nan=False,
+        description="How long one attempt may take, in seconds (default: the limit its type declares). A worker "
+                    "starts it only with that much time left; an attempt still running after it is recorded as "
+                    "timed out and retried. A limit longer than this deployment's worker can give is refused.")
+
     @model_validator(mode="after")
     def _limit_needs_a_key(self) -> NewTask:
         if self.concurrency_limit is not None and self.concurrency_key is None:
@@ -205,7 +215,8 @@ class NewTask(BaseModel):
                         max_attempts=self.max_attempts, run_at=self.run_at, priority=self.priority,
                         concurrency_key=self.concurrency_key, concurrency_limit=self.concurrency_limit,
                         rate_key=self.rate_key, rate_limit=self.rate_limit,
-                        rate_interval_seconds=self.rate_interval_seconds, batch_id=batch_id, parent=parent)
+                        rate_interval_seconds=self.rate_interval_seconds, timeout_seconds=self.timeout_seconds,
+                        batch_id=batch_id, parent=parent)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,3 +241,4 @@ class TaskSpec:
     rate_limit: int | None = None
     rate_interval_seconds: float | None = None
     payload_ref: dict[str, Any] | None = None  # set when staged: the payload is in the object store
+    timeout_seconds: float | None = None  # its own time limit (else its type's)

@@ -13,18 +13,20 @@ context. The keys come from :mod:`coworker.engine.feeder`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
 
 from coworker.config import Settings
 from coworker.data.models import ErrorKind, ErrorRecord, TaskModel, utcnow
-from coworker.engine import control, gates, lifecycle, offload, rates, slots
-from coworker.engine.feeder import Feeder, feed_cutoff
+from coworker.engine import control, durations, gates, lifecycle, offload, rates, slots, timing
+from coworker.engine.budget import Budget, limit_of, planned_seconds
+from coworker.engine.feeder import Feeder
 from coworker.engine.handlers import TaskContext, get_handler
 from coworker.engine.heartbeat import Heartbeat, Running
 from coworker.engine.lifecycle import Claim, RecordOutcome
@@ -116,29 +118,42 @@ def _record(claim: Claim, settings: Settings, context: TaskContext, result: Any,
     return lifecycle.fail(claim, settings, error, retryable=retryable)
 
 
-def process_task(key: str, owner: str, settings: Settings, deadline: float,
+def process_task(key: str, owner: str, settings: Settings, deadline: float | Budget,
                  heartbeat: Heartbeat | None = None, source: TaskSource = TaskSource.HINT) -> TaskReport:
     """Claim one task and carry it to a recorded outcome; never raises for task errors.
 
-    The handler runs in the calling thread. With a ``heartbeat`` (as every invocation has), the
-    task's lock is kept from the claim on, a handler still running at the deadline is recorded
-    as timed out, and no handler starts after it; without one, nothing stops a handler that
+    The handler runs in the calling thread. ``deadline`` is the invocation's (a
+    ``time.monotonic()`` value, or its :class:`~coworker.engine.budget.Budget`): a task is claimed
+    and started only if the time left covers its time limit (see :mod:`coworker.engine.budget`);
+    one that does not fit is left due for a fresh invocation. With a ``heartbeat`` (as every
+    invocation has), the task's lock is kept from the claim on, and a handler still running at its
+    limit or the deadline is recorded as timed out; without one, nothing stops a handler that
     overruns.
     """
-    handler_deadline = deadline - settings.timeout_margin_seconds
-    if handler_deadline - time.monotonic() <= 0:
+    budget = deadline if isinstance(deadline, Budget) else Budget(settings, deadline)
+    now = time.monotonic()
+    time_left = budget.left(now)
+    if time_left <= 0:
         return TaskReport(key, TaskOutcome.SKIPPED, source=source)
     view = control.cached(settings.control_cache_seconds)
     paused, stopped_batches = view.claim_exclusions
     sent = time.monotonic()
-    claim = lifecycle.claim(key, owner, settings, paused=paused, stopped_batches=stopped_batches)
+    # A task longer than the time left (its own limit, else its type's) is refused by the claim's
+    # condition and left untouched.
+    bounded = math.isfinite(time_left)  # (tests and tools may run a task with no deadline at all)
+    claim = lifecycle.claim(key, owner, settings, paused=paused, stopped_batches=stopped_batches,
+                            time_left=time_left if bounded else None,
+                            too_long_types=budget.too_long_types(now) if bounded else ())
     if claim is None:
         metrics.add_metric(name=MetricName.NOT_CLAIMED, unit=MetricUnit.Count, value=1)
-        logger.debug("task not claimed: taken or not due", extra={"task_key": key})
+        logger.debug("task not claimed: taken, not due, or longer than the time left", extra={"task_key": key})
         return TaskReport(key, TaskOutcome.NOT_CLAIMED, source=source)
+    planned = planned_seconds(claim.task.task_type, claim.task.timeout_seconds)
+    if planned is not None and not budget.may_claim(planned):
+        return _too_long(claim, planned, budget, source)
     context = TaskContext(key=key, attempt=claim.attempt, max_attempts=int(claim.task.max_attempts),
-                          fencing_token=claim.fencing_token, deadline=handler_deadline,
-                          batch_id=claim.task.batch_id)
+                          fencing_token=claim.fencing_token, deadline=budget.handler_deadline,
+                          batch_id=claim.task.batch_id, max_timeout_seconds=timing.max_task_seconds(settings))
     # Watched from the claim on: its lock is kept while the gates are entered, however long.
     running = heartbeat.watch(claim, context, locked_at=sent) if heartbeat is not None else Running(claim, context)
     try:
@@ -150,7 +165,7 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float,
             report = TaskReport(key, turned_away, source=source, retry_at=retry_at)
         else:
             running.claim = claim
-            report = _run(running, settings, handler_deadline, source)
+            report = _run(running, settings, budget, planned, source)
     finally:
         if heartbeat is not None:
             heartbeat.unwatch(key)
@@ -158,6 +173,19 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float,
         woken = tuple(gates.leave(claim))
     # The blocked tasks its places woke: this worker may run them next.
     return dataclasses.replace(report, woken=woken) if woken else report
+
+
+def _too_long(claim: Claim, planned: float, budget: Budget, source: TaskSource) -> TaskReport:
+    """Give back a claim whose task would not finish in the time left: due again as of its
+    creation (less its priority), so a fresh invocation takes it first; the attempt not counted."""
+    metrics.add_metric(name=MetricName.TOO_LONG, unit=MetricUnit.Count, value=1)
+    logger.info("task left for a fresh worker: its time is longer than this invocation has left",
+                extra={"task_key": claim.key, "planned_seconds": planned, "seconds_left": round(budget.left(), 1)})
+    task = claim.task
+    head = task.created_at - timedelta(seconds=int(task.priority or 0))
+    if not lifecycle.release_unstarted(claim, due=min(utcnow(), head)):
+        return TaskReport(claim.key, TaskOutcome.NOT_CLAIMED, source=source)
+    return TaskReport(claim.key, TaskOutcome.TOO_LONG, source=source)
 
 
 def _enter_gates(claim: Claim, type_limits: Mapping[str, int], settings: Settings
@@ -228,23 +256,37 @@ def _preload_payload(claim: Claim, settings: Settings) -> None:
         logger.warning("could not read the payload ahead of the rate token", extra={"task_key": claim.key})
 
 
-def _run(running: Running, settings: Settings, handler_deadline: float, source: TaskSource) -> TaskReport:
-    """Start the handler if there is still time and the claim still holds, and record its outcome."""
-    claim, context, key = running.claim, running.context, running.claim.key
+def _run(running: Running, settings: Settings, budget: Budget, planned: float | None,
+         source: TaskSource) -> TaskReport:
+    """Start the handler if its time still fits and the claim still holds, and record its outcome.
+
+    The handler must return by its limit (or the invocation's deadline, if sooner): the heartbeat
+    records it as timed out then."""
+    claim, key = running.claim, running.claim.key
     with running.lock:
-        startable = not running.timed_out and not context.lost.is_set() and time.monotonic() < handler_deadline
+        started = time.monotonic()
+        startable = (not running.timed_out and not running.context.lost.is_set()
+                     and budget.may_start(planned, started))
+        limit = limit_of(claim.task.task_type, claim.task.timeout_seconds)
+        if startable:
+            running.ends_at = budget.ends_at(limit, started)
+            running.limit = limit
+            running.context = dataclasses.replace(running.context, deadline=running.ends_at)
         running.handler_started = startable
     if not startable:
         return _not_started(running, source)
+    context = running.context
     logger.thread_safe_append_keys(task_key=key, attempt=claim.attempt)
     metrics.add_metric(name=MetricName.CLAIMED, unit=MetricUnit.Count, value=1)
-    started = time.monotonic()
     try:
         result, error, retryable = _run_handler(claim, context, settings)
+        if limit is None:  # run times plan the tasks whose limit is not known
+            durations.observed.observe(claim.task.task_type, time.monotonic() - started)
         with running.lock:
             running.done = True
             timed_out = running.timed_out
-        if timed_out:  # the heartbeat recorded the timeout: this late result is discarded
+        if timed_out:  # the heartbeat records the timeout: this late result is discarded
+            running.settled.wait(settings.effective_lock_seconds)  # a handler told at once returns first
             outcome = running.outcome or RecordOutcome.LOST
         elif context.lost.is_set():  # its lock was lost, or could not be kept: the result is discarded
             outcome = _abandon(claim, settings)
@@ -307,7 +349,8 @@ class Invocation:
         # Told of each task's outcome as it happens (the local runtime's live counts); the
         # invocation's return value still lists them all.
         self.on_report = on_report
-        self.handler_deadline = deadline - settings.timeout_margin_seconds
+        self.budget = Budget(settings, deadline)
+        self.handler_deadline = self.budget.handler_deadline
         self.heartbeat = Heartbeat(settings, request.slot, request.token, deadline=self.handler_deadline)
 
     def held(self) -> list[Claim]:
@@ -325,7 +368,7 @@ class Invocation:
             return []
         feeder = Feeder(
             settings, request.keys, self_feed=request.slot is not None,
-            feed_until=feed_cutoff(settings, self.deadline),
+            feed_until=self.budget.feed_until, fits=self.budget.may_claim_type,
             slot_number=slots.slot_number(request.slot) if request.slot else None,
             stop=self.heartbeat.slot_lost, window=threads,
         )
@@ -348,13 +391,14 @@ class Invocation:
         reported = {report.key for report in reports}
         reports.extend(report for report in self.heartbeat.expired if report.key not in reported)
         metrics.add_metric(name=MetricName.FEED_PAGES, unit=MetricUnit.Count, value=feeder.pages)
+        durations.observed.flush()
         return reports
 
     def _thread_loop(self, feeder: Feeder, reports: list[TaskReport]) -> None:
         try:
             while (item := feeder.next()) is not None:
                 key, source = item
-                report = process_task(key, self.owner, self.settings, self.deadline, self.heartbeat, source)
+                report = process_task(key, self.owner, self.settings, self.budget, self.heartbeat, source)
                 reports.append(report)
                 if self.on_report is not None:
                     self.on_report(report)
