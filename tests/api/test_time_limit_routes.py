@@ -79,3 +79,17 @@ def test_schedules_and_callbacks_are_held_to_the_same_limit(api, settings):
     status, answer, _ = api.call("POST", "/tasks", {
         "tasks": [{"type": "quick"}], "callbacks": {"complete": {"type": "test-declares-ten-minutes"}}})
     assert status == 422 and answer["errors"][0]["location"] == "body.callbacks.complete.type"
+
+
+def test_types_show_their_declared_limit_and_observed_p95(api):
+    from coworker.engine import durations
+
+    for _ in range(durations.MIN_RUNS):
+        durations.observed.observe("slow", 2.0)
+    status, answer, _ = api.call("GET", "/types")
+    assert status == 200
+    types = {t["type"]: t for t in answer["types"]}
+    assert types["test-declares-ten-minutes"]["timeout_seconds"] == 600
+    assert types["test-declares-ten-minutes"]["observed_p95_seconds"] is None
+    assert 2.0 <= types["slow"]["observed_p95_seconds"] <= 2.0 * durations.RATIO
+    assert types["quick"]["timeout_seconds"] is None

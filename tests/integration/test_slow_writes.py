@@ -194,7 +194,13 @@ def test_under_slow_writes_no_task_runs_twice_at_once_and_none_past_its_deadline
         for _, start, end, told in runs:
             assert start < handler_deadline, f"{key} started past its deadline"
             assert end <= handler_deadline or told, f"{key} ran past its deadline and was not told"
-    assert {r.key for r in reports if r.outcome is TaskOutcome.FINISHED} == set(keys)
+    # Every task finished, or was never started: a worker that could not fit it in the time left
+    # (its type's run times, observed meanwhile, plan it) left it due for a fresh invocation.
+    finished = {r.key for r in reports if r.outcome is TaskOutcome.FINISHED}
+    for key in set(keys) - finished:
+        task = TaskModel.get(key, consistent_read=True)
+        assert _runs[key] == [] and (task.status, task.lock_owner) == (TaskStatus.TODO.value, None), key
+    assert finished, "no task finished"
 
 
 def test_a_batch_put_answers_while_slow_puts_are_under_way_and_sending_it_again_stores_the_rest_once(

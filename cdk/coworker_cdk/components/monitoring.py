@@ -278,9 +278,10 @@ class Monitoring(Construct):
                     m(MetricName.FAILED),
                     m(MetricName.IGNORED),
                     m(MetricName.LOST_CLAIM),
+                    m(MetricName.TIMED_OUT),
                 ],
                 [m(MetricName.NOT_CLAIMED), m(MetricName.LOST_CLAIM_SIGNALLED), m(MetricName.BLOCKED),
-                 m(MetricName.WOKEN), m(MetricName.RATE_LIMITED)],
+                 m(MetricName.WOKEN), m(MetricName.RATE_LIMITED), m(MetricName.TOO_LONG)],
             ),
             graph("Task duration (ms)", [m(MetricName.DURATION, p) for p in c.DURATION_PERCENTILES]),
         )

@@ -386,6 +386,11 @@ class TypeOut(BaseModel):
     blocked: int | None = Field(None, description="With a limit: its tasks waiting for a place (counted up to "
                                                   "1,000), woken oldest first as places free.")
     changed: bool | None = Field(None, description="For pause and resume: false when it was so already.")
+    timeout_seconds: float | None = Field(None, description="The time limit its handler declares (null: none; a "
+                                                            "task may carry its own).")
+    observed_p95_seconds: float | None = Field(None, description="Without a declared limit: the p95 of its "
+                                                                 "observed run times, which plans its tasks (null "
+                                                                 "until 10 runs are kept).")
 
 
 class LimitIn(_Strict):

@@ -17,7 +17,7 @@ from aws_lambda_powertools.event_handler.router import APIGatewayRouter
 from coworker.api.errors import TaskTypeNotFoundError, responses
 from coworker.api.models import LimitIn, TypeOut, TypesOut
 from coworker.api.services import Services
-from coworker.engine import control, gates, handlers
+from coworker.engine import control, durations, gates, handlers
 from coworker.observability import logger
 
 # Held tasks counted per type in GET /types (a count reads the held partitions).
@@ -63,9 +63,12 @@ def type_out(task_type: str, view: control.ControlView, changed: bool | None = N
     running = blocked = None
     if limit is not None:
         running, blocked = gates.occupancy(gates.TYPE_GROUP + task_type, HELD_COUNT_CAP)
+    declared = handlers.declared_timeout(task_type)
+    p95 = durations.observed.p95(task_type) if declared is None else None
     return TypeOut(type=task_type, registered=task_type in handlers.registered_types(),
                    paused=view.is_paused(task_type), held=held, limit=limit, running=running, blocked=blocked,
-                   changed=changed)
+                   changed=changed, timeout_seconds=declared,
+                   observed_p95_seconds=round(p95, 3) if p95 is not None else None)
 
 
 def known_type(raw: str, view: control.ControlView) -> str:

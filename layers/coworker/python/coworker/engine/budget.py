@@ -5,10 +5,11 @@ A task's *limit* (enforced) is its own ``timeout_seconds``, else its type's decl
 observed p95 (:mod:`coworker.engine.durations`), else unknown. The rules (``D`` the handlers'
 deadline, the invocation's deadline less its margin; ``now`` the moment of the check)::
 
-    claim, and start   planned known:   now + min(planned, longest) <= D
-    claim              planned unknown: now <= D - tail (the last tenth of the timeout: as before)
-    start              planned unknown: now < D
-    the task must end  limit known:     min(start + limit, D); else D
+    claim, and start         planned known:   now + min(planned, longest) <= D
+    take from the index      planned unknown: now <= deadline - tail (the last tenth of the timeout:
+                                              as before limits existed)
+    claim (a hint), start    planned unknown: now < D
+    the task must end        limit known:     min(start + limit, D); else D
 
 (``longest``: the longest limit a fresh invocation gives, so that no plan makes a task unrunnable.)
 A task the invocation may not start stays due, untouched (a claim that finds it too long gives it
@@ -75,7 +76,11 @@ class Budget:
         claim past that is checked after it, see :mod:`coworker.engine.worker`)."""
         now = time.monotonic() if now is None else now
         known = {*handlers.declared_timeouts(), *durations.observed.known_types()}
-        too_long = [t for t in sorted(known) if not self.may_claim(planned_seconds(t), now)]
+        too_long = []
+        for task_type in sorted(known):
+            planned = planned_seconds(task_type)
+            if planned is not None and not self.may_claim(planned, now):
+                too_long.append(task_type)
         return too_long[:MAX_CLAIM_TYPES]
 
     def may_claim_type(self, task_type: str) -> bool:
