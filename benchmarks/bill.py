@@ -632,7 +632,7 @@ def _print_deadline_losses() -> None:
     print("\nAttempts killed at a worker's deadline, tasks back to back in each thread "
           f"(margin {TIMEOUT_MARGIN:g} s):\n")
     print(f"  {'':<34}" + "".join(f"{_length(s):>12}" for s in TASK_LENGTHS))
-    for declared, name in ((False, "no time limits declared"), (True, "time limits declared")):
+    for declared, name in ((False, "no limits declared"), (True, "limits declared")):
         timeouts = [coworker_worker_timeout(s, declared) for s in TASK_LENGTHS]
         print(f"  {name + ': worker timeout':<34}" + "".join(f"{t:>11}s" for t in timeouts))
         shares = [deadline_rounds(s, t, declared).lost_share for s, t in zip(TASK_LENGTHS, timeouts, strict=True)]

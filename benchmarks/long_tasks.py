@@ -91,7 +91,14 @@ class InvocationClock:
             last = now
 
 
+_ENVIRON = dict(os.environ)  # a runtime exports its settings: each side starts from this
+
+
 def run_side(side: str, args: argparse.Namespace, log: Any) -> dict[str, Any]:
+    os.environ.clear()
+    os.environ.update(_ENVIRON)
+    # the API function's handler.py reads its settings at import: a new runtime needs a fresh import
+    sys.modules.pop("coworker_cdk.functions.api.handler", None)
     settings = local_settings(handler_modules=HANDLER_MODULES, worker_timeout_seconds=args.worker_timeout,
                               timeout_margin_seconds=args.margin, max_concurrency=args.concurrency, batch_size=1)
     runtime = LocalRuntime(settings, log=log, database=args.db)
@@ -168,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for side in sides:
             say(f"side {side}:")
             results.append(run_side(side, args, log))
+            say(f"  {results[-1]}")
     say()
     say("| side | attempts | killed at a deadline (of which at the worker's) | finished / ignored | "
         "finished handler time / invocation time | wall |")
