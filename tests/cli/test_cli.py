@@ -93,6 +93,15 @@ def test_submit_one_task_then_status(served):
     assert task["key"] == "order/1" and task["payload"] == {"n": 1} and task["max_attempts"] == 2
 
 
+def test_submit_with_a_time_limit_and_one_too_long_for_the_worker(served):
+    result = served.run("submit", "--type", "quick", "--key", "timed/1", "--timeout-seconds", "90")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(served.run("status", "timed/1", "--json").stdout)["timeout_seconds"] == 90
+    result = served.run("submit", "--type", "quick", "--key", "timed/2", "--timeout-seconds", "5000")
+    assert result.returncode != 0 and "longer than any runner of this deployment can give" in result.stderr
+    assert served.run("status", "timed/2").returncode != 0  # nothing was written
+
+
 def test_submit_many_from_a_file_in_chunks_and_watch_the_batch(served, tmp_path):
     lines = [json.dumps({"key": f"t{i:02d}", "type": "quick"}) for i in range(23)]
     lines.insert(5, "")  # blank lines are skipped
