@@ -275,11 +275,11 @@ class Heartbeat:
         overdue: list[Running] = []
         with self._lock:
             for task in self._running.values():
-                if task.ends_at is not None and task.handler_started and not task.done:
+                if task.ends_at is not None and task.handler_started and not (task.done or task.timed_out):
                     if now >= task.ends_at:
                         overdue.append(task)  # past its time limit: recorded as timed out below
-                        continue
-                    wake = min(wake, task.ends_at)
+                    else:
+                        wake = min(wake, task.ends_at)
                 # (A task whose handler returned keeps its lock while its outcome is written.)
                 if task.context.lost.is_set():
                     continue
