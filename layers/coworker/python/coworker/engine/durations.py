@@ -87,20 +87,26 @@ class Durations:
         self._pending: dict[str, list[int]] = {}
         self._flushed_at: dict[str, float] = {}
         self._stored: dict[str, tuple[float, list[int]]] = {}
+        # p95 by type, as of the counts above (workers ask on every claim and every index entry)
+        self._p95: dict[str, float | None] = {}
 
     def observe(self, task_type: str, seconds: float) -> None:
         """Count one run of a ``task_type`` handler that took ``seconds``."""
         with self._lock:
             counts = self._pending.setdefault(task_type, [0] * BUCKETS)
             counts[bucket_of(seconds)] += 1
+            self._p95.pop(task_type, None)
 
     def p95(self, task_type: str) -> float | None:
         """The type's p95 run time (stored and not yet written), or ``None`` if too few runs."""
         stored = self._read(task_type)
         with self._lock:
+            if task_type in self._p95:
+                return self._p95[task_type]
             pending = self._pending.get(task_type)
             counts = [a + b for a, b in zip(stored, pending, strict=True)] if pending else stored
-        return quantile(counts)
+            self._p95[task_type] = value = quantile(counts)
+        return value
 
     def known_types(self) -> list[str]:
         """Types this process holds run times of (read or counted)."""
@@ -128,6 +134,7 @@ class Durations:
             counts = cached[1] if cached is not None else [0] * BUCKETS
         with self._lock:
             self._stored[task_type] = (now, counts)
+            self._p95.pop(task_type, None)
         return counts
 
     def flush(self, force: bool = False) -> int:
@@ -154,10 +161,12 @@ class Durations:
                 with self._lock:
                     counts = self._pending.setdefault(task_type, [0] * BUCKETS)
                     self._pending[task_type] = [a + b for a, b in zip(counts, pending, strict=True)]
+                    self._p95.pop(task_type, None)
                 continue
             written += 1
             with self._lock:
                 self._stored[task_type] = (time.monotonic(), stored)
+                self._p95.pop(task_type, None)
         return written
 
     @staticmethod
@@ -187,6 +196,7 @@ class Durations:
             self._pending.clear()
             self._flushed_at.clear()
             self._stored.clear()
+            self._p95.clear()
 
 
 observed = Durations()

@@ -253,7 +253,7 @@ def give_back_actions(claim: Claim, now: datetime, partition: str | None = None,
     status = claim.task.claimed_from or TaskStatus.TODO.value
     due = due or now
     if partition is not None:
-        due = min(now, claim.task.created_at - timedelta(seconds=int(claim.task.priority or 0)))
+        due = head_of_queue(claim.task, now)
     return [
         TaskModel.status.set(status),
         TaskModel.status_shard.set(partition or TaskModel.shard_value_of(claim.key, status)),
@@ -261,6 +261,12 @@ def give_back_actions(claim: Claim, now: datetime, partition: str | None = None,
         TaskModel.attempts.add(-1),
         *release_lock_actions(now),
     ]
+
+
+def head_of_queue(task: TaskModel, now: datetime) -> datetime:
+    """The due time that puts ``task`` back where it stood in the oldest-first queue: its creation
+    less its priority (never later than ``now``), ahead of work put since."""
+    return min(now, task.created_at - timedelta(seconds=int(task.priority or 0)))
 
 
 def fenced(claim: Claim) -> Condition:

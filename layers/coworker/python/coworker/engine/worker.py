@@ -17,7 +17,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
@@ -181,9 +181,7 @@ def _too_long(claim: Claim, planned: float, budget: Budget, source: TaskSource) 
     metrics.add_metric(name=MetricName.TOO_LONG, unit=MetricUnit.Count, value=1)
     logger.info("task left for a fresh worker: its time is longer than this invocation has left",
                 extra={"task_key": claim.key, "planned_seconds": planned, "seconds_left": round(budget.left(), 1)})
-    task = claim.task
-    head = task.created_at - timedelta(seconds=int(task.priority or 0))
-    if not lifecycle.release_unstarted(claim, due=min(utcnow(), head)):
+    if not lifecycle.release_unstarted(claim, due=lifecycle.head_of_queue(claim.task, utcnow())):
         return TaskReport(claim.key, TaskOutcome.NOT_CLAIMED, source=source)
     return TaskReport(claim.key, TaskOutcome.TOO_LONG, source=source)
 
