@@ -100,6 +100,41 @@ class Settings(BaseModel):
                                                  "slot is free (else the next tick does).")
     worker_function: str | None = Field(None, alias="COWORKER_WORKER_FUNCTION",
                                         description="Name or ARN of the worker Lambda (coordinator and API).")
+    max_runners: int = Field(4, ge=0, le=1000, alias="COWORKER_MAX_RUNNERS",
+                             description="Most container runners (ECS Fargate tasks; runner processes locally) "
+                                         "running at once, for task types that run on the container runner "
+                                         "(docs/time.md); 0: none is started.")
+    runner_threads: int = Field(1, ge=1, le=100, alias="COWORKER_RUNNER_THREADS",
+                                description="Tasks one container runner runs at once.")
+    runner_start_seconds: int = Field(600, ge=10, le=3600, alias="COWORKER_RUNNER_START_SECONDS",
+                                      description="How long a started runner has to take its slot (pull its image, "
+                                                  "start) before the slot may be given to another.")
+    runner_stop_seconds: float = Field(110.0, ge=2, le=120, alias="COWORKER_RUNNER_STOP_SECONDS",
+                                       description="Time a runner has between SIGTERM and SIGKILL (the container's "
+                                                   "stop timeout; Fargate allows at most 120): its handlers may finish "
+                                                   "in it, then their attempts are recorded as timed out.")
+    container_types: str = Field("", alias="COWORKER_CONTAINER_TYPES",
+                                 description="Comma-separated task types that run on the container runner, for "
+                                             "processes that do not load the handlers (the coordinator); the "
+                                             "stack sets it from the handlers' declarations.")
+    runner_cluster: str | None = Field(None, alias="COWORKER_RUNNER_CLUSTER",
+                                       description="ECS cluster (name or ARN) the coordinator starts runners in "
+                                                   "(set by the stack).")
+    runner_task_definition: str | None = Field(None, alias="COWORKER_RUNNER_TASK_DEFINITION",
+                                               description="Task definition (ARN) of the container runner (set by "
+                                                           "the stack).")
+    runner_container: str = Field("runner", min_length=1, alias="COWORKER_RUNNER_CONTAINER",
+                                  description="Name of the runner's container in its task definition.")
+    runner_subnets: str = Field("", alias="COWORKER_RUNNER_SUBNETS",
+                                description="Comma-separated subnet ids runners start in (set by the stack).")
+    runner_security_groups: str = Field("", alias="COWORKER_RUNNER_SECURITY_GROUPS",
+                                        description="Comma-separated security group ids of the runners (set by the "
+                                                    "stack).")
+    runner_public_ip: bool = Field(False, alias="COWORKER_RUNNER_PUBLIC_IP",
+                                   description="Give runners a public IP (subnets without a NAT gateway need one to "
+                                               "reach ECR; set by the stack).")
+    ecs_endpoint: str | None = Field(None, alias="COWORKER_ECS_ENDPOINT",
+                                     description="ECS API endpoint URL; unset means AWS itself.")
     lambda_endpoint: str | None = Field(None, alias="COWORKER_LAMBDA_ENDPOINT",
                                         description="Lambda API endpoint URL; unset means AWS itself "
                                                     "(the local runtime serves its own).")
@@ -197,9 +232,22 @@ class Settings(BaseModel):
         return max(0, min(self.batch_size, self.max_concurrency - slot_number * self.batch_size))
 
     @property
+    def container_type_list(self) -> list[str]:
+        """The task types named in ``container_types``."""
+        return _listed(self.container_types)
+
+    @property
+    def runner_subnet_list(self) -> list[str]:
+        return _listed(self.runner_subnets)
+
+    @property
+    def runner_security_group_list(self) -> list[str]:
+        return _listed(self.runner_security_groups)
+
+    @property
     def handler_module_list(self) -> list[str]:
         """Modules to import at start-up: the examples (unless turned off), then the listed ones."""
-        listed = [name.strip() for name in self.handler_modules.split(",") if name.strip()]
+        listed = _listed(self.handler_modules)
         examples = [EXAMPLE_HANDLER_MODULE] if self.example_handlers else []
         return list(dict.fromkeys([*examples, *listed]))
 
@@ -224,3 +272,8 @@ class Settings(BaseModel):
             for name, field in type(self).model_fields.items()
             if getattr(self, name) is not None
         }
+
+
+def _listed(value: str) -> list[str]:
+    """The names in a comma-separated setting, in order, without blanks or repeats."""
+    return list(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))

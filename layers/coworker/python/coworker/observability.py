@@ -167,3 +167,7 @@ class MetricName:
     RATE_LIMITED = "TasksRateLimited"  # claimed, but its rate group had no token: due again when one frees
     WOKEN = "BlockedTasksWoken"  # blocked tasks the coordinator's sweep put back (places no release announced)
     DISPATCHED_ON_SUBMIT = "WorkersStartedOnSubmit"
+    RUNNERS_STARTED = "RunnersStarted"  # container runners the coordinator started (RunTask accepted)
+    RUNNER_START_FAILED = "RunnerStartFailed"  # RunTask refused or failed: its slot freed, tried next tick
+    BUSY_RUNNERS = "BusyRunnerSlots"  # runner slots reserved or held, counted by each tick
+

@@ -92,6 +92,9 @@ RESERVED_KEY_PREFIXES: Final = (BATCH_KEY_PREFIX, CONTROL_KEY_PREFIX, SLOT_KEY_P
 # -- index partitions besides the tasks' status shards -----------------------------------------
 # Worker slots: one partition, not sharded (not a task status, so task listings never see it).
 SLOT_STATUS: Final = "worker-slot"
+# Container runner slots (``slot#runner-NNNN``): their own partition, as worker slots have.
+RUNNER_SLOT_PREFIX: Final = SLOT_KEY_PREFIX + "runner-"
+RUNNER_SLOT_STATUS: Final = "runner-slot"
 # Index partitions ``held#<type>#<shard>``: tasks of a paused type, parked out of the queue.
 HELD_PREFIX: Final = "held#"
 # Index partitions ``blocked#<group>``: tasks waiting for a place in their concurrency group.

@@ -13,6 +13,10 @@ A module of your own, in your handlers package (``handlers/`` next to app.py by 
     def convert(payload: dict, context: TaskContext) -> dict:
         ...
 
+    @task_handler("export", timeout_seconds=7200)   # longer than Lambda allows: a container runner
+    def export(payload: dict, context: TaskContext) -> dict:
+        ...
+
 The stack bundles the package into the worker and the local runtime imports it; every module in
 it is imported at start-up (test modules excepted), so the engine needs no change.
 """
@@ -28,7 +32,7 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from pydantic import ValidationError
 
@@ -110,34 +114,44 @@ class TaskContext:
 
 
 Handler = Callable[[Any, TaskContext], Any]
+# Where a type's tasks run: on the Lambda worker, or on the container runner (ECS Fargate).
+Runner = Literal["lambda", "container"]
+RUNNERS: tuple[str, ...] = get_args(Runner)
 
 
 @dataclasses.dataclass(frozen=True)
 class Registration:
-    """A task type's handler and its declared time limit (seconds; ``None``: not declared)."""
+    """A task type's handler, its declared time limit (seconds; ``None``: not declared) and the
+    runner it asks for (``None``: the one its limit needs, see :mod:`coworker.engine.runners`)."""
 
     function: Handler
     timeout_seconds: float | None = None
+    runner: Runner | None = None
 
 
 _registry: dict[str, Registration] = {}
 
 
-def task_handler(task_type: str, *, timeout_seconds: float | None = None) -> Callable[[Handler], Handler]:
+def task_handler(task_type: str, *, timeout_seconds: float | None = None,
+                 runner: Runner | None = None) -> Callable[[Handler], Handler]:
     """Register the decorated function as the handler of ``task_type``.
 
     ``timeout_seconds`` declares how long one attempt may take: a worker starts the task only
     with that much time left, and an attempt still running after it is recorded as timed out
     (and retried). The stack sizes the worker's timeout from the declared limits, and the API
-    refuses a task whose limit no runner of the deployment can give.
+    refuses a task whose limit no runner of the deployment can give. A limit longer than a
+    Lambda worker gives (about 14 minutes) runs the type on the container runner; ``runner``
+    asks for one: ``"container"`` (ECS Fargate, no time limit but the task's own) or
+    ``"lambda"``.
     """
     limit = check_timeout(timeout_seconds, f"task type {task_type!r}")
+    check_runner(runner, f"task type {task_type!r}")
 
     def register(function: Handler) -> Handler:
         existing = _registry.get(task_type)
         if existing is not None and existing.function is not function:
             raise ConfigurationError(f"task type {task_type!r} already has a handler: {existing.function!r}")
-        _registry[task_type] = Registration(function, limit)
+        _registry[task_type] = Registration(function, limit, runner)
         return function
 
     return register
@@ -153,6 +167,13 @@ def check_timeout(value: Any, what: str) -> float | None:
         raise ConfigurationError(f"{what}: timeout_seconds must be a number of seconds from {MIN_TIMEOUT_SECONDS:g} "
                                  f"to {MAX_TIMEOUT_SECONDS:g}, not {value!r}")
     return float(value)
+
+
+def check_runner(value: Any, what: str) -> Runner | None:
+    """``value`` as a runner's name, or :class:`ConfigurationError`."""
+    if value is not None and value not in RUNNERS:
+        raise ConfigurationError(f"{what}: runner must be one of {', '.join(map(repr, RUNNERS))}, not {value!r}")
+    return value  # type: ignore[no-any-return]
 
 
 # Names a handlers package may not take: they would shadow the library, the functions' own
@@ -240,3 +261,9 @@ def declared_timeout(task_type: str) -> float | None:
 def declared_timeouts() -> dict[str, float]:
     """Every registered type that declares a time limit, with its limit."""
     return {name: r.timeout_seconds for name, r in sorted(_registry.items()) if r.timeout_seconds is not None}
+
+
+def declared_runner(task_type: str) -> Runner | None:
+    """The runner ``task_type`` asks for where its handler is registered, or ``None``."""
+    registration = _registry.get(task_type)
+    return registration.runner if registration is not None else None

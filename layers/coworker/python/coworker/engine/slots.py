@@ -19,12 +19,18 @@ Two kinds live in the task table next to the tasks:
     A scheduled run that overlaps the previous one, or a second coordinator, waits for the lease
     instead of counting the same free slots twice.
 
+``slot#runner-NNNN`` -- container runner slots
+    The same accounting for container runners (``Settings.max_runners`` of them, in their own
+    index partition ``runner-slot``): the coordinator reserves one before RunTask, the runner
+    acquires it when it starts and keeps it while it runs (:data:`RUNNERS`).
+
 Every write is conditional on the holder (or on the expiry having passed), so two parties can
 never both believe they hold the same lease.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -32,20 +38,34 @@ from typing import Any
 from pynamodb.expressions.condition import Condition
 
 from coworker.data import layout, writes
-from coworker.data.layout import SLOT_KEY_PREFIX, SLOT_STATUS
+from coworker.data.layout import RUNNER_SLOT_PREFIX, RUNNER_SLOT_STATUS, SLOT_KEY_PREFIX, SLOT_STATUS
 from coworker.data.models import LeaseModel, LeaseState, utcnow
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotPool:
+    """A kind of slot: its items' key prefix and their index partition."""
+
+    prefix: str
+    status: str
+
+
+WORKERS = SlotPool(SLOT_KEY_PREFIX, SLOT_STATUS)
+RUNNERS = SlotPool(RUNNER_SLOT_PREFIX, RUNNER_SLOT_STATUS)
 
 
 def new_token() -> str:
     return uuid.uuid4().hex
 
 
-def slot_key(number: int) -> str:
-    return f"{SLOT_KEY_PREFIX}{number:04d}"
+def slot_key(number: int, pool: SlotPool = WORKERS) -> str:
+    return f"{pool.prefix}{number:04d}"
 
 
 def slot_number(key: str) -> int:
-    return int(key[len(SLOT_KEY_PREFIX):])
+    """The number of a worker or runner slot, from its key."""
+    prefix = RUNNERS.prefix if key.startswith(RUNNERS.prefix) else WORKERS.prefix
+    return int(key[len(prefix):])
 
 
 def _update(key: str, actions: list[Any], condition: Condition) -> bool:
@@ -83,43 +103,43 @@ def release(key: str, holder: str, now: datetime | None = None) -> bool:
 # -- worker slots --------------------------------------------------------------------------------
 
 
-def ensure_slots(count: int, now: datetime | None = None) -> int:
+def ensure_slots(count: int, now: datetime | None = None, pool: SlotPool = WORKERS) -> int:
     """Create the slots ``0..count-1`` that do not exist yet (free); returns how many were made.
 
     One BatchGetItem per 100 slots, plus one conditional put per missing slot. A slot made by a
     release before the sharded index (no ``status_shard``) gets it here, keeping its holder.
     """
     now = now or utcnow()
-    wanted = [slot_key(number) for number in range(count)]
+    wanted = [slot_key(number, pool) for number in range(count)]
     existing = {item.key: item for item in LeaseModel.batch_get(
         wanted, attributes_to_get=[layout.PARTITION_KEY, layout.STATUS_INDEX_PARTITION_KEY])}
     created = 0
     for key in wanted:
         if key in existing:
             if existing[key].status_shard is None:
-                _update(key, [LeaseModel.status_shard.set(SLOT_STATUS)], LeaseModel.key.exists())
+                _update(key, [LeaseModel.status_shard.set(pool.status)], LeaseModel.key.exists())
             continue
-        slot = LeaseModel(key, status=SLOT_STATUS, status_shard=SLOT_STATUS, due_at=now,
+        slot = LeaseModel(key, status=pool.status, status_shard=pool.status, due_at=now,
                           state=LeaseState.FREE, updated_at=now)
         created += writes.put_if_new(slot, f"slot {key!r}")
     return created
 
 
-def retire_extra_slots(count: int, now: datetime | None = None) -> int:
+def retire_extra_slots(count: int, now: datetime | None = None, pool: SlotPool = WORKERS) -> int:
     """Delete free slots numbered ``count`` or more (left from a larger ``max_concurrency``).
 
     A held one is left to its worker; it is deleted by a later call once released or expired.
     """
     now = now or utcnow()
     retired = 0
-    for item in LeaseModel.slot_index.query(SLOT_STATUS, LeaseModel.due_at <= now):
+    for item in LeaseModel.slot_index.query(pool.status, LeaseModel.due_at <= now):
         if slot_number(item.key) < count:
             continue
         retired += writes.delete_if(LeaseModel(item.key), LeaseModel.due_at <= now, f"slot {item.key!r}")
     return retired
 
 
-def free_slots(count: int, want: int, now: datetime | None = None) -> list[str]:
+def free_slots(count: int, want: int, now: datetime | None = None, pool: SlotPool = WORKERS) -> list[str]:
     """Up to ``want`` slots below ``count`` that are free or expired, longest free first.
 
     One query on the status index, a page of ``count`` entries (more pages only while slots left
@@ -130,7 +150,7 @@ def free_slots(count: int, want: int, now: datetime | None = None) -> list[str]:
         return []
     now = now or utcnow()
     found: list[str] = []
-    for item in LeaseModel.slot_index.query(SLOT_STATUS, LeaseModel.due_at <= now, page_size=count):
+    for item in LeaseModel.slot_index.query(pool.status, LeaseModel.due_at <= now, page_size=count):
         if slot_number(item.key) < count:
             found.append(item.key)
             if len(found) >= want:
@@ -138,10 +158,10 @@ def free_slots(count: int, want: int, now: datetime | None = None) -> list[str]:
     return found
 
 
-def count_busy_slots(count: int, now: datetime | None = None) -> int:
+def count_busy_slots(count: int, now: datetime | None = None, pool: SlotPool = WORKERS) -> int:
     """Slots below ``count`` that are reserved or held now (paginates: exact at any size)."""
     now = now or utcnow()
-    return sum(1 for item in LeaseModel.slot_index.query(SLOT_STATUS, LeaseModel.due_at > now)
+    return sum(1 for item in LeaseModel.slot_index.query(pool.status, LeaseModel.due_at > now)
                if slot_number(item.key) < count)
 
 
