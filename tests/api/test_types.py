@@ -14,7 +14,7 @@ def test_pause_and_resume_a_type(settings):
     status, answer, _ = api.call("POST", "/types/slow/pause")
     assert status == 200 and answer == {"type": "slow", "registered": True, "paused": True, "held": 0,
                                         "limit": None, "running": None, "blocked": None, "changed": True,
-                                        "timeout_seconds": None, "observed_p95_seconds": None}
+                                        "timeout_seconds": None, "runner": "lambda", "observed_p95_seconds": None}
     assert api.call("POST", "/types/slow/pause")[1]["changed"] is False  # idempotent
     assert control.read().paused == frozenset({"slow"})
 

@@ -388,6 +388,9 @@ class TypeOut(BaseModel):
     changed: bool | None = Field(None, description="For pause and resume: false when it was so already.")
     timeout_seconds: float | None = Field(None, description="The time limit its handler declares (null: none; a "
                                                             "task may carry its own).")
+    runner: Literal["lambda", "container"] = Field("lambda", description="Where its tasks run: the Lambda worker, "
+                                                   "or the container runner (ECS Fargate; its limit is longer than "
+                                                   "a Lambda worker gives, or it asks for one).")
     observed_p95_seconds: float | None = Field(None, description="Without a declared limit: the p95 of its "
                                                                  "observed run times, which plans its tasks (null "
                                                                  "until 10 runs are kept).")

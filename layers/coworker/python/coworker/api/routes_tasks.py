@@ -46,7 +46,7 @@ from coworker.api.services import Services
 from coworker.config import Settings
 from coworker.data import writes
 from coworker.data.models import TaskModel, TaskStatus, iso_utc, status_shards, utcnow
-from coworker.engine import batches, handlers, lifecycle, offload, redrive, submit, timing
+from coworker.engine import batches, handlers, lifecycle, offload, redrive, runners, submit
 from coworker.engine.submit import PutOutcome
 from coworker.engine.tasks import NewTask, key_problem
 from coworker.errors import TaskNotFoundError
@@ -161,7 +161,7 @@ def check_tasks(tasks: Sequence[NewTask], settings: Settings, batch: bool,
         own = task.timeout_seconds
         limit = own if own is not None else handlers.declared_timeout(task.type)
         what = "the task" if own is not None else f"task type {task.type!r}"
-        problem = timing.limit_problem(limit, settings, what) if limit is not None else None
+        problem = runners.runner_limit_problem(task.type, limit, settings, what)
         if problem is not None:
             errors.append({"type": "time_limit_too_long", "msg": problem,
                            "loc": (*where, "timeout_seconds" if own is not None else "type"),

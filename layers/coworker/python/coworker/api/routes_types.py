@@ -17,7 +17,8 @@ from aws_lambda_powertools.event_handler.router import APIGatewayRouter
 from coworker.api.errors import TaskTypeNotFoundError, responses
 from coworker.api.models import LimitIn, TypeOut, TypesOut
 from coworker.api.services import Services
-from coworker.engine import control, durations, gates, handlers
+from coworker.config import Settings
+from coworker.engine import control, durations, gates, handlers, runners
 from coworker.observability import logger
 
 # Held tasks counted per type in GET /types (a count reads the held partitions).
@@ -33,29 +34,30 @@ def router(services: Services) -> APIGatewayRouter:
                 responses=responses("Every registered, paused or held task type"))
     def list_types() -> TypesOut:
         view = control.read(consistent=True)
-        return TypesOut(types=[type_out(t, view) for t in control.types_listed(view, handlers.registered_types())],
+        listed = control.types_listed(view, handlers.registered_types())
+        return TypesOut(types=[type_out(t, view, settings) for t in listed],
                         note=f"a pause stops new claims within COWORKER_CONTROL_CACHE_SECONDS "
                              f"({settings.control_cache_seconds:g} s); running tasks finish")
 
     @routes.post("/types/<task_type>/pause", summary="Pause a task type: its tasks wait, running ones finish",
                  tags=["types"], responses=responses("The type, paused"))
     def pause_type(task_type: str) -> TypeOut:
-        return switch_type(task_type, pause=True)
+        return switch_type(task_type, settings, pause=True)
 
     @routes.post("/types/<task_type>/resume", summary="Resume a paused task type", tags=["types"],
                  responses=responses("The type, resumed"))
     def resume_type(task_type: str) -> TypeOut:
-        return switch_type(task_type, pause=False)
+        return switch_type(task_type, settings, pause=False)
 
     @routes.put("/types/<task_type>/limit", summary="Set or lift a task type's concurrency limit", tags=["types"],
                 responses=responses("The type, with its new limit"))
     def limit_type(task_type: str, body: Annotated[LimitIn, Body(description="The new limit, or null")]) -> TypeOut:
-        return set_limit(task_type, body.limit)
+        return set_limit(task_type, settings, body.limit)
 
     return routes
 
 
-def type_out(task_type: str, view: control.ControlView, changed: bool | None = None) -> TypeOut:
+def type_out(task_type: str, view: control.ControlView, settings: Settings, changed: bool | None = None) -> TypeOut:
     """What the API shows of a type: registered, paused, held tasks, and its limit with the tasks
     running and blocked under it."""
     held, _ = control.count_held(task_type, HELD_COUNT_CAP) if task_type in view.held_types else (0, False)
@@ -67,7 +69,7 @@ def type_out(task_type: str, view: control.ControlView, changed: bool | None = N
     p95 = durations.observed.p95(task_type) if declared is None else None
     return TypeOut(type=task_type, registered=task_type in handlers.registered_types(),
                    paused=view.is_paused(task_type), held=held, limit=limit, running=running, blocked=blocked,
-                   changed=changed, timeout_seconds=declared,
+                   changed=changed, timeout_seconds=declared, runner=runners.runner_of(task_type, settings),
                    observed_p95_seconds=round(p95, 3) if p95 is not None else None)
 
 
@@ -80,7 +82,7 @@ def known_type(raw: str, view: control.ControlView) -> str:
     return task_type
 
 
-def switch_type(raw: str, pause: bool) -> TypeOut:
+def switch_type(raw: str, settings: Settings, pause: bool) -> TypeOut:
     """Pause or resume the type named in the path (404 for a type nobody knows)."""
     view = control.read(consistent=True)
     task_type = known_type(raw, view)
@@ -89,13 +91,13 @@ def switch_type(raw: str, pause: bool) -> TypeOut:
                 extra={"task_type": task_type, "changed": changed})
     after = dataclasses.replace(view, paused=view.paused | {task_type} if pause else view.paused - {task_type},
                                 held_types=view.held_types | {task_type} if pause else view.held_types)
-    return type_out(task_type, after, changed)
+    return type_out(task_type, after, settings, changed)
 
 
-def set_limit(raw: str, limit: int | None) -> TypeOut:
+def set_limit(raw: str, settings: Settings, limit: int | None) -> TypeOut:
     """Set (or, with ``None``, lift) the concurrency limit of the type named in the path."""
     view = control.read(consistent=True)
     task_type = known_type(raw, view)
     changed = control.set_limit(task_type, limit)
     logger.info("task type limit set", extra={"task_type": task_type, "limit": limit, "changed": changed})
-    return type_out(task_type, control.read(consistent=True), changed)
+    return type_out(task_type, control.read(consistent=True), settings, changed)

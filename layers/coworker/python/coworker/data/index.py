@@ -187,6 +187,39 @@ def due_in_shard(status: TaskStatus, now: datetime, limit: int, shard: int, page
                                         attributes_to_get=FEED_ATTRIBUTES)
 
 
+def due_of_types(status: TaskStatus, now: datetime, types: Sequence[str], want: int,
+                 read_budget: int) -> list[TaskModel]:
+    """Due tasks of ``status`` whose type is one of ``types``, oldest first in each index shard,
+    at most ``want``, reading at most about ``read_budget`` index entries in all (a filtered query
+    per shard, pages of at most :data:`TYPED_PAGE` entries): how the container runners' work is
+    found among the Lambda workers' without reading the whole backlog. Each task holds only
+    ``FEED_ATTRIBUTES``."""
+    if want <= 0 or not types:
+        return []
+    values = layout.shard_values(status.value, status_shards())
+    share = max(TYPED_PAGE, read_budget // len(values))
+
+    def shard(value: str) -> list[TaskModel]:
+        found: list[TaskModel] = []
+        # Page by page: an item iterator would read on through pages the filter empties.
+        pages = TaskModel.status_index.query(value, TaskModel.due_at <= now,
+                                             filter_condition=TaskModel.task_type.is_in(*types),
+                                             page_size=min(TYPED_PAGE, share),
+                                             attributes_to_get=FEED_ATTRIBUTES).page_iter
+        for page in pages:
+            found.extend(TaskModel.from_raw_data(item) for item in page.get("Items", ()))
+            if len(found) >= want or pages.total_scanned_count >= share:
+                break
+        return found
+
+    entries = [task for found in _parallel([functools.partial(shard, value) for value in values]) for task in found]
+    return sorted(entries, key=lambda task: task.due_at)[:want]
+
+
+# Index entries one page of a filtered query reads at most (see :func:`due_of_types`).
+TYPED_PAGE: Final = 200
+
+
 def running_and_lost(now: datetime) -> tuple[int, list[TaskModel]]:
     """Every ``processing`` entry, read once: how many hold a live lock, and those whose lock
     has expired (lost workers), oldest first.

@@ -19,10 +19,12 @@ decides what starts: an undeclared type is never stopped before ``D``.
 
 from __future__ import annotations
 
+import math
 import time
 
 from coworker.config import Settings
-from coworker.engine import durations, handlers, timing
+from coworker.engine import durations, handlers, runners, timing
+from coworker.engine.handlers import Runner
 
 # Types one claim's condition names at most (DynamoDB takes up to 100 values in one IN).
 MAX_CLAIM_TYPES = 90
@@ -42,15 +44,33 @@ def planned_seconds(task_type: str, own: float | None = None) -> float | None:
 
 
 class Budget:
-    """The time of one invocation whose deadline is ``deadline`` (``time.monotonic()``)."""
+    """The time of one invocation whose deadline is ``deadline`` (``time.monotonic()``; a container
+    runner's is infinite), on ``runner``: it takes only its runner's types
+    (:func:`coworker.engine.runners.runner_of`)."""
 
-    def __init__(self, settings: Settings, deadline: float) -> None:
+    def __init__(self, settings: Settings, deadline: float, runner: Runner = "lambda") -> None:
         self.deadline = deadline
+        self.runner = runner
         self.handler_deadline = deadline - settings.timeout_margin_seconds
         self.unknown_cutoff = deadline - timing.unknown_task_tail(settings)
         # A plan longer than any invocation gives (a p95 past it, a limit from before a redeploy
         # shortened the worker) counts as that long: a fresh invocation still takes the task.
-        self.longest_plan = timing.max_task_seconds(settings)
+        self.longest_plan = timing.max_task_seconds(settings) if runner == "lambda" else math.inf
+        self._container_types = frozenset(runners.container_types(settings))
+
+    def runs_here(self, task_type: str) -> bool:
+        """Whether tasks of ``task_type`` run on this invocation's runner."""
+        return (task_type in self._container_types) == (self.runner == "container")
+
+    def other_runner_types(self) -> list[str]:
+        """The types a claim of this invocation refuses whatever their limit: the container
+        runner's, for a Lambda worker (a runner checks after its claim, as it cannot list the rest)."""
+        return sorted(self._container_types)[:MAX_CLAIM_TYPES] if self.runner == "lambda" else []
+
+    def stop_by(self, deadline: float) -> None:
+        """Bring the handlers' deadline forward to ``deadline`` (a runner told to stop)."""
+        self.handler_deadline = min(self.handler_deadline, deadline)
+        self.unknown_cutoff = min(self.unknown_cutoff, deadline)
 
     def left(self, now: float | None = None) -> float:
         """Seconds left for handlers (to the handlers' deadline)."""
@@ -75,18 +95,18 @@ class Budget:
         refuses their tasks that carry no limit of their own (at most ``MAX_CLAIM_TYPES``; a
         claim past that is checked after it, see :mod:`coworker.engine.worker`)."""
         now = time.monotonic() if now is None else now
-        known = {*handlers.declared_timeouts(), *durations.observed.known_types()}
+        known = {*handlers.declared_timeouts(), *durations.observed.known_types()} - self._container_types
         too_long = []
         for task_type in sorted(known):
             planned = planned_seconds(task_type)
             if planned is not None and not self.may_claim(planned, now):
                 too_long.append(task_type)
-        return too_long[:MAX_CLAIM_TYPES]
+        return too_long[:MAX_CLAIM_TYPES - len(self.other_runner_types())]
 
     def may_claim_type(self, task_type: str) -> bool:
         """Whether a task of ``task_type`` with no limit of its own may be claimed now (the
         feeder's test, from the status index's entries, which carry the type)."""
-        return self.may_claim(planned_seconds(task_type))
+        return self.runs_here(task_type) and self.may_claim(planned_seconds(task_type))
 
     def ends_at(self, limit: float | None, started: float) -> float:
         """When a handler started at ``started`` must have returned."""

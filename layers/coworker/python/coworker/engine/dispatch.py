@@ -43,6 +43,7 @@ from coworker.engine import (
     lifecycle,
     progress,
     reshard,
+    runners,
     schedules,
     slots,
     worker,
@@ -254,6 +255,8 @@ class TickReport:
     callbacks: int = 0  # batch callback tasks put
     counted: int = 0  # batch changes counted from the table's stream
     backlog: index.Backlog | None = None  # measured this tick (every backlog_seconds), else None
+    runners_started: int = 0  # container runners started for due container work
+    busy_runners: int | None = None  # runner slots reserved or held (None: this deployment has no runners)
     # Nothing ran, moved or was counted, and nothing is due within the supervision window: a
     # scheduled run may end here (the next one checks again).
     idle: bool = False
@@ -272,7 +275,8 @@ class _DueWork:
 
 @tracer.capture_method
 def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
-         memory: HintMemory | None = None, measure_backlog: bool = False) -> TickReport:
+         memory: HintMemory | None = None, measure_backlog: bool = False,
+         launcher: runners.Launcher | None = None, runner_memory: HintMemory | None = None) -> TickReport:
     """One coordinator pass: find free slots and due work, start workers, retire lost tasks.
 
     Reads at most ``worker_slots`` slot entries, the running tasks' index entries (to count them
@@ -282,6 +286,8 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     window (one query), putting the task of each occurrence due now (:mod:`coworker.engine.schedules`)
     and handing those out at once. With ``measure_backlog`` it also counts the
     due backlog by status (at most ``backlog_count_cap`` entries each, see :func:`index.backlog`).
+    With a ``launcher``, it starts container runners on free runner slots for due container work
+    (:mod:`coworker.engine.runners`); the Lambda workers are never handed such work.
     """
     now = now or utcnow()
     free = slots.free_slots(settings.worker_slots, settings.worker_slots, now)
@@ -312,9 +318,11 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     sent = [key for request in requests for key in request.keys]
     if memory is not None:
         memory.remember(sent)
+    runner_requests, busy_runners = _start_runners(settings, launcher, view, now, lost, runner_memory)
     counted = _count_batch_progress(settings, now)
     # (the last term reads the index, so it is only asked when everything else is quiet)
-    idle = (settings.idle_exit and not requests and work.due == 0 and work.reaped == 0 and running == 0 and not lost
+    idle = (settings.idle_exit and not requests and not runner_requests and work.due == 0 and work.reaped == 0
+            and running == 0 and not lost
             and len(free) == settings.worker_slots and counted == 0
             and parked == released == cancelled == woken == occurrences.created == fired.created == 0
             and not occurrences.due_soon and not fired.settling
@@ -324,10 +332,30 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
                         dispatched=len(sent), invocations=len(requests), reaped=work.reaped,
                         running_tasks=running, parked=parked, released=released, cancelled=cancelled,
                         woken=woken, scheduled=occurrences.created, callbacks=fired.created, counted=counted,
-                        backlog=backlog, idle=idle)
+                        backlog=backlog, runners_started=len(runner_requests), busy_runners=busy_runners,
+                        idle=idle)
     _publish_tick(report)
     logger.debug("coordinator tick", extra=dataclasses.asdict(report))
     return report
+
+
+def _start_runners(settings: Settings, launcher: runners.Launcher | None, view: control.ControlView,
+                   now: datetime, lost: Sequence[TaskModel], memory: HintMemory | None
+                   ) -> tuple[list[runners.RunnerRequest], int | None]:
+    """Start runners on the free runner slots for due container work not handed out lately:
+    ``(requests sent, runner slots busy now)``; ``None`` busy without a launcher."""
+    if launcher is None or settings.max_runners == 0:
+        return [], None
+    free = slots.free_slots(settings.max_runners, settings.max_runners, now, pool=slots.RUNNERS)
+    busy = settings.max_runners - len(free)
+    if not free:
+        return [], busy
+    keys = runners.due_container_work(settings, view, now, len(free) * settings.runner_threads, lost)
+    keys = [key for key in keys if memory is None or key not in memory]
+    requests = runners.start_runners(settings, launcher, keys, now, free=free) if keys else []
+    if memory is not None:
+        memory.remember([key for request in requests for key in request.keys])
+    return requests, busy + len(requests)
 
 
 def _reshard(view: control.ControlView, now: datetime) -> None:
@@ -356,6 +384,7 @@ def _find_due_work(settings: Settings, view: control.ControlView, now: datetime,
     :func:`control.due_action` to each task met (tasks lost at their ceiling are retired here).
     Without ``read_queue`` only the lost work is looked at (no index read)."""
     fresh_after = now - timedelta(seconds=SUBMIT_GRACE_SECONDS) if settings.dispatch_on_submit else now
+    on_runners = set(runners.container_types(settings))  # the container runners' work, not the workers'
     work = _DueWork()
     for status in DISPATCH_ORDER:
         if len(work.keys) >= capacity or (status is not TaskStatus.PROCESSING and not read_queue):
@@ -376,6 +405,8 @@ def _find_due_work(settings: Settings, view: control.ControlView, now: datetime,
                 continue
             if action is DueAction.PARK:
                 work.to_park.append(task)
+                continue
+            if action is not DueAction.REAP and task.task_type in on_runners:
                 continue
             if taken >= limit:
                 break
@@ -404,6 +435,8 @@ def _publish_tick(report: TickReport) -> None:
     metrics.add_metric(name=MetricName.COORDINATOR_TICKS, unit=MetricUnit.Count, value=1)
     gauges = [(MetricName.BUSY_SLOTS, MetricUnit.Count, report.busy_slots),
               (MetricName.RUNNING_TASKS, MetricUnit.Count, report.running_tasks),
+              *([(MetricName.BUSY_RUNNERS, MetricUnit.Count, report.busy_runners)]
+                if report.busy_runners is not None else ()),
               *(backlog_gauges(report.backlog) if report.backlog is not None else ())]
     for name, unit, value in gauges:
         if not report.idle or _last_gauges.get(name, value) != value:
@@ -516,9 +549,11 @@ class Supervisor:
     """
 
     def __init__(self, settings: Settings, invoker: Invoker, holder: str | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, launcher: runners.Launcher | None = None) -> None:
         self.settings = settings
         self.invoker = invoker
+        self.launcher = launcher  # starts container runners (None: this deployment has none)
+        self.runner_memory = HintMemory(settings.runner_start_seconds, clock)
         self.holder = holder or f"coordinator-{uuid.uuid4().hex[:12]}"
         self.clock = clock
         self.memory = HintMemory(settings.reservation_seconds, clock)
@@ -545,6 +580,9 @@ class Supervisor:
         try:
             slots.ensure_slots(settings.worker_slots)
             slots.retire_extra_slots(settings.worker_slots)
+            if self.launcher is not None:
+                slots.ensure_slots(settings.max_runners, pool=slots.RUNNERS)
+                slots.retire_extra_slots(settings.max_runners, pool=slots.RUNNERS)
             next_at = self.clock()
             while not stop.is_set() and remaining() >= settings.tick_seconds:
                 if not slots.extend(COORDINATOR_LEASE, self.holder, self.lease_seconds):
@@ -553,7 +591,8 @@ class Supervisor:
                 measure = (self.backlog_measured_at is None
                            or self.clock() - self.backlog_measured_at >= settings.backlog_seconds)
                 try:
-                    report = tick(settings, self.invoker, memory=self.memory, measure_backlog=measure)
+                    report = tick(settings, self.invoker, memory=self.memory, measure_backlog=measure,
+                                  launcher=self.launcher, runner_memory=self.runner_memory)
                     if measure:
                         self.backlog_measured_at = self.clock()
                     reports.append(report)
@@ -583,13 +622,14 @@ class Supervisor:
 
 
 def supervise(settings: Settings, invoker: Invoker, lambda_remaining: Callable[[], float],
-              slack_seconds: float = 10.0) -> list[TickReport]:
+              slack_seconds: float = 10.0, launcher: runners.Launcher | None = None) -> list[TickReport]:
     """The coordinator Lambda's work: supervise for ``supervise_seconds`` or until the Lambda
-    time left (``lambda_remaining()``) nears ``slack_seconds``."""
+    time left (``lambda_remaining()``) nears ``slack_seconds``; ``launcher`` starts container
+    runners."""
     started = time.monotonic()
 
     def remaining() -> float:
         return min(settings.supervise_seconds - (time.monotonic() - started),
                    lambda_remaining() - slack_seconds)
 
-    return Supervisor(settings, invoker).run(remaining)
+    return Supervisor(settings, invoker, launcher=launcher).run(remaining)

@@ -57,8 +57,10 @@ class TaskContext:
     # worker's deadline if sooner
     deadline: float
     batch_id: str | None = None  # the batch the task belongs to, if any
-    # The longest time limit this deployment's runners give a task (a follow-up's is checked against it).
-    max_timeout_seconds: float | None = None
+    # Why a follow-up of a type with a time limit cannot run on this deployment (None: it can); the
+    # worker sets it from its settings (see coworker.engine.runners.runner_limit_problem).
+    follow_up_problem: Callable[[str, float | None], str | None] | None = dataclasses.field(
+        default=None, compare=False, repr=False)
     # Set by the worker's heartbeat when this attempt's claim was taken over or cancelled.
     lost: threading.Event = dataclasses.field(default_factory=threading.Event, compare=False, repr=False)
     # Follow-up tasks asked for by this attempt, put when it is recorded as finished.
@@ -98,9 +100,9 @@ class TaskContext:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'task'}: {e['msg']}" for e in exc.errors())
             raise ValueError(f"follow-up task refused: {problems}") from None
         limit = task.timeout_seconds if task.timeout_seconds is not None else declared_timeout(task_type)
-        if limit is not None and self.max_timeout_seconds is not None and limit > self.max_timeout_seconds:
-            raise ValueError(f"follow-up task refused: its time limit of {limit:g} s is longer than this "
-                             f"deployment's worker gives a task ({self.max_timeout_seconds:g} s)")
+        problem = self.follow_up_problem(task_type, limit) if self.follow_up_problem is not None else None
+        if problem is not None:
+            raise ValueError(f"follow-up task refused: {problem}")
         self.follow_ups.append(task.to_spec(batch_id=self.batch_id if inherit_batch else None, parent=self.key))
         return key
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
@@ -94,11 +95,15 @@ class Heartbeat:
         self._settings = settings
         self._slot, self._token = slot, token
         self._deadline = deadline
+        # What a handler still running at the deadline is recorded as not having done.
+        self._deadline_reason = "did not finish within the worker's time limit"
         self._running: dict[str, Running] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self.slot_lost = threading.Event()
+        # Called once when the slot is found given away (the invocation then takes no more work).
+        self.on_slot_lost: Callable[[], None] | None = None
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._slot_locked_at = time.monotonic()
@@ -123,6 +128,15 @@ class Heartbeat:
             # Extensions not yet sent are dropped; one under way may still land: fenced and only
             # ever moving a lock forward, it cannot undo what the worker recorded meanwhile.
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def stop_by(self, deadline: float, reason: str) -> None:
+        """Bring the deadline forward to ``deadline`` (a runner told to stop): handlers still
+        running then are recorded as timed out, with ``reason``."""
+        with self._lock:
+            if self._deadline is None or deadline < self._deadline:
+                self._deadline = deadline
+                self._deadline_reason = reason
+        self._wake.set()
 
     def watch(self, claim: Claim, context: TaskContext, locked_at: float | None = None) -> Running:
         """Keep ``claim``'s lock from now on; ``locked_at``: when the claim was sent."""
@@ -187,7 +201,7 @@ class Heartbeat:
         over_limit = (task.limit is not None and task.ends_at is not None
                       and (self._deadline is None or task.ends_at < self._deadline))
         reason = (f"did not finish within its time limit of {task.limit:g} s" if over_limit and task.limit
-                  else "did not finish within the worker's time limit")
+                  else self._deadline_reason)
         error = lifecycle.error_record(claim.attempt, ErrorKind.TIMEOUT, f"{reason} (attempt {claim.attempt})",
                                        utcnow())
         metrics.add_metric(name=MetricName.TIMED_OUT, unit=MetricUnit.Count, value=1)
@@ -262,6 +276,8 @@ class Heartbeat:
             self._slot_locked_at = max(self._slot_locked_at, sent)
         elif taken is False and not self.slot_lost.is_set():
             self.slot_lost.set()
+            if self.on_slot_lost is not None:
+                self.on_slot_lost()
             logger.warning("worker slot was taken over; taking no more work", extra={"slot": self._slot})
 
     def _schedule(self, now: float) -> float:
@@ -309,9 +325,9 @@ class Heartbeat:
         return wake
 
     def _loop(self) -> None:
-        deadline = self._deadline
         while not self._stop.is_set():
             try:
+                deadline = self._deadline  # (a runner told to stop brings it forward)
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     self.expire()  # again on each round: a task watched since is given back too

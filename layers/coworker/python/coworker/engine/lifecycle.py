@@ -183,7 +183,8 @@ def get_task(key: str, consistent: bool = True) -> TaskModel:
 
 def claim(key: str, owner: str, settings: Settings, now: datetime | None = None,
           paused: Collection[str] = (), stopped_batches: Collection[str] = (),
-          time_left: float | None = None, too_long_types: Collection[str] = ()) -> Claim | None:
+          time_left: float | None = None, too_long_types: Collection[str] = (),
+          excluded_types: Collection[str] = ()) -> Claim | None:
     """Take the task for ``owner`` with one conditional UpdateItem; ``None`` if not claimable.
 
     Claimable: todo or failed and due, or processing with an expired lock, and below the
@@ -191,7 +192,8 @@ def claim(key: str, owner: str, settings: Settings, now: datetime | None = None,
     in its concurrency group), not of a ``paused`` type and
     not of a batch in ``stopped_batches``; with ``time_left`` (seconds the claimer has for a
     handler), not a task whose own time limit is longer, nor one without a limit of its own whose
-    type is in ``too_long_types``. Of any number of concurrent claimers exactly one succeeds.
+    type is in ``too_long_types``; never one whose type is in ``excluded_types`` (another
+    runner's). Of any number of concurrent claimers exactly one succeeds.
     """
     now = now or utcnow()
     expires = lock_expiry(settings, now)
@@ -206,6 +208,8 @@ def claim(key: str, owner: str, settings: Settings, now: datetime | None = None,
         claimable &= ~TaskModel.task_type.is_in(*sorted(paused))
     if stopped_batches:
         claimable &= ~TaskModel.batch_id.is_in(*sorted(stopped_batches))
+    if excluded_types:
+        claimable &= ~TaskModel.task_type.is_in(*sorted(excluded_types))
     if time_left is not None:
         no_limit_of_its_own = TaskModel.timeout_seconds.does_not_exist()
         if too_long_types:

@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
 from aws_lambda_powertools.metrics import MetricUnit
 
 from coworker.config import Settings
-from coworker.engine import handlers, slots, timing
+from coworker.data import index
+from coworker.data.models import TaskModel, TaskStatus
+from coworker.engine import control, handlers, slots, timing
+from coworker.engine.control import DueAction
 from coworker.engine.handlers import Runner
 from coworker.errors import InvalidEventError
 from coworker.observability import MetricName, logger, metrics
@@ -37,6 +40,10 @@ TOKEN_VARIABLE = "COWORKER_RUNNER_TOKEN"
 KEYS_VARIABLE = "COWORKER_RUNNER_KEYS"
 # Keys handed to one runner at most (ECS container overrides hold 8 KiB in all).
 MAX_RUNNER_HINTS = 50
+# Index entries one look for container work reads at most, per status (a filtered query: the
+# Lambda workers' entries are read past). Container work further back in a deep backlog is found
+# as the backlog ahead of it drains.
+CONTAINER_READ_BUDGET = 2000
 
 
 def runner_of(task_type: str, settings: Settings) -> Runner:
@@ -66,16 +73,47 @@ def runner_limit_problem(task_type: str, limit_seconds: float | None, settings: 
     type needs runners (``max_runners`` above 0)."""
     if runner_of(task_type, settings) == "container":
         if settings.max_runners == 0:
-            return (f"{what} runs on the container runner (task type {task_type!r}), and this deployment starts "
-                    "none: set COWORKER_MAX_RUNNERS (the stack's maxRunners) above 0")
+            return (f"task type {task_type!r} runs on the container runner, and this deployment starts none: "
+                    "set COWORKER_MAX_RUNNERS (the stack's maxRunners) above 0")
         return None
     if limit_seconds is None:
         return None
-    problem = timing.limit_problem(limit_seconds, settings, what)
-    if problem is not None and limit_seconds > timing.lambda_max_task_seconds(settings):
-        return (f"{problem}; or run task type {task_type!r} on the container runner "
-                f'(@task_handler("{task_type}", runner="container"))')
-    return problem
+    if limit_seconds > timing.lambda_max_task_seconds(settings):
+        return (f"{what} has a time limit of {limit_seconds:g} s, longer than a Lambda worker can give (at most "
+                f"{timing.lambda_max_task_seconds(settings):g} s: a Lambda function runs at most "
+                f"{timing.LAMBDA_MAX_TIMEOUT_SECONDS} s), and task type {task_type!r} runs on the Lambda worker: "
+                f'run it on the container runner (@task_handler("{task_type}", runner="container")), '
+                "or split the work into shorter tasks")
+    return timing.limit_problem(limit_seconds, settings, what)
+
+
+def due_container_work(settings: Settings, view: control.ControlView, now: datetime, want: int,
+                       lost: Sequence[TaskModel] = (), skip: Collection[str] = (),
+                       read_lost: bool = False) -> list[str]:
+    """Keys of due container work to run, at most ``want``: lost by dead runners first (from the
+    expired ``processing`` entries ``lost`` the caller read, or read here with ``read_lost``),
+    then due retries, then new tasks;
+    paused types, stopped batches and tasks lost at their ceiling are left to the coordinator's
+    rules (:func:`coworker.engine.control.due_action`); keys in ``skip`` are left out."""
+    types = container_types(settings)
+    if not types or want <= 0:
+        return []
+    keys: list[str] = []
+
+    def take(task: TaskModel, status: TaskStatus) -> None:
+        if len(keys) < want and task.key not in skip and control.due_action(view, task, status) is DueAction.RUN:
+            keys.append(task.key)
+
+    for task in lost:
+        if task.task_type in types:
+            take(task, TaskStatus.PROCESSING)
+    statuses = (TaskStatus.PROCESSING,) if read_lost else ()
+    for status in (*statuses, TaskStatus.FAILED, TaskStatus.TODO):
+        if len(keys) >= want:
+            break
+        for task in index.due_of_types(status, now, types, want - len(keys) + len(skip), CONTAINER_READ_BUDGET):
+            take(task, status)
+    return keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,16 +194,19 @@ def launcher_from_settings(settings: Settings) -> EcsLauncher | None:
 
 
 def start_runners(settings: Settings, launcher: Launcher, keys: Sequence[str],
-                  now: datetime | None = None) -> list[RunnerRequest]:
+                  now: datetime | None = None, free: Sequence[str] | None = None) -> list[RunnerRequest]:
     """Start runners for due container work ``keys``: one per ``runner_threads`` keys, as many as
-    free runner slots allow; each reserves its slot for ``runner_start_seconds``. A runner that
-    could not be started frees its slot at once. Returns the requests of the runners started."""
+    free runner slots (``free``, else looked up) allow; each reserves its slot for
+    ``runner_start_seconds``. A runner that could not be started frees its slot at once. Returns
+    the requests of the runners started."""
     if not keys or settings.max_runners == 0:
         return []
     remaining = list(dict.fromkeys(keys))
     wanted = -(-len(remaining) // settings.runner_threads)
+    if free is None:
+        free = slots.free_slots(settings.max_runners, wanted, now, pool=slots.RUNNERS)
     started: list[RunnerRequest] = []
-    for slot in slots.free_slots(settings.max_runners, wanted, now, pool=slots.RUNNERS):
+    for slot in free:
         if not remaining:
             break
         token = slots.new_token()

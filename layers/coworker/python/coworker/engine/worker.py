@@ -13,6 +13,7 @@ context. The keys come from :mod:`coworker.engine.feeder`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import threading
 import time
@@ -24,10 +25,10 @@ from aws_lambda_powertools.metrics import MetricUnit
 
 from coworker.config import Settings
 from coworker.data.models import ErrorKind, ErrorRecord, TaskModel, utcnow
-from coworker.engine import control, durations, gates, lifecycle, offload, rates, slots, timing
+from coworker.engine import control, durations, gates, lifecycle, offload, rates, runners, slots
 from coworker.engine.budget import Budget, limit_of, planned_seconds
 from coworker.engine.feeder import Feeder
-from coworker.engine.handlers import TaskContext, get_handler
+from coworker.engine.handlers import Runner, TaskContext, get_handler
 from coworker.engine.heartbeat import Heartbeat, Running
 from coworker.engine.lifecycle import Claim, RecordOutcome
 from coworker.engine.outcomes import OUTCOME_METRIC, TaskOutcome, TaskReport, TaskSource, outcome_of
@@ -35,6 +36,8 @@ from coworker.errors import InvalidEventError, PayloadTooLargeError, StorageErro
 from coworker.observability import MetricName, logger, metrics, tracer
 
 MAX_HINTS = 100
+# How often an invocation waiting for its threads looks at its deadline again.
+JOIN_POLL_SECONDS = 1.0
 # A rate token that frees within this long is waited for in the worker's thread, rather than the
 # claim given back and the task booked; and how many times a task tries for its tokens.
 RATE_WAIT_SECONDS = 0.1
@@ -143,17 +146,22 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float | Bud
     bounded = math.isfinite(time_left)  # (tests and tools may run a task with no deadline at all)
     claim = lifecycle.claim(key, owner, settings, paused=paused, stopped_batches=stopped_batches,
                             time_left=time_left if bounded else None,
-                            too_long_types=budget.too_long_types(now) if bounded else ())
+                            too_long_types=budget.too_long_types(now) if bounded else (),
+                            excluded_types=budget.other_runner_types())
     if claim is None:
         metrics.add_metric(name=MetricName.NOT_CLAIMED, unit=MetricUnit.Count, value=1)
-        logger.debug("task not claimed: taken, not due, or longer than the time left", extra={"task_key": key})
+        logger.debug("task not claimed: taken, not due, another runner's, or longer than the time left",
+                     extra={"task_key": key})
         return TaskReport(key, TaskOutcome.NOT_CLAIMED, source=source)
+    if not budget.runs_here(claim.task.task_type):
+        return _not_here(claim, budget, source)
     planned = planned_seconds(claim.task.task_type, claim.task.timeout_seconds)
     if planned is not None and not budget.may_claim(planned):
         return _too_long(claim, planned, budget, source)
     context = TaskContext(key=key, attempt=claim.attempt, max_attempts=int(claim.task.max_attempts),
                           fencing_token=claim.fencing_token, deadline=budget.handler_deadline,
-                          batch_id=claim.task.batch_id, max_timeout_seconds=timing.max_task_seconds(settings))
+                          batch_id=claim.task.batch_id,
+                          follow_up_problem=functools.partial(_follow_up_problem, settings))
     # Watched from the claim on: its lock is kept while the gates are entered, however long.
     running = heartbeat.watch(claim, context, locked_at=sent) if heartbeat is not None else Running(claim, context)
     try:
@@ -173,6 +181,19 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float | Bud
         woken = tuple(gates.leave(claim))
     # The blocked tasks its places woke: this worker may run them next.
     return dataclasses.replace(report, woken=woken) if woken else report
+
+
+def _follow_up_problem(settings: Settings, task_type: str, limit: float | None) -> str | None:
+    return runners.runner_limit_problem(task_type, limit, settings, f"a task of type {task_type!r}")
+
+
+def _not_here(claim: Claim, budget: Budget, source: TaskSource) -> TaskReport:
+    """Give back, untouched, a claim of a task that runs on the other runner (a hint sent before
+    its type moved to the container runner, or a runner's stray key), at the head of the queue."""
+    logger.info("task given back: it runs on the other runner",
+                extra={"task_key": claim.key, "task_type": claim.task.task_type, "runner": budget.runner})
+    lifecycle.release_unstarted(claim, due=lifecycle.head_of_queue(claim.task, utcnow()))
+    return TaskReport(claim.key, TaskOutcome.NOT_CLAIMED, source=source)
 
 
 def _too_long(claim: Claim, planned: float, budget: Budget, source: TaskSource) -> TaskReport:
@@ -335,11 +356,13 @@ class Invocation:
 
     It returns shortly after the handlers' deadline even if a handler never returns (that
     task is recorded as timed out by the heartbeat; its thread is abandoned, as Lambda freezes
-    the sandbox and the local pool retires the process).
+    the sandbox and the local pool retires the process). A container runner is one with no
+    deadline (``math.inf``) until it is told to stop (:meth:`stop_by`), see
+    :mod:`coworker.engine.runner`.
     """
 
     def __init__(self, request: WorkerRequest, owner: str, settings: Settings, deadline: float,
-                 on_report: Callable[[TaskReport], None] | None = None) -> None:
+                 on_report: Callable[[TaskReport], None] | None = None, runner: Runner = "lambda") -> None:
         self.request = request
         self.owner = owner
         self.settings = settings
@@ -347,12 +370,37 @@ class Invocation:
         # Told of each task's outcome as it happens (the local runtime's live counts); the
         # invocation's return value still lists them all.
         self.on_report = on_report
-        self.budget = Budget(settings, deadline)
-        self.handler_deadline = self.budget.handler_deadline
+        self.budget = Budget(settings, deadline, runner)
         self.heartbeat = Heartbeat(settings, request.slot, request.token, deadline=self.handler_deadline)
+        # Set to take no more work (its slot was given away, or it was told to stop).
+        self.stopping = threading.Event()
+
+    @property
+    def handler_deadline(self) -> float:
+        return self.budget.handler_deadline
 
     def held(self) -> list[Claim]:
         return self.heartbeat.held()
+
+    def stop_by(self, deadline: float, reason: str) -> None:
+        """Take no more work, start no handler after ``deadline``, and record a handler still
+        running then as timed out with ``reason``."""
+        self.budget.stop_by(deadline)
+        self.heartbeat.stop_by(deadline, reason)
+        self.stopping.set()
+
+    def _threads(self) -> int:
+        request = self.request
+        return self.settings.slot_threads(slots.slot_number(request.slot)) if request.slot else len(request.keys)
+
+    def _feeder(self, threads: int) -> Feeder:
+        request = self.request
+        return Feeder(
+            self.settings, request.keys, self_feed=request.slot is not None,
+            feed_until=self.budget.feed_until, fits=self.budget.may_claim_type,
+            slot_number=slots.slot_number(request.slot) if request.slot else None,
+            stop=self.stopping, window=threads,
+        )
 
     def run(self) -> list[TaskReport]:
         request, settings = self.request, self.settings
@@ -361,15 +409,11 @@ class Invocation:
             logger.warning("worker slot no longer reserved for this invocation; not starting",
                            extra={"slot": request.slot})
             return []
-        threads = settings.slot_threads(slots.slot_number(request.slot)) if request.slot else len(request.keys)
+        threads = self._threads()
         if threads == 0:
             return []
-        feeder = Feeder(
-            settings, request.keys, self_feed=request.slot is not None,
-            feed_until=self.budget.feed_until, fits=self.budget.may_claim_type,
-            slot_number=slots.slot_number(request.slot) if request.slot else None,
-            stop=self.heartbeat.slot_lost, window=threads,
-        )
+        feeder = self._feeder(threads)
+        self.heartbeat.on_slot_lost = self.stopping.set
         runs: list[list[TaskReport]] = [[] for _ in range(threads)]
         workers = [threading.Thread(target=self._thread_loop, args=(feeder, runs[i]), daemon=True,
                                     name=f"worker-{i}") for i in range(threads)]
@@ -377,10 +421,14 @@ class Invocation:
         try:
             for thread in workers:
                 thread.start()
-            # After the deadline the heartbeat records what still runs; a moment later, return.
-            give_up = self.handler_deadline + min(1.0, settings.timeout_margin_seconds / 2)
+            # After the deadline the heartbeat records what still runs; a moment later, return
+            # (the deadline is read again and again: a runner told to stop brings it forward).
             for thread in workers:
-                thread.join(timeout=max(0.0, give_up - time.monotonic()))
+                while thread.is_alive():
+                    left = self.handler_deadline + min(1.0, settings.timeout_margin_seconds / 2) - time.monotonic()
+                    if left <= 0:
+                        break
+                    thread.join(timeout=min(left, JOIN_POLL_SECONDS))
         finally:
             self.heartbeat.stop()
             if request.slot and not self.heartbeat.slot_lost.is_set():
