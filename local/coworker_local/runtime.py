@@ -14,6 +14,8 @@ Lambda Invoke API   :class:`~coworker_local.lambda_service.LocalLambdaService`: 
                     (dispatch on submit) and the coordinator call, through boto3, to start workers
 worker Lambda       :class:`~coworker_local.workers.ProcessWorkerPool`: one process per
                     invocation, killed at the timeout, at most one per worker slot
+ECS Fargate runner  :class:`~coworker_local.runners.ProcessRunnerLauncher`: one process per
+                    container runner the coordinator starts, at most one per runner slot
 CloudWatch          the web dashboard at ``/dashboard`` and the log file
 ==================  ==========================================================================
 """
@@ -37,7 +39,7 @@ from typing import IO, Any
 
 from coworker.bootstrap import configure
 from coworker.config import Settings
-from coworker.engine import dispatch, handlers, timing
+from coworker.engine import dispatch, handlers, runners, timing
 from coworker.engine.handlers import handler_package
 from coworker.errors import ConfigurationError
 from coworker.observability import invocation_scope, logger, metrics
@@ -47,6 +49,7 @@ from coworker_local.api_environments import DEFAULT_MAX_ENVIRONMENTS, ApiEnviron
 from coworker_local.database import FAKE_CREDENTIALS, EmbeddedDatabase, create_table, start_database
 from coworker_local.gateway import LocalGateway
 from coworker_local.lambda_service import LocalLambdaService
+from coworker_local.runners import ProcessRunnerLauncher
 from coworker_local.workers import ProcessWorkerPool
 
 # Local defaults differ from Lambda's where a laptop run wants quicker feedback: a tick every
@@ -64,6 +67,9 @@ LOCAL_DEFAULTS: dict[str, Any] = {
     "backoff_max_seconds": 30.0,
     "backlog_seconds": 2.0,  # the dashboard's backlog figures refresh with it
     "control_cache_seconds": 1.0,  # a pause from the dashboard takes effect within a second
+    "max_runners": 2,  # container runners: a process each
+    "runner_start_seconds": 30,  # a runner process starts in seconds, not a Fargate minute
+    "runner_stop_seconds": 10,  # Ctrl-C gives running handlers this long
 }
 
 # Environment variables a worker process inherits besides the settings (credentials and region
@@ -147,9 +153,11 @@ class CoordinatorTimer:
     """Stands in for the EventBridge rule and the coordinator Lambda: a supervisor run that ticks
     every ``tick_seconds`` on a fixed cadence, started again if it ends (it lost its lease)."""
 
-    def __init__(self, settings: Settings, invoker: dispatch.Invoker) -> None:
+    def __init__(self, settings: Settings, invoker: dispatch.Invoker,
+                 launcher: runners.Launcher | None = None) -> None:
         self._settings = settings
         self._invoker = invoker
+        self._launcher = launcher
         self.interval = settings.tick_seconds
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -182,7 +190,7 @@ class CoordinatorTimer:
 
     def _run_until_stopped(self) -> None:
         while not self._stop.is_set():
-            supervisor = dispatch.Supervisor(self._settings, self._invoker)
+            supervisor = dispatch.Supervisor(self._settings, self._invoker, launcher=self._launcher)
             supervisor.on_tick = self._record
             reports: list[dispatch.TickReport] = []
             try:
@@ -241,6 +249,7 @@ class LocalRuntime:
         self.database: EmbeddedDatabase | None = None
         self.table_created = False
         self.pool: ProcessWorkerPool | None = None
+        self.runners: ProcessRunnerLauncher | None = None
         self.lambda_service: LocalLambdaService | None = None
         self.gateway: LocalGateway | None = None
         # Requests the API answers at once, each in a process of its own (Lambda's environments).
@@ -275,7 +284,9 @@ class LocalRuntime:
     def _fit_worker_timeout(self) -> None:
         """As the stack does: a worker timeout long enough for the longest limit a type declares."""
         handlers.load_handler_modules(self.settings.handler_module_list)
-        fitted = timing.fitted_worker_timeout(self.settings, handlers.declared_timeouts())
+        on_lambda = {task_type: limit for task_type, limit in handlers.declared_timeouts().items()
+                     if runners.runner_of(task_type, self.settings) == "lambda"}
+        fitted = timing.fitted_worker_timeout(self.settings, on_lambda)
         if fitted > self.settings.worker_timeout_seconds:
             logger.warning("worker timeout raised to fit the time limits task types declare",
                            extra={"worker_timeout_seconds": fitted,
@@ -348,7 +359,10 @@ class LocalRuntime:
         ).start()
         invoker = dispatch.invoker_from_settings(self.settings)
         assert invoker is not None
-        self.coordinator = CoordinatorTimer(self.settings, invoker).start()
+        if self.settings.max_runners > 0:
+            self.runners = ProcessRunnerLauncher(self.worker_environment(), self.settings.runner_stop_seconds,
+                                                 log=self.log if self.log is not None else sys.stderr)
+        self.coordinator = CoordinatorTimer(self.settings, invoker, self.runners).start()
         self.api.wait_prewarmed()  # the first request finds an environment ready
         return self
 
@@ -360,6 +374,8 @@ class LocalRuntime:
             self.gateway.stop()  # no more submits
         if self.api is not None:
             self.api.shutdown()
+        if self.runners is not None:
+            self.runners.shutdown()
         if self.pool is not None:
             self.pool.shutdown(self.drain_seconds)
         if self.lambda_service is not None:
@@ -416,6 +432,7 @@ class LocalRuntime:
             "settings": {k: "(set)" if "secret" in k and v else v for k, v in self.settings.model_dump().items()},
             "effective_lock_seconds": self.settings.effective_lock_seconds,
             "workers": self.pool.stats() if self.pool else {},
+            "runners": self.runners.stats() if self.runners else {},
             "api": self.api.stats() if self.api else {},
             "ticks": self.coordinator.tick_count if self.coordinator else 0,
             "last_tick": dataclasses.asdict(last.report) | {"at": last.at} if last and last.report else None,

@@ -35,6 +35,7 @@ from coworker.data import index
 from coworker.data.models import TaskStatus, utcnow
 from coworker.engine import dispatch, lifecycle, offload, progress, slots, submit
 from coworker.engine.outcomes import TaskReport
+from coworker.engine.runner import InProcessLauncher
 from coworker.engine.tasks import NewTask, TaskSpec
 
 from coworker_local.database import (
@@ -105,6 +106,7 @@ class LocalTaskSystem:
         create_table(self.settings)
         configure(self.settings)
         slots.ensure_slots(self.settings.worker_slots)
+        slots.ensure_slots(self.settings.max_runners, pool=slots.RUNNERS)
         return self
 
     def stop(self) -> None:
@@ -162,18 +164,21 @@ class LocalTaskSystem:
         is still due after ``timeout_seconds``."""
         settings = self._settings
         invoker = dispatch.InProcessInvoker(settings, owner_prefix="test-worker")
+        launcher = InProcessLauncher(settings, owner_prefix="test-runner")  # the container runner's types
         give_up = time.monotonic() + timeout_seconds
         reports: list[TaskReport] = []
         try:
             while True:
-                report = dispatch.tick(settings, invoker)
+                report = dispatch.tick(settings, invoker, launcher=launcher)
                 reports.extend(invoker.wait())
-                if report.dispatched == 0 and report.reaped == 0 and not self._any_due():
+                reports.extend(launcher.wait())
+                if report.dispatched == report.runners_started == report.reaped == 0 and not self._any_due():
                     break
                 if time.monotonic() > give_up:
                     raise TimeoutError(f"tasks still due after {timeout_seconds:g} s")
         finally:
             invoker.shutdown()
+            launcher.shutdown()
         progress.catch_up(settings)  # batch counts, as the coordinator's next tick would count them
         self.reports.extend(reports)
         return reports

@@ -171,6 +171,9 @@ function renderRuntime(info) {
     ["worker processes", `${fmt(w.running)} running · ${fmt(w.idle_environments)} warm · max ${fmt(w.max_invocations)}`],
     ["invocations", `${fmt(w.ok || 0)} ok · ${fmt(w["timeout-killed"] || 0)} killed at timeout · ${fmt(w.crashed || 0)} crashed · ${fmt(w.queued || 0)} queued`],
     ["cold starts", fmt(w.cold_starts || 0)],
+    ...(info.runners && info.runners.started !== undefined ? [["container runners",
+      `${fmt(info.runners.running)} running · ${fmt(info.runners.started)} started · max ${fmt(s.max_runners)}`
+      + (info.runners.runners || []).filter(r => r.exit_code === null).map(r => ` · pid ${r.pid} ${r.seconds} s`).join("")]] : []),
     ["coordinator", t ? `tick ${fmt(info.ticks)}, the last ${info.last_tick_age_seconds} s ago · ${info.coordinator_state === "supervising" ? "holds the lease" : info.coordinator_state === "idle" ? "idle: nothing to do, looks again each tick" : info.coordinator_state} · busy slots ${t.busy_slots} · free ${t.free_slots} · due ${t.due} · started ${t.invocations}` : "waiting for the first tick"],
     ["settings", `concurrency ${s.max_concurrency} · batch ${s.batch_size} · tick ${s.tick_seconds} s · timeout ${s.worker_timeout_seconds} s · lock ${info.effective_lock_seconds} s · attempts ${s.max_attempts}`],
     ["uptime", `${fmt(Math.round(info.uptime_seconds))} s`],

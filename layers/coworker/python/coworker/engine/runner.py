@@ -20,8 +20,10 @@ from __future__ import annotations
 import math
 import os
 import signal
+import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from coworker.bootstrap import configure
@@ -32,6 +34,7 @@ from coworker.engine.feeder import Feeder
 from coworker.engine.outcomes import TaskReport
 from coworker.engine.runners import RunnerRequest
 from coworker.engine.worker import Invocation, WorkerRequest
+from coworker.errors import InvalidEventError
 from coworker.observability import logger, publish_metrics
 
 STOPPED_REASON = "did not finish before its runner was stopped (SIGTERM)"
@@ -78,6 +81,33 @@ def run_runner(request: RunnerRequest, owner: str, settings: Settings) -> list[T
     return Runner(request, owner, settings).run()
 
 
+class InProcessLauncher:
+    """Test launcher: each runner runs :func:`run_runner` on a thread of this process."""
+
+    def __init__(self, settings: Settings, owner_prefix: str = "local-runner") -> None:
+        self._settings = settings
+        self._pool = ThreadPoolExecutor(max_workers=max(1, settings.max_runners), thread_name_prefix="runner")
+        self._owner_prefix = owner_prefix
+        self._lock = threading.Lock()
+        self.requests: list[RunnerRequest] = []
+        self.futures: list[Future[list[TaskReport]]] = []
+
+    def launch(self, request: RunnerRequest) -> None:
+        with self._lock:
+            self.requests.append(request)
+            owner = f"{self._owner_prefix}-{len(self.requests)}"
+            self.futures.append(self._pool.submit(run_runner, request, owner, self._settings))
+
+    def wait(self) -> list[TaskReport]:
+        """Wait for every runner so far; return their reports."""
+        with self._lock:
+            futures, self.futures = self.futures, []
+        return [report for future in futures for report in future.result()]
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
 def main(environ: Mapping[str, str] | None = None) -> int:
     """The container's entry point: read the settings and the start request from the environment,
     run until no container work is due (or SIGTERM), publish the metrics; exit status 0, or 2 for
@@ -86,7 +116,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     settings = configure()
     try:
         request = RunnerRequest.from_environment(environ)
-    except ValueError as exc:
+    except InvalidEventError as exc:
         logger.error("runner not started", extra={"error": str(exc)})
         return 2
     owner = f"runner-{request.slot[len('slot#'):]}-{request.token[:8]}"
