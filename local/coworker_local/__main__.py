@@ -35,7 +35,10 @@ from coworker_local.dynamodb_local import DatabaseStartError  # noqa: E402
 # Fields that make no sense to set on the command line of a local run (the runtime serves its
 # own Lambda API and runs the coordinator for as long as it runs).
 NOT_FLAGS = {"worker_function", "lambda_endpoint", "supervise_seconds",
-             "api_auth"}  # the local API checks no credentials, and declares none
+             "api_auth",  # the local API checks no credentials, and declares none
+             # ECS's: runners are local processes here, and the runtime loads the handlers itself
+             "container_types", "runner_cluster", "runner_task_definition", "runner_container", "runner_subnets",
+             "runner_security_groups", "runner_public_ip", "ecs_endpoint"}
 
 
 def _yes_no(text: str) -> bool:
