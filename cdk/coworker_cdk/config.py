@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aws_cdk import Token
 from constructs import Node
 from coworker.config import Settings
 from coworker.engine import timing
@@ -21,7 +23,7 @@ from coworker.errors import ConfigurationError
 from pydantic import ValidationError
 
 from coworker_cdk import constants as c
-from coworker_cdk.declared import declared_limits
+from coworker_cdk.declared import runners_of
 
 # Library settings a deployment may set: each is an option of TaskSystem under the Settings
 # field's name, and a context key of the stack.
@@ -44,6 +46,9 @@ _SETTINGS_CONTEXT: dict[str, str] = {
     c.CTX_STATUS_SHARDS: "status_shards",
     c.CTX_EVENTS: "events",
     c.CTX_EVENT_BUS: "event_bus",
+    c.CTX_MAX_RUNNERS: "max_runners",
+    c.CTX_RUNNER_THREADS: "runner_threads",
+    c.CTX_RUNNER_START_SECONDS: "runner_start_seconds",
 }
 # Deployment options that are not library settings: context key -> option name.
 _DEPLOY_CONTEXT: dict[str, str] = {
@@ -69,10 +74,25 @@ _DEPLOY_CONTEXT: dict[str, str] = {
     c.CTX_WARM_WRITE_UNITS: "warm_write_units",
     c.CTX_WARM_READ_UNITS: "warm_read_units",
     c.CTX_LAMBDA_QUOTA: "lambda_concurrency_quota",
+    c.CTX_CONTAINER_RUNNER: "container_runner",
+    c.CTX_RUNNER_CPU: "runner_cpu",
+    c.CTX_RUNNER_MEMORY: "runner_memory_mb",
+    c.CTX_RUNNER_CLUSTER: "runner_cluster",
+    c.CTX_RUNNER_SUBNETS: "runner_subnets",
+    c.CTX_RUNNER_SECURITY_GROUPS: "runner_security_groups",
+    c.CTX_RUNNER_PUBLIC_IP: "runner_public_ip",
 }
 CONTEXT_OPTIONS: dict[str, str] = {**_SETTINGS_CONTEXT, **_DEPLOY_CONTEXT}
 # Every option TaskSystem takes, by name.
 OPTION_NAMES: frozenset[str] = frozenset(CONTEXT_OPTIONS.values())
+# Options that configure the container runner: refused in a deployment that has none (max_runners
+# 0 aside), rather than silently left unused.
+_RUNNER_OPTIONS = ("max_runners", "runner_threads", "runner_start_seconds", "runner_cpu", "runner_memory_mb",
+                   "runner_cluster", "runner_subnets", "runner_security_groups", "runner_public_ip")
+_SUBNET_ID = re.compile(r"subnet-[0-9a-f]{8,17}")
+_SECURITY_GROUP_ID = re.compile(r"sg-[0-9a-f]{8,17}")
+_CLUSTER_NAME = re.compile(r"[A-Za-z0-9_-]{1,255}")
+_CLUSTER_ARN = re.compile(r"arn:aws[a-z-]*:ecs:[a-z0-9-]+:\d{12}:cluster/[A-Za-z0-9_-]{1,255}")
 # Context keys that no longer exist -> what replaced them (a stale cdk.json fails loudly).
 _RETIRED_CONTEXT: dict[str, str] = {
     "ticksPerInvocation": f"{c.CTX_SUPERVISE_SECONDS} (a coordinator run ticks every "
@@ -87,6 +107,27 @@ EXAMPLES = "examples"
 _HANDLERS_REQUIRED = ("option handlers is required: the folder of your handlers package (a folder with "
                       "__init__.py whose modules register task handlers), or 'examples' to deploy only the "
                       "example task types")
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """The container runner (ECS Fargate): the size of one runner, its cluster and its network.
+
+    Without ``subnets`` the stack builds the runners' VPC (public subnets, no NAT gateway) and
+    security group; ``cluster`` names an existing cluster, else the stack makes one.
+    """
+
+    cpu: int = c.DEFAULT_RUNNER_CPU
+    memory_mb: int = c.DEFAULT_RUNNER_MEMORY_MB
+    cluster: str | None = None  # an existing cluster's name or ARN
+    subnets: tuple[str, ...] = ()  # the deployer's subnet ids
+    security_groups: tuple[str, ...] = ()  # the deployer's security group ids (with subnets)
+    public_ip: bool = True  # runners in subnets without a NAT gateway need one to reach ECR
+
+    @property
+    def own_network(self) -> bool:
+        """True when the runners run in the deployer's subnets, not in a VPC the stack builds."""
+        return bool(self.subnets)
 
 
 @dataclass(frozen=True)
@@ -116,6 +157,9 @@ class StackConfig:
     warm_write_units: int | None = None  # pre-warmed throughput of the table and its index
     warm_read_units: int | None = None
     lambda_concurrency_quota: int = c.DEFAULT_LAMBDA_CONCURRENCY_QUOTA  # the account's, as the deployer says
+    # The container runner, when the deployment has one (container types, or container_runner=true);
+    # its task types are the settings' container_types.
+    runner: RunnerConfig | None = None
     # The ``service`` dimension of the functions' metrics (POWERTOOLS_SERVICE_NAME): one per
     # deployment (TaskSystem sets it), so two deployments in an account share no graph or alarm.
     service_name: str = c.SERVICE_NAME
@@ -229,7 +273,13 @@ class StackConfig:
             settings = settings.model_copy(update={"example_handlers": True})
 
         explicit_timeout = options.get("worker_timeout_seconds") is not None
-        settings = _fit_worker_timeout(settings, handlers_dir, explicit=explicit_timeout)
+        by_runner = runners_of(handlers_dir, settings.example_handlers, settings)
+        settings = _fit_worker_timeout(settings, by_runner.lambda_limits, explicit=explicit_timeout)
+        runner = _runner_config(options, by_runner.container_types, settings)
+        # Every function knows the container types (the coordinator loads no handlers; the API refuses
+        # their tasks when no runner may start) and how many runners may run: none without a runner.
+        settings = settings.model_copy(update={"container_types": ",".join(by_runner.container_types),
+                                               "max_runners": settings.max_runners if runner else 0})
 
         def choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
             value = str(options.get(name) or default).lower()
@@ -238,17 +288,7 @@ class StackConfig:
             return value
 
         def number(name: str, default: int | None, minimum: int = 1) -> int | None:
-            value = options.get(name, default)
-            if value is None:
-                return None
-            try:
-                number = int(value)
-            except (TypeError, ValueError):
-                raise ConfigurationError(f"option {name} must be a whole number, not {value!r}") from None
-            if isinstance(value, bool) or number != float(value) or number < minimum:
-                raise ConfigurationError(f"option {name} must be a whole number of at least {minimum}, "
-                                         f"not {value!r}")
-            return number
+            return _whole(options, name, default, minimum)
 
         schedule_minutes = number("schedule_minutes", c.DEFAULT_SCHEDULE_MINUTES)
         # The coordinator is silent between runs when the schedule leaves a gap: the alarm waits longer.
@@ -286,6 +326,7 @@ class StackConfig:
             warm_write_units=number("warm_write_units", None, c.MIN_WARM_WRITE_UNITS),
             warm_read_units=number("warm_read_units", None, c.MIN_WARM_READ_UNITS),
             lambda_concurrency_quota=number("lambda_concurrency_quota", c.DEFAULT_LAMBDA_CONCURRENCY_QUOTA),
+            runner=runner,
         )._within_quota()
 
     def _within_quota(self) -> StackConfig:
@@ -323,25 +364,16 @@ def _settings_from_options(options: dict[str, Any]) -> Settings:
         raise ConfigurationError("; ".join(problems)) from None
 
 
-def _fit_worker_timeout(settings: Settings, handlers_dir: Path | None, explicit: bool) -> Settings:
-    """The worker's timeout follows the time limits the deployed types declare: raised so that
-    the longest fits (see :mod:`coworker.engine.timing`), unless ``workerTimeoutSeconds`` was set,
-    which must then give it. A limit no Lambda worker gives is refused, naming the type."""
-    limits = declared_limits(handlers_dir, settings.example_handlers)
+def _fit_worker_timeout(settings: Settings, limits: dict[str, float], explicit: bool) -> Settings:
+    """The worker's timeout follows the time limits the Lambda worker's types declare (``limits``;
+    the container runner's types do not count): raised so that the longest fits (see
+    :mod:`coworker.engine.timing`), unless ``workerTimeoutSeconds`` was set, which must then give it."""
     if not limits:
         return settings
     margin = settings.timeout_margin_seconds
-    beyond = sorted(name for name, limit in limits.items() if timing.worker_timeout_for(limit, margin) is None)
-    if beyond:
-        named = ", ".join(f"{name!r} ({limits[name]:g} s)" for name in beyond)
-        raise ConfigurationError(
-            f"task type {named} declares a time limit longer than a Lambda worker can give: at most "
-            f"{timing.longest_limit(timing.LAMBDA_MAX_TIMEOUT_SECONDS, margin):g} s, since a Lambda function runs at "
-            f"most {timing.LAMBDA_MAX_TIMEOUT_SECONDS} s; lower its timeout_seconds or split its work into shorter "
-            "tasks")
     longest = max(limits, key=lambda name: limits[name])
     needed = timing.worker_timeout_for(limits[longest], margin)
-    assert needed is not None
+    assert needed is not None, "runners_of keeps only limits a Lambda worker gives"
     if settings.worker_timeout_seconds >= needed:
         return settings
     if explicit:
@@ -351,6 +383,109 @@ def _fit_worker_timeout(settings: Settings, handlers_dir: Path | None, explicit:
             f"a time limit of {limits[longest]:g} s: set {c.CTX_WORKER_TIMEOUT} to at least {needed}, or leave it "
             "unset and the stack sizes the worker from the declared limits")
     return settings.model_copy(update={"worker_timeout_seconds": needed})
+
+
+def _runner_config(options: dict[str, Any], container_types: tuple[str, ...],
+                   settings: Settings) -> RunnerConfig | None:
+    """The container runner of this deployment: built when a deployed type runs on it, or when
+    ``container_runner`` says so; ``None`` without one."""
+    asked = _flag(options, "container_runner")
+    if asked is False and container_types:
+        raise ConfigurationError(
+            f"option container_runner (context {c.CTX_CONTAINER_RUNNER}) is false, but task type "
+            f"{', '.join(map(repr, container_types))} runs on the container runner (runner=\"container\", or a time "
+            f"limit over the {timing.lambda_max_task_seconds(settings):g} s a Lambda worker gives): leave the option "
+            "unset, or move the type to Lambda")
+    if not (asked or container_types):
+        given = [name for name in _RUNNER_OPTIONS if options.get(name) is not None
+                 and not (name == "max_runners" and str(options[name]) == "0")]
+        if given:
+            raise ConfigurationError(
+                f"option {', '.join(given)} configures the container runner, which this deployment does not have: "
+                'no task type runs on it (runner="container", or a time limit longer than a Lambda worker gives); '
+                f"set container_runner (context {c.CTX_CONTAINER_RUNNER}) to true to build it anyway")
+        return None
+    cpu = _whole(options, "runner_cpu", c.DEFAULT_RUNNER_CPU)
+    assert cpu is not None
+    if cpu not in c.FARGATE_MEMORY_MB:
+        raise ConfigurationError(f"option runner_cpu (context {c.CTX_RUNNER_CPU}) must be one of Fargate's CPU sizes "
+                                 f"{', '.join(map(str, c.FARGATE_MEMORY_MB))}, not {cpu}")
+    allowed = c.FARGATE_MEMORY_MB[cpu]
+    memory = _whole(options, "runner_memory_mb", max(c.DEFAULT_RUNNER_MEMORY_MB, allowed[0]))
+    if memory not in allowed:
+        sizes = (", ".join(map(str, allowed)) if len(allowed) <= 4
+                 else f"{allowed[0]} to {allowed[-1]} in steps of {allowed[1] - allowed[0]}")
+        raise ConfigurationError(f"option runner_memory_mb (context {c.CTX_RUNNER_MEMORY}) is {memory}, which "
+                                 f"Fargate does not allow with runner_cpu {cpu}: it takes {sizes}")
+    subnets = _ids(options, "runner_subnets", _SUBNET_ID)
+    security_groups = _ids(options, "runner_security_groups", _SECURITY_GROUP_ID)
+    if bool(subnets) != bool(security_groups):
+        raise ConfigurationError(
+            "options runner_subnets and runner_security_groups go together: runners in your subnets take your "
+            "security group (one in the subnets' VPC; it needs no inbound rule), and without subnets the stack "
+            "builds both")
+    public_ip = _flag(options, "runner_public_ip")
+    if public_ip is False and not subnets:
+        raise ConfigurationError(
+            f"option runner_public_ip (context {c.CTX_RUNNER_PUBLIC_IP}) is false, but the VPC the stack builds for "
+            "runners has no NAT gateway: without a public IP they cannot pull their image; give runner_subnets "
+            "(with a NAT gateway or VPC endpoints) to run them without one")
+    return RunnerConfig(cpu=cpu, memory_mb=memory, cluster=_cluster(options.get("runner_cluster")),
+                        subnets=subnets, security_groups=security_groups,
+                        public_ip=public_ip if public_ip is not None else not subnets)
+
+
+def _whole(options: dict[str, Any], name: str, default: int | None, minimum: int = 1) -> int | None:
+    """Option ``name`` as a whole number of at least ``minimum`` (``default`` when unset)."""
+    value = options.get(name, default)
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"option {name} must be a whole number, not {value!r}") from None
+    if isinstance(value, bool) or number != float(value) or number < minimum:
+        raise ConfigurationError(f"option {name} must be a whole number of at least {minimum}, not {value!r}")
+    return number
+
+
+def _flag(options: dict[str, Any], name: str) -> bool | None:
+    """Option ``name`` as true or false, or ``None`` when unset (a word that is neither is refused)."""
+    value = options.get(name)
+    if value is None or isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in ("true", "1", "yes", "on"):
+        return True
+    if word in ("false", "0", "no", "off"):
+        return False
+    raise ConfigurationError(f"option {name} must be true or false, not {value!r}")
+
+
+def _ids(options: dict[str, Any], name: str, pattern: re.Pattern[str]) -> tuple[str, ...]:
+    """Option ``name`` as AWS resource ids: a list, or one string of comma-separated ids. A token
+    (an id from a construct of your own app) is taken as it is."""
+    value = options.get(name)
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else list(value)
+    ids = tuple(dict.fromkeys(str(item).strip() for item in items if str(item).strip()))
+    bad = [item for item in ids if not Token.is_unresolved(item) and not pattern.fullmatch(item)]
+    if bad or not ids:
+        raise ConfigurationError(f"option {name} must list ids like {pattern.pattern.split('-')[0]}-0123abcd, "
+                                 f"comma-separated, not {value!r}")
+    return ids
+
+
+def _cluster(value: Any) -> str | None:
+    """An existing ECS cluster's name or ARN (a token is taken for a name)."""
+    if value is None:
+        return None
+    cluster = str(value).strip()
+    if not (Token.is_unresolved(cluster) or _CLUSTER_NAME.fullmatch(cluster) or _CLUSTER_ARN.fullmatch(cluster)):
+        raise ConfigurationError(f"option runner_cluster must be an ECS cluster's name or ARN "
+                                 f"(arn:aws:ecs:<region>:<account>:cluster/<name>), not {value!r}")
+    return cluster
 
 
 def _handlers_dir(value: Any) -> Path | None:

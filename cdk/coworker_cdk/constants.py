@@ -22,8 +22,10 @@ LAYER_PACKAGE: Final = "coworker"
 # the library's requirements.txt by ``python -m coworker_cdk.lock`` (see bundling).
 LAYER_LOCK: Final = PACKAGE_DIR / "layer.lock"
 # pip's installs, reused across synths and apps while a lock is unchanged (delete to refetch).
-LAYER_DEPENDENCY_CACHE: Final = (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                                 / "coworker-cdk" / "dependencies")
+_CACHE_DIR: Final = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "coworker-cdk"
+LAYER_DEPENDENCY_CACHE: Final = _CACHE_DIR / "dependencies"
+# The container runner's image build contexts, prepared at synth, one folder per content hash.
+RUNNER_IMAGE_CACHE: Final = _CACHE_DIR / "runner-image"
 # The three functions' handler modules, shipped inside this package.
 FUNCTIONS_DIR: Final = PACKAGE_DIR / "functions"
 # Your task handlers: a package bundled into the worker. The stack (context handlersDir) takes
@@ -33,6 +35,8 @@ HANDLER_REQUIREMENTS: Final = "requirements.txt"  # inside the handlers package
 COORDINATOR_DIR_NAME: Final = "coordinator"
 WORKER_DIR_NAME: Final = "worker"
 API_DIR_NAME: Final = "api"
+RUNNER_DIR_NAME: Final = "runner"  # the container runner's entry point, main.py (not a Lambda function)
+RUNNER_MAIN: Final = "main.py"
 HANDLER: Final = "handler.handler"
 # Left out of every asset: byte code and caches from local runs.
 ASSET_EXCLUDES: Final = ["__pycache__", "*.pyc", ".pytest_cache", ".mypy_cache", ".ruff_cache"]
@@ -99,6 +103,17 @@ CTX_ALARM_TOPIC: Final = "alarmTopic"
 CTX_SILENCE_ALARM_MINUTES: Final = "coordinatorSilenceAlarmMinutes"
 CTX_OLDEST_TASK_ALARM_SECONDS: Final = "oldestTaskAlarmSeconds"
 CTX_IGNORED_ALARM_PERCENT: Final = "ignoredAlarmPercent"
+# The container runner (ECS Fargate), for task types longer than Lambda allows.
+CTX_CONTAINER_RUNNER: Final = "containerRunner"  # unset: built when a type runs on it; "true" | "false"
+CTX_MAX_RUNNERS: Final = "maxRunners"
+CTX_RUNNER_THREADS: Final = "runnerThreads"
+CTX_RUNNER_START_SECONDS: Final = "runnerStartSeconds"
+CTX_RUNNER_CPU: Final = "runnerCpu"  # Fargate CPU units
+CTX_RUNNER_MEMORY: Final = "runnerMemoryMb"
+CTX_RUNNER_CLUSTER: Final = "runnerCluster"  # an existing cluster's name or ARN
+CTX_RUNNER_SUBNETS: Final = "runnerSubnets"  # subnet ids, comma-separated (or a JSON list in cdk.json)
+CTX_RUNNER_SECURITY_GROUPS: Final = "runnerSecurityGroups"
+CTX_RUNNER_PUBLIC_IP: Final = "runnerPublicIp"  # "true" | "false"
 
 API_AUTH_KEY: Final = "api-key"
 API_AUTH_IAM: Final = "iam"
@@ -135,6 +150,30 @@ LAMBDA_UNRESERVED_MINIMUM: Final = 100
 # Async events older than this are dropped (to the DLQ). Lambda allows 60 s .. 6 h.
 MIN_EVENT_AGE_SECONDS: Final = 60
 MAX_EVENT_AGE_SECONDS: Final = 6 * 60 * 60
+
+# --- container runner ----------------------------------------------------------------------
+DEFAULT_RUNNER_CPU: Final = 1024  # 1 vCPU
+DEFAULT_RUNNER_MEMORY_MB: Final = 2048
+# Fargate's CPU units -> the memory sizes (MiB) it allows with them.
+FARGATE_MEMORY_MB: Final[dict[int, tuple[int, ...]]] = {
+    256: (512, 1024, 2048),
+    512: tuple(range(1024, 4096 + 1, 1024)),
+    1024: tuple(range(2048, 8192 + 1, 1024)),
+    2048: tuple(range(4096, 16384 + 1, 1024)),
+    4096: tuple(range(8192, 30720 + 1, 1024)),
+    8192: tuple(range(16384, 61440 + 1, 4096)),
+    16384: tuple(range(32768, 122880 + 1, 8192)),
+}
+# SIGTERM to SIGKILL when ECS stops a runner: Fargate's most. The runner's handlers get all but
+# the last 10 s of it (COWORKER_RUNNER_STOP_SECONDS) to finish, the rest to record the others.
+RUNNER_STOP_TIMEOUT_SECONDS: Final = 120
+RUNNER_STOP_SECONDS: Final = 110
+RUNNER_LOG_PREFIX: Final = "runner"
+# The image's base: the official Python image (Debian, glibc) for arm64, from ECR Public (no Docker
+# Hub rate limit); the locked wheels are the layer's, for the same Python and platform.
+RUNNER_BASE_IMAGE: Final = f"public.ecr.aws/docker/library/python:{PYTHON_VERSION}-slim"
+# The default network: a VPC of public subnets only (no NAT gateway, no hourly cost).
+RUNNER_VPC_MAX_AZS: Final = 2
 
 # --- monitoring --------------------------------------------------------------------------
 # Metric names are the library's own (coworker.observability.MetricName).

@@ -1,21 +1,30 @@
-"""The time limits task types declare, read from the handlers' source at synth, without running it.
+"""What task types declare, read from the handlers' source at synth, without running it: their
+time limits and the runner they ask for.
 
-``@task_handler("convert", timeout_seconds=600)`` is read from each module of the handlers
-package (test modules excepted, as the worker skips them) and from the example handlers when
-they are deployed. The value may be a number, a module-level name bound to one, or arithmetic of
-those (``10 * MINUTE``); anything else is refused with the file and line, since synth does not
-import your code (its requirements need not be installed where ``cdk`` runs).
+``@task_handler("convert", timeout_seconds=600)`` and ``@task_handler("export", runner="container")``
+are read from each module of the handlers package (test modules excepted, as the worker skips
+them) and from the example handlers when they are deployed. A time limit may be a number, a
+module-level name bound to one, or arithmetic of those (``10 * MINUTE``); a runner is the string
+``"container"`` or ``"lambda"``. Anything else is refused with the file and line, since synth does
+not import your code (its requirements need not be installed where ``cdk`` runs).
+
+Which runner runs a type is the library's rule (:func:`coworker.engine.runners.runner_of`),
+applied here to the declarations: the container runner for a type that asks for it, or whose
+limit is longer than a Lambda worker gives and that does not ask for Lambda.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import operator
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from coworker.engine.handlers import check_timeout
+from coworker.config import Settings
+from coworker.engine import timing
+from coworker.engine.handlers import RUNNERS, check_timeout
 from coworker.errors import ConfigurationError
 
 _DECORATOR = "task_handler"
@@ -25,8 +34,26 @@ _OPERATORS: dict[type[ast.operator], Callable[[float, float], float]] = {
 }
 
 
-def declared_limits(handlers_dir: Path | None, examples: bool) -> dict[str, float]:
-    """Task type -> declared time limit, for every type that declares one."""
+@dataclasses.dataclass(frozen=True)
+class Declaration:
+    """What one ``@task_handler(...)`` says beyond its type: its limit and runner, if any."""
+
+    task_type: str
+    where: str  # file:line
+    timeout_seconds: float | None = None
+    runner: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Runners:
+    """The deployed task types by runner: the container runner's, and the Lambda types' limits."""
+
+    container_types: tuple[str, ...] = ()
+    lambda_limits: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+def declarations(handlers_dir: Path | None, examples: bool) -> dict[str, Declaration]:
+    """Task type -> its declaration, for every type that declares a limit or a runner."""
     files: list[Path] = []
     if examples:
         spec = importlib.util.find_spec(_EXAMPLES_MODULE)
@@ -34,11 +61,37 @@ def declared_limits(handlers_dir: Path | None, examples: bool) -> dict[str, floa
             files.append(Path(spec.origin))
     if handlers_dir is not None:
         files.extend(sorted(path for path in handlers_dir.rglob("*.py") if not _is_test_file(path, handlers_dir)))
-    limits: dict[str, float] = {}
-    for path in files:
-        for task_type, limit in _limits_in(path):
-            limits[task_type] = limit
-    return limits
+    return {declaration.task_type: declaration for path in files for declaration in _declarations_in(path)}
+
+
+def declared_limits(handlers_dir: Path | None, examples: bool) -> dict[str, float]:
+    """Task type -> declared time limit, for every type that declares one."""
+    return {name: d.timeout_seconds for name, d in declarations(handlers_dir, examples).items()
+            if d.timeout_seconds is not None}
+
+
+def runners_of(handlers_dir: Path | None, examples: bool, settings: Settings) -> Runners:
+    """The deployed types split by runner; a type that asks for Lambda with a limit no Lambda
+    worker gives is refused, naming it and where it says so."""
+    longest = timing.lambda_max_task_seconds(settings)
+    container: list[str] = []
+    lambda_limits: dict[str, float] = {}
+    refused: list[Declaration] = []
+    for name, declared in sorted(declarations(handlers_dir, examples).items()):
+        beyond = declared.timeout_seconds is not None and declared.timeout_seconds > longest
+        if declared.runner == "container" or (beyond and declared.runner is None):
+            container.append(name)
+        elif beyond:
+            refused.append(declared)
+        elif declared.timeout_seconds is not None:
+            lambda_limits[name] = declared.timeout_seconds
+    if refused:
+        named = ", ".join(f"{d.task_type!r} ({d.timeout_seconds:g} s, {d.where})" for d in refused)
+        raise ConfigurationError(
+            f'task type {named} says runner="lambda" but declares a time limit longer than a Lambda worker can '
+            f"give: at most {longest:g} s, since a Lambda function runs at most {timing.LAMBDA_MAX_TIMEOUT_SECONDS} "
+            's; drop runner="lambda" (a longer limit runs on the container runner), or lower its timeout_seconds')
+    return Runners(tuple(container), lambda_limits)
 
 
 def _is_test_file(path: Path, root: Path) -> bool:
@@ -46,7 +99,7 @@ def _is_test_file(path: Path, root: Path) -> bool:
     return any(part.startswith("test_") or part in ("tests", "test", "conftest") for part in parts)
 
 
-def _limits_in(path: Path) -> Iterator[tuple[str, float]]:
+def _declarations_in(path: Path) -> Iterator[Declaration]:
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     except (SyntaxError, UnicodeDecodeError) as exc:
@@ -55,22 +108,40 @@ def _limits_in(path: Path) -> Iterator[tuple[str, float]]:
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and _called_name(node.func) == _DECORATOR and node.args):
             continue
-        first = node.args[0]
-        timeout = next((k.value for k in node.keywords if k.arg == "timeout_seconds"), None)
-        if timeout is None:
+        keywords = {k.arg: k.value for k in node.keywords if k.arg in ("timeout_seconds", "runner")}
+        timeout, runner = keywords.get("timeout_seconds"), keywords.get("runner")
+        if _is_none(timeout) and _is_none(runner):
             continue
-        where = f"{path}:{node.lineno}"
+        first, where = node.args[0], f"{path}:{node.lineno}"
         if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
-            raise ConfigurationError(f"{where}: a task type that declares timeout_seconds must be named by a "
-                                     "string literal, so that the stack can read it without running your code")
-        value = _number(timeout, names)
-        if value is None:
-            raise ConfigurationError(
-                f"{where}: timeout_seconds of task type {first.value!r} must be a number, a module-level name "
-                "bound to one, or arithmetic of those, so that the stack can read it without running your code")
-        limit = check_timeout(value, f"{where}: task type {first.value!r}")
-        assert limit is not None
-        yield first.value, limit
+            raise ConfigurationError(f"{where}: a task type that declares timeout_seconds or runner must be named by "
+                                     "a string literal, so that the stack can read it without running your code")
+        task_type = first.value
+        limit = None
+        if not _is_none(timeout):
+            assert timeout is not None
+            value = _number(timeout, names)
+            if value is None:
+                raise ConfigurationError(
+                    f"{where}: timeout_seconds of task type {task_type!r} must be a number, a module-level name "
+                    "bound to one, or arithmetic of those, so that the stack can read it without running your code")
+            limit = check_timeout(value, f"{where}: task type {task_type!r}")
+        yield Declaration(task_type, where, limit, None if _is_none(runner) else _runner(runner, where, task_type))
+
+
+def _is_none(node: ast.expr | None) -> bool:
+    return node is None or (isinstance(node, ast.Constant) and node.value is None)
+
+
+def _runner(node: ast.expr | None, where: str, task_type: str) -> str:
+    """A runner named by a string literal, one of the library's runners."""
+    allowed = " or ".join(repr(name) for name in RUNNERS)
+    if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+        raise ConfigurationError(f"{where}: runner of task type {task_type!r} must be the string {allowed}, so "
+                                 "that the stack can read it without running your code")
+    if node.value not in RUNNERS:
+        raise ConfigurationError(f"{where}: runner of task type {task_type!r} must be {allowed}, not {node.value!r}")
+    return node.value
 
 
 def _called_name(func: ast.expr) -> str | None:

@@ -98,15 +98,39 @@ def test_a_worker_timeout_set_too_short_for_a_declared_limit_is_refused_naming_b
         .worker_timeout_seconds == 800
 
 
-def test_a_limit_beyond_what_lambda_can_give_is_refused_at_synth(tmp_path) -> None:
+def test_a_limit_beyond_what_lambda_can_give_runs_on_the_container_runner_not_the_worker(tmp_path) -> None:
+    # Given a type whose limit no Lambda worker gives, beside one the worker runs
     package = _package(tmp_path, '''
         from coworker import task_handler
 
         @task_handler("export", timeout_seconds=2 * 3600)
         def export(payload, context):
             return None
+
+        @task_handler("resize", timeout_seconds=60)
+        def resize(payload, context):
+            return None
     ''')
-    with pytest.raises(ConfigurationError, match=r"'export' \(7200 s\).*longer than a Lambda worker can give"):
+
+    # When the stack reads them
+    config = StackConfig.from_options(handlers=str(package))
+
+    # Then the long one is the container runner's, and only the other sizes the worker
+    assert config.settings.container_type_list == ["export"] and config.runner is not None
+    assert config.settings.worker_timeout_seconds == 300  # the default already gives 60 s
+
+
+def test_a_type_that_asks_for_lambda_with_a_limit_beyond_it_is_refused_at_synth(tmp_path) -> None:
+    package = _package(tmp_path, '''
+        from coworker import task_handler
+
+        @task_handler("export", timeout_seconds=2 * 3600, runner="lambda")
+        def export(payload, context):
+            return None
+    ''')
+    with pytest.raises(ConfigurationError, match=r"'export' \(7200 s, .*files.py:4\) says runner=\"lambda\" but "
+                                                 r"declares a time limit longer than a Lambda worker can give: at "
+                                                 r"most 885 s"):
         StackConfig.from_options(handlers=str(package))
 
 
