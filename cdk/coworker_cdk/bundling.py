@@ -33,7 +33,7 @@ LOCK_SUFFIX = ".lock"
 _PIP = (sys.executable, "-m", "pip", "--disable-pip-version-check")
 
 
-def _platform_flags() -> list[str]:
+def platform_flags() -> list[str]:
     """pip's flags for Lambda's platform: every wheel tag its runtime takes, its Python, wheels only."""
     return [*(flag for platform in c.PIP_PLATFORMS for flag in ("--platform", platform)),
             "--implementation", c.PIP_IMPLEMENTATION, "--python-version", c.PYTHON_VERSION, "--only-binary=:all:"]
@@ -47,7 +47,7 @@ def resolve(requirements: str) -> str:
         folder = Path(work)
         (folder / "requirements.txt").write_text(requirements)
         subprocess.run([*_PIP, "install", "--quiet", "--dry-run", "--ignore-installed", "--report",
-                        str(folder / "report.json"), "--target", str(folder / "target"), *_platform_flags(),
+                        str(folder / "report.json"), "--target", str(folder / "target"), *platform_flags(),
                         "--requirement", str(folder / "requirements.txt")], check=True, stdout=sys.stderr)
         report = json.loads((folder / "report.json").read_text())
     lines = []
@@ -138,7 +138,7 @@ class LocalBundling:
         lock_file.write_text(lock)
         try:
             command = [*_PIP, "install", "--quiet", "--no-compile", "--no-deps", "--require-hashes",
-                       "--requirement", str(lock_file), "--target", str(target), *_platform_flags()]
+                       "--requirement", str(lock_file), "--target", str(target), *platform_flags()]
             # pip's own output goes to stderr so that it never mixes with the assembly on stdout.
             subprocess.run(command, check=True, stdout=sys.stderr)
         finally:

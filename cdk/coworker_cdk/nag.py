@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from coworker_cdk.components.api import TaskApi
     from coworker_cdk.components.processing import Processing
     from coworker_cdk.components.results import ResultsBucket
+    from coworker_cdk.components.runners import ContainerRunner
     from coworker_cdk.components.table import TaskTable
 
 PACK = "AwsSolutions"
@@ -35,7 +36,8 @@ def _arn_of(construct: IConstruct) -> str:
 
 
 def acknowledge_findings(
-    *, tasks: TaskTable, processing: Processing, api: TaskApi, results: ResultsBucket | None
+    *, tasks: TaskTable, processing: Processing, api: TaskApi, results: ResultsBucket | None,
+    runner: ContainerRunner | None = None,
 ) -> None:
     """Record the accepted findings of a Coworker task system (the parts ``TaskSystem`` builds)."""
     _acknowledge_functions(tasks, processing, api)
@@ -43,6 +45,8 @@ def acknowledge_findings(
     _acknowledge_rest_api(api)
     if results is not None:
         _acknowledge_results_bucket(results, processing, api)
+    if runner is not None:
+        _acknowledge_runner(runner, results)
 
 
 def _acknowledge_functions(tasks: TaskTable, processing: Processing, api: TaskApi) -> None:
@@ -154,3 +158,39 @@ def _acknowledge_results_bucket(results: ResultsBucket, processing: Processing, 
         f"AwsSolutions-IAM5[{payloads_prefix}]",
         "s3:PutObject on the payloads/ prefix only: a large payload is stored before its task is put.",
     )
+
+
+def _acknowledge_runner(runner: ContainerRunner, results: ResultsBucket | None) -> None:
+    """The container runner: its settings in the environment, its cluster, its roles."""
+    acknowledge(
+        runner.task_definition,
+        "AwsSolutions-ECS2",
+        "The runner's environment holds the library's settings (table and bucket names, limits), as the "
+        "worker function's does; no secret: the task role grants the access.",
+    )
+    if runner.cluster_resource is not None:  # a cluster of its own
+        acknowledge(
+            runner.cluster_resource,
+            "AwsSolutions-ECS4",
+            "No Container Insights: runners publish their task metrics themselves (EMF in their logs) and the "
+            "coordinator counts them (RunnersStarted, BusyRunnerSlots); Container Insights would bill custom "
+            "metrics for every runner started.",
+        )
+    acknowledge(
+        runner.task_definition,
+        "AwsSolutions-IAM5[Resource::*]",
+        "ecr:GetAuthorizationToken takes no resource; the execution role CDK makes to pull the image "
+        "(its other ECR actions are on the image's repository, its logs on the runner's log group).",
+    )
+    if results is not None:
+        bucket = _arn_of(results.bucket)
+        acknowledge(
+            runner.task_role,
+            f"AwsSolutions-IAM5[Resource::{bucket}/results/*]",
+            "The worker's grant: s3:PutObject and GetObject on the results/ prefix only (large results).",
+        )
+        acknowledge(
+            runner.task_role,
+            f"AwsSolutions-IAM5[Resource::{bucket}/payloads/*]",
+            "The worker's grant: s3:GetObject and PutObject on the payloads/ prefix only (large payloads).",
+        )

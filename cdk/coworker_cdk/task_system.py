@@ -28,6 +28,7 @@ from coworker_cdk.components.layer import CoworkerLayer
 from coworker_cdk.components.monitoring import Monitoring
 from coworker_cdk.components.processing import Processing
 from coworker_cdk.components.results import ResultsBucket
+from coworker_cdk.components.runners import ContainerRunner
 from coworker_cdk.components.table import TaskTable
 from coworker_cdk.config import StackConfig
 from coworker_cdk.nag import acknowledge_findings
@@ -35,7 +36,7 @@ from coworker_cdk.nag import acknowledge_findings
 
 class TaskSystem(Construct):
     """The task table, the library layer, coordinator and workers (with your handlers), the API
-    and its monitoring.
+    and its monitoring; and the container runner (ECS Fargate) when a task type runs on it.
 
     ``handlers`` (required) is your handlers package: a folder with ``__init__.py`` (and
     optionally ``requirements.txt``, resolved for Lambda's platform at synth), bundled into the
@@ -91,6 +92,14 @@ class TaskSystem(Construct):
             removal_policy=removal,
         )
         self.processing = Processing(self, "Processing", results_bucket=results_bucket, **shared)
+        # Task types longer than Lambda allows (or that ask for it) run on ECS Fargate, started by
+        # the coordinator; without such types there is none (and every function has max_runners 0).
+        self.runner: ContainerRunner | None = None
+        if self.config.runner is not None:
+            self.runner = ContainerRunner(self, "Runners", config=self.config, runner=self.config.runner,
+                                          table=self.tasks.table, removal_policy=removal,
+                                          runner_dir=functions_dir / c.RUNNER_DIR_NAME, results_bucket=results_bucket)
+            self.runner.allow_start(self.processing.coordinator.function)
         self.api = TaskApi(self, "Api", worker=self.processing.worker.function, results_bucket=results_bucket,
                            **shared)
         self.monitoring = Monitoring(
@@ -103,8 +112,10 @@ class TaskSystem(Construct):
             api_handler=self.api.handler.function,
             rest_api=self.api.rest_api,
             dead_letter_queue=self.processing.dead_letter_queue,
+            runners=self.runner is not None,
         )
-        acknowledge_findings(tasks=self.tasks, processing=self.processing, api=self.api, results=self.results)
+        acknowledge_findings(tasks=self.tasks, processing=self.processing, api=self.api, results=self.results,
+                             runner=self.runner)
 
     def _service_name(self) -> str:
         """``coworker-<stack name>``, and ``-<construct id>`` for a system not named Default: the

@@ -73,3 +73,23 @@ def test_aws_solutions_checks_pass_with_iam_authorization(synthesize) -> None:
     assert plugin["conclusion"] == "success" and plugin["violations"] == []
     rules = {finding["ruleName"] for finding in plugin["suppressedViolations"]}
     assert "AwsSolutions-APIG4" not in rules  # IAM authorization satisfies it: nothing to acknowledge
+
+
+@pytest.mark.parametrize("network", [
+    {},  # the VPC, security group and cluster the stack builds
+    {"runnerSubnets": "subnet-0123456789abcdef0", "runnerSecurityGroups": "sg-0123456789abcdef0",
+     "runnerCluster": "batch"},  # yours
+])
+def test_aws_solutions_checks_pass_with_the_container_runner(synthesize, tmp_path, network) -> None:
+    from tests.infra.test_runners import long_tasks_package
+
+    package, _ = long_tasks_package(tmp_path)
+    stack, assembly = synthesize({"handlersDir": str(package), "alarmEmail": "ops@example.com", **network},
+                                 plugins=lambda app: [AwsSolutionsChecks(app)])
+    assert stack.system.runner is not None
+    report = json.loads((Path(assembly.directory) / "validation-report.json").read_text())
+    (plugin,) = [r for r in report["pluginReports"] if r["pluginName"] == "AwsSolutions"]
+    assert plugin["conclusion"] == "success" and plugin["violations"] == []
+    rules = {finding["ruleName"] for finding in plugin["suppressedViolations"]}
+    assert "AwsSolutions-ECS2" in rules  # the settings in the runner's environment, as in the functions'
+    assert ("AwsSolutions-ECS4" in rules) == (not network)  # a cluster of its own, without Container Insights

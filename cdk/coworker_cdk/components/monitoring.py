@@ -46,12 +46,15 @@ class Monitoring(Construct):
         api_handler: lambda_.IFunction,
         rest_api: apigw.RestApi,
         dead_letter_queue: sqs.IQueue,
+        runners: bool = False,
     ) -> None:
         super().__init__(scope, construct_id)
         self._table = table
         self._config = config
         self.topic = self._build_topic(config)
         self.alarms = self._build_alarms(coordinator, dead_letter_queue, worker, rest_api)
+        if runners:  # the container runner: the coordinator's RunTask calls
+            self.alarms.append(self._runner_alarm())
         if self.topic is not None:
             for alarm in self.alarms:
                 alarm.add_alarm_action(cw_actions.SnsAction(self.topic))
@@ -63,6 +66,8 @@ class Monitoring(Construct):
                 "topic ARN>; docs/operations.md says how.",
             )
         self.dashboard = self._build_dashboard(coordinator, worker, api_handler, rest_api, dead_letter_queue)
+        if runners:
+            self.dashboard.add_widgets(*self._runner_widgets())
 
     # --- metrics -----------------------------------------------------------------------------
     def task_metric(
@@ -224,6 +229,29 @@ class Monitoring(Construct):
                 "TableThrottlesAlarm",
                 self._table_throttles(_ALARM_PERIOD),
                 "DynamoDB throttled requests on the task table or its status index.",
+            ),
+        ]
+
+    def _runner_alarm(self) -> cloudwatch.Alarm:
+        return self._alarm(
+            "RunnerStartFailedAlarm",
+            self.task_metric(MetricName.RUNNER_START_FAILED, period=_ALARM_PERIOD),
+            "The coordinator could not start a container runner (ECS RunTask refused or failed: capacity, "
+            "the image, the network, a quota); container work waits and is tried again every tick. The "
+            "coordinator's logs say why.",
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            threshold=0,
+        )
+
+    def _runner_widgets(self) -> list[cloudwatch.IWidget]:
+        m = self.task_metric
+        return [
+            cloudwatch.GraphWidget(
+                title="Container runners",
+                left=[m(MetricName.RUNNERS_STARTED), m(MetricName.RUNNER_START_FAILED)],
+                right=[m(MetricName.BUSY_RUNNERS, cloudwatch.Stats.MAXIMUM)],
+                width=c.DASHBOARD_WIDGET_WIDTH,
+                height=c.DASHBOARD_WIDGET_HEIGHT,
             ),
         ]
 

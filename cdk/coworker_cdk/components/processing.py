@@ -8,6 +8,7 @@ from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sqs as sqs
@@ -57,6 +58,20 @@ COORDINATOR_TABLE_ACTIONS = (
     "dynamodb:DeleteItem",
     "dynamodb:DescribeTable",
 )
+
+
+def grant_worker_access(table: dynamodb.ITableV2, results_bucket: s3.IBucket | None, grantee: iam.IGrantable) -> None:
+    """What a worker's code calls on the table and the results bucket: the Lambda worker's role, and
+    the container runner's task role (it runs the same code on other task types)."""
+    grant_table(table, grantee, WORKER_TABLE_ACTIONS)
+    if results_bucket is not None:
+        # Writes large results and the large payloads of the follow-ups it puts; reads large
+        # payloads; never lists.
+        grant_objects(results_bucket, grantee, "s3:PutObject", RESULT_PREFIX)
+        grant_objects(results_bucket, grantee, "s3:PutObject", PAYLOAD_PREFIX)
+        grant_objects(results_bucket, grantee, "s3:GetObject", PAYLOAD_PREFIX)
+        # a batch callback's handler reads the batch's results (coworker.read_results)
+        grant_objects(results_bucket, grantee, "s3:GetObject", RESULT_PREFIX)
 
 
 class Processing(Construct):
@@ -129,15 +144,7 @@ class Processing(Construct):
             max_event_age=Duration.seconds(config.worker_max_event_age_seconds),
             on_failure=SendToQueue(self.dead_letter_queue),
         )
-        grant_table(table, worker.function, WORKER_TABLE_ACTIONS)
-        if self._results_bucket is not None:
-            # Writes large results and the large payloads of the follow-ups it puts; reads large
-            # payloads; never lists.
-            grant_objects(self._results_bucket, worker.function, "s3:PutObject", RESULT_PREFIX)
-            grant_objects(self._results_bucket, worker.function, "s3:PutObject", PAYLOAD_PREFIX)
-            grant_objects(self._results_bucket, worker.function, "s3:GetObject", PAYLOAD_PREFIX)
-            # a batch callback's handler reads the batch's results (coworker.read_results)
-            grant_objects(self._results_bucket, worker.function, "s3:GetObject", RESULT_PREFIX)
+        grant_worker_access(table, self._results_bucket, worker.function)
         return worker
 
     def _build_coordinator(
