@@ -50,3 +50,23 @@ def bench_callback(payload: dict[str, Any], context: TaskContext) -> dict[str, A
     batch = payload["batch"]
     return {"started_at": time.time(), "event": payload["event"], "batch_id": batch["batch_id"],
             "finished": batch["finished"], "ignored": batch["ignored"], "attempt": context.attempt}
+
+
+@task_handler("bench-container", timeout_seconds=1500)  # 25 minutes: longer than Lambda allows
+def bench_container(payload: dict[str, Any], context: TaskContext) -> dict[str, Any]:
+    """Sleep ``seconds`` in small steps on the container runner, appending ``start <attempt>`` and
+    ``done <attempt>`` to the file ``log`` (so a run counts how often each task ran and finished);
+    stop early once the claim is lost."""
+    from pathlib import Path
+
+    log = Path(payload["log"])
+    with log.open("a") as out:
+        out.write(f"{context.key} start {context.attempt}\n")
+    started = time.time()
+    end = time.monotonic() + float(payload.get("seconds", 60.0))
+    while time.monotonic() < end and not context.claim_lost():
+        time.sleep(0.5)
+    if not context.claim_lost():
+        with log.open("a") as out:
+            out.write(f"{context.key} done {context.attempt}\n")
+    return {"started_at": started, "ended_at": time.time(), "attempt": context.attempt}

@@ -31,6 +31,8 @@ from typing import IO, Any
 
 from coworker.engine.runners import RunnerRequest
 
+from coworker_local.environments import child_environment
+
 # Runners kept in the dashboard's list after they exited.
 RECENT_RUNNERS = 20
 
@@ -62,9 +64,12 @@ class ProcessRunnerLauncher:
         self.started = 0
 
     def launch(self, request: RunnerRequest) -> None:
-        environment = {**self._environment, **request.to_environment()}
+        environment = child_environment({**self._environment, **request.to_environment()})
+        # A new session, as the worker environments: Ctrl-C reaches the runtime only, which then
+        # stops the runners in order (SIGTERM, then SIGKILL).
         process = subprocess.Popen([sys.executable, "-m", "coworker_local.runner_process"], env=environment,
-                                   stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log)
+                                   stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
+                                   start_new_session=True)
         with self._lock:
             self._runners.append(RunnerProcess(request, process, time.time()))
             self.started += 1

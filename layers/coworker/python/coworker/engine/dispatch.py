@@ -351,7 +351,10 @@ def _start_runners(settings: Settings, launcher: runners.Launcher | None, view: 
     if not free:
         return [], busy
     keys = runners.due_container_work(settings, view, now, len(free) * settings.runner_threads, lost)
-    keys = [key for key in keys if memory is None or key not in memory]
+    # A key handed to a runner still starting is left to it (a Fargate task takes a minute to
+    # start); one that is lost was claimed since, by a runner that died: it needs a new one now.
+    lost_keys = {task.key for task in lost}
+    keys = [key for key in keys if memory is None or key not in memory or key in lost_keys]
     requests = runners.start_runners(settings, launcher, keys, now, free=free) if keys else []
     if memory is not None:
         memory.remember([key for request in requests for key in request.keys])
