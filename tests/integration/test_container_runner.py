@@ -311,3 +311,19 @@ def test_the_runners_start_request_is_checked():
                                         "COWORKER_RUNNER_KEYS": "{"})
     request = RunnerRequest("slot#runner-0001", "t", ("a", "b"))
     assert RunnerRequest.from_environment(request.to_environment()) == request
+
+
+def test_a_backlog_of_container_work_at_the_head_of_the_queue_hides_no_lambda_work(settings):
+    # 300 of the runners' tasks due first: more than a worker's look, or a tick, read at once.
+    long_ago = utcnow() - timedelta(minutes=10)
+    for n in range(300):
+        submit.put_task(TaskSpec(key=f"queued-long-{n:03d}", type="test-export"), settings, now=long_ago)
+    _put(settings, ["short-fed", "short-ticked"], "test-short")
+    invoker = RecordingInvoker()
+    dispatch.tick(settings, invoker, now=utcnow())  # the coordinator hands the short ones out
+    handed = {key for request in invoker.requests for key in request.keys}
+    assert {"short-fed", "short-ticked"} <= handed and not any(key.startswith("queued-long") for key in handed)
+    # a self-feeding worker finds them too
+    reports = run_invocation(reserved_request(settings), "w", settings,
+                             time.monotonic() + settings.worker_timeout_seconds)
+    assert sorted(r.key for r in reports if r.outcome is TaskOutcome.FINISHED) == ["short-fed", "short-ticked"]

@@ -176,15 +176,41 @@ FEED_ATTRIBUTES: Final = [layout.PARTITION_KEY, layout.STATUS_INDEX_SORT_KEY, "t
                          "max_attempts"]
 
 
-def due_in_shard(status: TaskStatus, now: datetime, limit: int, shard: int, page_size: int) -> Iterator[TaskModel]:
+def due_in_shard(status: TaskStatus, now: datetime, limit: int, shard: int, page_size: int,
+                 exclude_types: Sequence[str] = (), read_past: int = 0) -> Iterator[TaskModel]:
     """Due tasks of ``status`` in one index ``shard``, oldest first, at most ``limit``. For
     self-feeding workers, which read the shards their own keys are in
     (:func:`~coworker.data.layout.stripe_shards`); the coordinator's :func:`due` keeps the exact
     global order. Pages of ``page_size`` entries are read as the caller iterates, so a caller that
-    stops early reads no more. Each task holds only ``FEED_ATTRIBUTES``."""
-    return TaskModel.status_index.query(layout.shard_value(status.value, shard), TaskModel.due_at <= now,
-                                        limit=limit, page_size=max(1, min(limit, page_size)),
-                                        attributes_to_get=FEED_ATTRIBUTES)
+    stops early reads no more. Each task holds only ``FEED_ATTRIBUTES``. Tasks of
+    ``exclude_types`` (another runner's) are left out by the query's filter, and at most
+    ``limit + read_past`` entries are read for them."""
+    value, due = layout.shard_value(status.value, shard), TaskModel.due_at <= now
+    page_size = max(1, min(limit, page_size))
+    if not exclude_types:
+        return TaskModel.status_index.query(value, due, limit=limit, page_size=page_size,
+                                            attributes_to_get=FEED_ATTRIBUTES)
+    pages = TaskModel.status_index.query(value, due, filter_condition=~TaskModel.task_type.is_in(*exclude_types),
+                                         page_size=page_size, attributes_to_get=FEED_ATTRIBUTES).page_iter
+    return _filtered(pages, limit, limit + read_past)
+
+
+def _filtered(pages: Any, limit: int, read_budget: int) -> Iterator[TaskModel]:
+    """The items of a filtered query's pages, at most ``limit``, reading no page once
+    ``read_budget`` entries were read (an item iterator would read on through pages the filter
+    empties)."""
+    taken = 0
+    for page in pages:
+        for item in page.get("Items", ()):
+            yield TaskModel.from_raw_data(item)
+            taken += 1
+            if taken >= limit:
+                return
+        if pages.total_scanned_count >= read_budget:
+            return
+        # A page the filter emptied (much of it another runner's): read on in pages of TYPED_PAGE.
+        if len(page.get("Items", ())) < (pages.page_size or 0) // 2:
+            pages.page_size = min(TYPED_PAGE, read_budget - pages.total_scanned_count)
 
 
 def due_of_types(status: TaskStatus, now: datetime, types: Sequence[str], want: int,

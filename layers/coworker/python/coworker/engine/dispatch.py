@@ -66,6 +66,8 @@ FAN_OUT_THREADS = 16
 # resumed types it puts back, at most (each is one conditional write, FAN_OUT_THREADS at a time).
 PARK_BUDGET = 1000
 RELEASE_BUDGET = 1000
+# Container runners' tasks a tick reads past at most, per status, for the Lambda workers' work.
+RUNNER_READ_PAST = 1000
 STOPPED_BATCH_REASON = "because its batch stopped at its failure threshold"
 # Index entries read per backlog measurement for stopped batches' tasks that are not due yet.
 STOPPED_SWEEP_BUDGET = 1000
@@ -398,6 +400,8 @@ def _find_due_work(settings: Settings, view: control.ControlView, now: datetime,
         # the other work.
         read_past = (PARK_BUDGET - len(work.to_park) - len(work.to_cancel)
                      if view.paused or view.stopped_batches else 0)
+        if on_runners:  # the runners' work at the head of the queue does not hide the workers'
+            read_past += RUNNER_READ_PAST
         found = (lost[:limit + read_past] if status is TaskStatus.PROCESSING
                  else index.due(status, now, limit, read_past))
         taken = 0

@@ -47,6 +47,10 @@ FEED_POLL_MAX_SECONDS = 1.0
 QUIET_STATUS_SECONDS = 5.0
 
 
+# Entries of another runner's types a look reads past at most, per index shard: a backlog of the
+# container runner's work at the head of the queue does not hide the Lambda workers' work behind it
+# (a look then reads up to this many more entries, about 1 read unit per 20).
+EXCLUDED_READ_PAST = 1000
 # A worker whose feeding has ended still waits this long for a deferred key's booked start (a
 # rate-limited task it turned away); one booked later is left to the coordinator and the feeders.
 HOLD_DEFERRED_SECONDS = 5.0
@@ -74,8 +78,12 @@ class Feeder:
 
     def __init__(self, settings: Settings, hints: Sequence[str], self_feed: bool, feed_until: float,
                  slot_number: int | None = None, stop: threading.Event | None = None,
-                 window: int | None = None, fits: Callable[[str], bool] | None = None) -> None:
+                 window: int | None = None, fits: Callable[[str], bool] | None = None,
+                 exclude_types: Sequence[str] = ()) -> None:
         self._settings = settings
+        # Types the index reads leave out (the container runner's, for a Lambda worker), reading
+        # past at most EXCLUDED_READ_PAST of their entries a shard and look.
+        self._exclude_types = list(exclude_types)
         # Whether a task of a type may still be taken (its time fits what the invocation has left).
         self._fits = fits or (lambda _task_type: True)
         self._queue: collections.deque[tuple[str, TaskSource]] = collections.deque(
@@ -236,7 +244,8 @@ class Feeder:
             """Take due keys of ``status`` from one index shard; how many entries were met."""
             nonlocal own, met
             found = 0
-            for task in index.due_in_shard(status, now, limit - met, shard, page_size):
+            for task in index.due_in_shard(status, now, limit - met, shard, page_size, self._exclude_types,
+                                           EXCLUDED_READ_PAST if self._exclude_types else 0):
                 found += 1
                 met += 1
                 if shard in own_shards:

@@ -399,7 +399,7 @@ class Invocation:
             self.settings, request.keys, self_feed=request.slot is not None,
             feed_until=self.budget.feed_until, fits=self.budget.may_claim_type,
             slot_number=slots.slot_number(request.slot) if request.slot else None,
-            stop=self.stopping, window=threads,
+            stop=self.stopping, window=threads, exclude_types=self.budget.other_runner_types(),
         )
 
     def run(self) -> list[TaskReport]:
