@@ -383,3 +383,30 @@ def test_a_host_name_allowed_on_the_command_line_is_answered(start_runtime):
     port = runtime.url.rsplit(":", 1)[1]
     assert runtime.get("/stats", headers={"Host": f"devbox.example:{port}"}).status_code == 200
     assert runtime.get("/stats", headers={"Host": f"other.example:{port}"}).status_code == 421
+
+
+def test_a_container_type_runs_in_a_runner_process_the_dashboard_lists(start_runtime, tmp_path):
+    """A type that runs on the container runner: the local coordinator starts a runner process for
+    it (RunTask's stand-in), which runs it and exits; /local/info (the dashboard) lists the runner."""
+    package = tmp_path / "video_tasks"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "video.py").write_text(textwrap.dedent('''
+        import os
+
+        from coworker import TaskContext, task_handler
+
+        @task_handler("transcode", timeout_seconds=3600)   # an hour: longer than any Lambda gives
+        def transcode(payload: dict, context: TaskContext) -> dict:
+            return {"pid": os.getpid(), "attempt": context.attempt}
+    '''))
+    runtime = start_runtime("--no-demo", "--handlers", str(package))
+    response = runtime.post("/tasks", json={"key": "video-1", "type": "transcode"})
+    assert response.status_code == 201, response.text
+    task = runtime.wait_for(lambda: (t := runtime.task("video-1"))["status"] == "finished" and t, 120,
+                            "the container task to finish")
+    runners = runtime.get("/local/info").json()["runners"]
+    assert runners["started"] >= 1
+    assert task["result"]["pid"] in {runner["pid"] for runner in runners["runners"]}  # ran in a runner process
+    types = {t["type"]: t["runner"] for t in runtime.get("/types").json()["types"]}
+    assert types["transcode"] == "container" and types["quick"] == "lambda"
