@@ -1,9 +1,13 @@
 """The bill: Coworker beside SQS + Lambda with a DynamoDB status table, and Step Functions
 Distributed Map, each run as a competent team would run it, per million tasks by task length, and
-what each design costs a month with nothing to do and with work all month.
+what each design costs a month with nothing to do and with work all month. For tasks longer than
+Lambda's 15 minutes, Coworker's container runner beside Distributed Map with ECS tasks and AWS
+Batch, all on Fargate; and where the line between Lambda and Fargate lies.
 
     .venv/bin/python benchmarks/bill.py [--tasks 1000000] [--task-seconds 1] [--memory-mb 512]
                                         [--threads 10] [--concurrency 1000] [--db moto]
+                                        [--fargate-vcpu 1] [--fargate-memory-gb 2] [--no-public-ip]
+                                        [--runner-threads 1]
 
 What Coworker does is **measured** first, on the real engine and its embedded DynamoDB:
 - write units per task of its own lifecycle (put, claim, finish), and per worker invocation
@@ -20,7 +24,10 @@ What Coworker does is **measured** first, on the real engine and its embedded Dy
   busy tick.
 The rest is arithmetic on the prices and named assumptions of ``benchmarks/prices.py``.
 Every design runs ``--threads`` tasks at once per Lambda invocation (I/O-bound tasks); a
-design's own limits decide what it can do (Express children end at 5 minutes, Lambda at 15).
+design's own limits decide what it can do (Express children end at 5 minutes, Lambda at 15). The
+Fargate designs run one task at a time in each Fargate task of ``--fargate-vcpu`` and
+``--fargate-memory-gb`` (Coworker's runner ``--runner-threads``), each with a public IPv4 address
+as the stack's runner network gives it (``--no-public-ip``: private subnets).
 """
 
 from __future__ import annotations
@@ -66,12 +73,20 @@ from coworker_local.capacity import CapacityMeter  # noqa: E402
 from coworker_local.database import MOTO, create_table, dynamodb_client, start_database  # noqa: E402
 
 TASK_LENGTHS = (0.05, 1.0, 60.0, 300.0)
+CONTAINER_TASK_LENGTHS = (1800.0, 7200.0)  # longer than Lambda's 15 minutes: the Fargate designs alone
+BILL_LENGTHS = (*TASK_LENGTHS, *CONTAINER_TASK_LENGTHS)
+LAMBDA_NA = "n/a (longer than Lambda's 15 min)"
 HEARTBEAT_SECONDS = Settings.model_fields["lock_seconds"].default / 3  # the deployed default
 WORKER_TIMEOUT = Settings.model_fields["worker_timeout_seconds"].default
 TIMEOUT_MARGIN = Settings.model_fields["timeout_margin_seconds"].default
 MAX_ATTEMPTS = Settings.model_fields["max_attempts"].default
 SUPERVISE_SECONDS = Settings.model_fields["supervise_seconds"].default
 TICK_SECONDS = Settings.model_fields["tick_seconds"].default
+RUNNER_THREADS = Settings.model_fields["runner_threads"].default
+MOST_RUNNERS = next(rule.le for rule in Settings.model_fields["max_runners"].metadata if hasattr(rule, "le"))
+# The longest task Coworker's Lambda worker gives a time limit: 15 minutes less the margin and the
+# invocation's start.
+LAMBDA_LONGEST_TASK = timing.longest_limit(p.LAMBDA_MAX_SECONDS, TIMEOUT_MARGIN)
 CUSTOM_METRICS = sorted(value for name, value in vars(MetricName).items() if name.isupper())
 
 
@@ -605,6 +620,106 @@ def _beat_units_line(m: Measured) -> str:
     return f"{firsts} ({m.lock_beat_units[beats] / beats:.2f} a beat over {beats} beats)"
 
 
+def _cell(bill: Bill, width: int = 12) -> str:
+    if bill.lines:
+        return f"{'$' + format(bill.total, ',.2f'):>{width}}"
+    return f"{'n/a' if bill.note == LAMBDA_NA else '-':>{width}}"
+
+
+def _ratio(a: Bill, b: Bill) -> str:
+    return f"{a.total / b.total:>11.2f}x" if a.lines and b.lines else f"{'-':>12}"
+
+
+def _print_bill_table(m: Measured, workload: Callable[[float], Workload], fargate: FargateTask,
+                      runner_threads: int) -> None:
+    """Every design by task length: the Lambda designs to 5 minutes, the Fargate designs beside
+    them and beyond."""
+    print(f"  {'design':<40}" + "".join(f"{_length(s):>12}" for s in BILL_LENGTHS))
+    rows: dict[str, list[Bill]] = {
+        "Coworker, Lambda worker": [coworker_bill(m, workload(s)) for s in BILL_LENGTHS],
+        "Coworker, Lambda, no time limits declared": [coworker_bill(m, workload(s), limits_declared=False)
+                                                      for s in BILL_LENGTHS],
+        "SQS + Lambda + status table": [sqs_bill(m, workload(s)) for s in BILL_LENGTHS],
+        "Distributed Map + Lambda (cheapest batch)": [cheapest_distributed_map(m, workload(s)) for s in BILL_LENGTHS],
+        "Coworker, container runner (Fargate)": [coworker_runner_bill(m, workload(s), fargate, runner_threads)
+                                                 for s in BILL_LENGTHS],
+        "Distributed Map + ECS (Fargate)": [distributed_map_ecs_bill(m, workload(s), fargate) for s in BILL_LENGTHS],
+        "AWS Batch on Fargate": [batch_bill(m, workload(s), fargate) for s in BILL_LENGTHS],
+    }
+    for name, bills in rows.items():
+        print(f"  {name:<40}" + "".join(_cell(b) for b in bills))
+        if name.startswith("Distributed Map + Lambda"):
+            batches = (b.name.partition("(batch ")[2].rstrip(")") if b.lines else "" for b in bills)
+            print(f"  {'  (its item batch)':<40}" + "".join(f"{batch:>12}" for batch in batches))
+    print(f"  (n/a = {LAMBDA_NA[5:-1]})")
+    lambda_worker, runner = rows["Coworker, Lambda worker"], rows["Coworker, container runner (Fargate)"]
+    for name, mine, other in (
+        ("Coworker / SQS", lambda_worker, rows["SQS + Lambda + status table"]),
+        ("Coworker / Distributed Map + Lambda", lambda_worker, rows["Distributed Map + Lambda (cheapest batch)"]),
+        ("runner / Distributed Map + ECS", runner, rows["Distributed Map + ECS (Fargate)"]),
+        ("runner / AWS Batch", runner, rows["AWS Batch on Fargate"]),
+    ):
+        print(f"  {name:<40}" + "".join(_ratio(a, b) for a, b in zip(mine, other, strict=True)))
+    for name, other in (("AWS Batch", batch_bill), ("Distributed Map + ECS", distributed_map_ecs_bill)):
+        even = runner_break_even(m, workload(1.0), other, fargate, runner_threads)
+        if even is None:
+            print(f"  (the runner costs less than {name} at every length to a day)")
+        else:
+            print(f"  (the runner costs less than {name} for tasks up to {_break_even_text(even)}: beyond, its "
+                  f"heartbeats, {HEARTBEAT_SECONDS:g} s apart, cost more than a Fargate start a task)")
+
+
+def _break_even_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    if seconds >= 600:
+        return f"{seconds / 60:,.0f} min"
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:,.0f} s"
+
+
+# Lambda memories the break-even is printed for: the bill's own and these.
+BREAK_EVEN_LAMBDA_MB = (1024, p.LAMBDA_ONE_VCPU_MB)
+
+
+def _print_lambda_or_fargate(m: Measured, workload: Callable[[float], Workload], fargate: FargateTask) -> None:
+    """Coworker on its Lambda worker or on its container runner, one task at a time in each: the
+    bill of 5-minute tasks, and the task length from which Fargate costs less."""
+    memories = sorted({round(workload(1.0).memory_gb * 1024), *BREAK_EVEN_LAMBDA_MB})
+    lengths = (60.0, 300.0)
+
+    def alone(seconds: float, memory_mb: int) -> Workload:
+        return dataclasses.replace(workload(seconds), memory_gb=memory_mb / 1024, threads=1)
+
+    print(f"\nLambda or Fargate, one task at a time in each (per {workload(1.0).tasks:,} tasks; Fargate arm64 "
+          f"{fargate}, ${fargate.hourly:.4f} an hour):\n")
+    print(f"  {'design':<52}" + "".join(f"{_length(s):>12}" for s in lengths))
+    for memory in memories:
+        hourly = memory / 1024 * p.LAMBDA_GB_SECOND_ARM * 3600
+        print(f"  {f'Coworker, Lambda worker, {memory} MB (${hourly:.4f} an hour)':<52}"
+              + "".join(_cell(coworker_bill(m, alone(s, memory))) for s in lengths))
+    for name, priced in (
+        ("Coworker, container runner, deep backlog", lambda w: coworker_runner_bill(m, w, fargate, 1)),
+        ("Coworker, container runner, a runner per task", lambda w: coworker_runner_bill(m, w, fargate, 1, 1)),
+        ("AWS Batch on Fargate", lambda w: batch_bill(m, w, fargate)),
+    ):
+        print(f"  {name:<52}" + "".join(_cell(priced(alone(s, 1024))) for s in lengths))
+    print(f"\n  Fargate costs less than Lambda for tasks longer than:\n  {'Lambda memory':<52}"
+          + "".join(f"{f'{mb} MB':>12}" for mb in memories))
+    private = dataclasses.replace(fargate, public_ip=False)
+    rows: list[tuple[str, FargateTask, int | None]] = [("container runner, deep backlog", fargate, None),
+                                                       ("a runner per task (tasks come apart)", fargate, 1)]
+    if fargate.public_ip:
+        rows.append(("a runner per task, no public IPv4 address", private, 1))
+    for name, task, per_start in rows:
+        evens = [lambda_fargate_break_even(m, alone(1.0, mb), task, per_start) for mb in memories]
+        print(f"  {name:<52}" + "".join(f"{_break_even_text(t):>12}" for t in evens))
+    print(f"  (a second of Fargate {fargate} costs what a second of Lambda at "
+          f"{lambda_memory_like(fargate) * 1024:,.0f} MB does,\n"
+          f"   {lambda_memory_like(private) * 1024:,.0f} MB without the address; Lambda has one vCPU at "
+          f"{p.LAMBDA_ONE_VCPU_MB} MB; never: Lambda costs less at every length to its "
+          f"{_length(LAMBDA_LONGEST_TASK)})")
+
+
 def _print_by_payload(m: Measured, workload: Callable[[float], Workload]) -> None:
     sizes: list[int | None] = [None, *sorted(m.payload_units)]
     names = "".join(f"{'small' if size is None else _bytes(size):>10}" for size in sizes)
@@ -722,6 +837,8 @@ def coworker_bill(m: Measured, w: Workload, batched: bool = False, payload_in_bu
     requests are added (a PUT when the task is put, a GET when a worker runs it). Without
     ``limits_declared``, the attempts killed at a worker's deadline (see :func:`deadline_rounds`)
     are billed: their Lambda time, and the writes of a failed attempt (``m.retry_units``) each."""
+    if w.seconds > p.LAMBDA_MAX_SECONDS:
+        return Bill("Coworker", {}, note=LAMBDA_NA)
     timeout = coworker_worker_timeout(w.seconds, limits_declared)
     rounds = deadline_rounds(w.seconds, timeout, limits_declared)
     if rounds.finished == 0:
@@ -777,6 +894,8 @@ SQS_CHUNK_BYTES = 64 * 1024
 
 
 def sqs_bill(m: Measured, w: Workload, payload_bytes: int = 0) -> Bill:
+    if w.seconds > p.LAMBDA_MAX_SECONDS:
+        return Bill("SQS + Lambda + status table", {}, note=LAMBDA_NA)
     if w.seconds + p.DYNAMODB_SECONDS_PER_TASK > p.LAMBDA_MAX_SECONDS:
         return Bill("SQS + Lambda + status table", {}, note="infeasible: a task outlasts Lambda's 15 minutes")
     invocations = math.ceil(w.tasks / p.SQS_LAMBDA_BATCH)
@@ -798,6 +917,8 @@ def sqs_bill(m: Measured, w: Workload, payload_bytes: int = 0) -> Bill:
 def distributed_map_bill(m: Measured, w: Workload, batch: int) -> Bill:
     """Children of ``batch`` items, each one Lambda call that runs ``threads`` items at once:
     Express children while a child fits in 5 minutes, Standard children beyond (Lambda's 15)."""
+    if w.seconds > p.LAMBDA_MAX_SECONDS:
+        return Bill(f"Distributed Map (batch {batch})", {}, note=LAMBDA_NA)
     lambda_seconds = math.ceil(batch / w.threads) * w.seconds + p.DYNAMODB_SECONDS_PER_TASK
     child_seconds = lambda_seconds + 0.1  # the child waits for its Lambda
     if lambda_seconds > p.LAMBDA_MAX_SECONDS:
@@ -820,8 +941,151 @@ def distributed_map_bill(m: Measured, w: Workload, batch: int) -> Bill:
 
 
 def cheapest_distributed_map(m: Measured, w: Workload) -> Bill:
-    feasible = [bill for bill in (distributed_map_bill(m, w, b) for b in p.DISTRIBUTED_MAP_BATCHES) if bill.lines]
-    return min(feasible, key=lambda bill: bill.total)
+    bills = [distributed_map_bill(m, w, b) for b in p.DISTRIBUTED_MAP_BATCHES]
+    feasible = [bill for bill in bills if bill.lines]
+    return min(feasible, key=lambda bill: bill.total) if feasible else bills[-1]
+
+
+# --- the Fargate designs: tasks longer than Lambda's 15 minutes ---------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FargateTask:
+    """What a Fargate task (Linux/ARM) is billed for, a second at a time: its size, and the
+    public IPv4 address it holds in a public subnet (none in private subnets, whose NAT gateway
+    or VPC endpoints are priced apart)."""
+
+    vcpu: float = p.RUNNER_VCPU
+    memory_gb: float = p.RUNNER_MEMORY_GB
+    public_ip: bool = True
+
+    def __str__(self) -> str:
+        return f"{self.vcpu:g} vCPU / {self.memory_gb:g} GB{', public IPv4' if self.public_ip else ''}"
+
+    @property
+    def hourly(self) -> float:
+        return (self.vcpu * p.FARGATE_VCPU_HOUR_ARM + self.memory_gb * p.FARGATE_GB_HOUR_ARM
+                + (p.PUBLIC_IPV4_HOUR if self.public_ip else 0.0))
+
+    def lines(self, fargate_tasks: float, seconds: float) -> dict[str, float]:
+        """``fargate_tasks`` Fargate tasks of ``seconds`` each, rounded up to the second and
+        billed a minute at least."""
+        hours = fargate_tasks * max(p.FARGATE_MIN_SECONDS, math.ceil(seconds)) / 3600
+        address = {"public IPv4 addresses": hours * p.PUBLIC_IPV4_HOUR} if self.public_ip else {}
+        return {"Fargate vCPU-hours": hours * self.vcpu * p.FARGATE_VCPU_HOUR_ARM,
+                "Fargate GB-hours": hours * self.memory_gb * p.FARGATE_GB_HOUR_ARM, **address}
+
+
+def _launches(fargate_tasks: float) -> str:
+    hours = fargate_tasks / p.FARGATE_LAUNCHES_PER_SECOND / 3600
+    return f"{fargate_tasks:,.0f} launches take {hours:,.1f} h at Fargate's {p.FARGATE_LAUNCHES_PER_SECOND} a second"
+
+
+def coworker_runner_bill(m: Measured, w: Workload, fargate: FargateTask = FargateTask(),
+                         runner_threads: int = RUNNER_THREADS, tasks_per_start: float | None = None) -> Bill:
+    """Coworker's container runner: Fargate tasks the coordinator starts (ECS RunTask), one a free
+    runner slot, each running ``runner_threads`` tasks at once and feeding itself until no
+    container work is due. With a deep backlog (``tasks_per_start`` None) each runner slot's one
+    start covers its share of the job: ``concurrency / runner_threads`` runners, at most
+    ``max_runners`` allows. Tasks that come apart start a runner each (``tasks_per_start=1``).
+    A task's writes and heartbeats are the Lambda worker's; a runner's are an invocation's (its
+    slot's reserve, start and release, its lost claims, a slot heartbeat every 20 s)."""
+    length = w.seconds + p.DYNAMODB_SECONDS_PER_TASK
+    runners = max(1, min(w.concurrency // runner_threads, MOST_RUNNERS))
+    if tasks_per_start is None:
+        starts = min(runners, math.ceil(w.tasks / runner_threads))
+    else:
+        starts = math.ceil(w.tasks / tasks_per_start)
+    working = w.tasks / starts * length / runner_threads  # seconds a runner runs tasks
+    billed = p.FARGATE_START_SECONDS + working
+    lock_beats = max(0, math.ceil(w.seconds / HEARTBEAT_SECONDS) - 1)
+    task_units = m.own_write_units + m.lock_heartbeat_units(lock_beats)
+    runner_units = (m.invocation_write_units + m.race_write_units
+                    + math.floor(working / HEARTBEAT_SECONDS) * m.slot_extension_units)
+    log_bytes = w.tasks * m.log_bytes_per_task + starts * m.log_bytes_per_invocation
+    name = "Coworker, container runner" + (", a runner per task" if tasks_per_start == 1 else "")
+    return Bill(name, {
+        **fargate.lines(starts, billed),
+        "DynamoDB writes, tasks": w.tasks * task_units * p.DYNAMODB_WRITE_UNIT,
+        "DynamoDB writes, runners": starts * runner_units * p.DYNAMODB_WRITE_UNIT,
+        "DynamoDB reads": w.tasks * m.read_units * p.DYNAMODB_READ_UNIT,
+        "DynamoDB storage (a month)": w.tasks * p.ITEM_BYTES / 1e9 * p.DYNAMODB_GB_MONTH,
+        "API Gateway (1,000 tasks per POST)": math.ceil(w.tasks / 1000) * p.API_GATEWAY_REST_REQUEST,
+        "CloudWatch Logs": log_bytes / 1e9 * p.CLOUDWATCH_LOGS_GB,
+        "coordinator and metrics while it runs": coordinator_busy(m, w.hours).total,
+    }, note=f"{starts:,} runners of {fargate}, {runner_threads} task at once, {_length(billed)} billed each "
+            f"({p.FARGATE_START_SECONDS} s to start and stop); {lock_beats} lock heartbeats a task; "
+            f"write units: {task_units:.2f} a task, {runner_units:,.0f} a runner")
+
+
+def distributed_map_ecs_bill(m: Measured, w: Workload, fargate: FargateTask = FargateTask()) -> Bill:
+    """Step Functions Distributed Map, each item a Standard child (Express children cannot wait
+    for a job) whose one Task state runs it in its own ECS task on Fargate (``ecs:runTask.sync``):
+    a Fargate start an item, no reuse."""
+    return Bill("Distributed Map + ECS", {
+        "parent state transitions": w.tasks * p.STEP_FUNCTIONS_TRANSITION,
+        "standard child transitions": w.tasks * p.STANDARD_CHILD_TRANSITIONS * p.STEP_FUNCTIONS_TRANSITION,
+        **fargate.lines(w.tasks, p.FARGATE_START_SECONDS + w.seconds),
+        "CloudWatch Logs": w.tasks * m.log_bytes_per_task / 1e9 * p.CLOUDWATCH_LOGS_GB,
+    }, note=f"a Standard child and a Fargate task ({fargate}) an item; {_launches(w.tasks)}")
+
+
+def batch_bill(m: Measured, w: Workload, fargate: FargateTask = FargateTask()) -> Bill:
+    """AWS Batch on Fargate: a job a task (array jobs of up to 10,000), each its own Fargate task.
+    Batch, its queue and its job states cost nothing."""
+    return Bill("AWS Batch on Fargate", {
+        **fargate.lines(w.tasks, p.FARGATE_START_SECONDS + w.seconds),
+        "CloudWatch Logs": w.tasks * m.log_bytes_per_task / 1e9 * p.CLOUDWATCH_LOGS_GB,
+    }, note=f"a job and a Fargate task ({fargate}) a task; {_launches(w.tasks)}")
+
+
+def break_even(first: Callable[[float], float], second: Callable[[float], float],
+               longest: float = LAMBDA_LONGEST_TASK) -> float | None:
+    """The task length (seconds) from which ``second`` (a length's bill) costs no more than
+    ``first``, to a millisecond: 0.0 if it never costs more, ``None`` if it costs more at every
+    length up to ``longest``. The two cross once: each grows by the second at its own rate, and
+    ``second`` starts above (a Fargate start against Lambda; heartbeats against a start)."""
+    def second_cheaper(seconds: float) -> bool:
+        return second(seconds) <= first(seconds)
+
+    low, high = 0.001, longest
+    if second_cheaper(low):
+        return 0.0
+    if not second_cheaper(high):
+        return None
+    while high - low > 0.001:
+        middle = (low + high) / 2
+        low, high = (low, middle) if second_cheaper(middle) else (middle, high)
+    return high
+
+
+def lambda_fargate_break_even(m: Measured, w: Workload, fargate: FargateTask = FargateTask(),
+                              tasks_per_start: float | None = None) -> float | None:
+    """Where Coworker on its Lambda worker (``w``'s memory and threads) and on its container runner
+    (``fargate``, ``w.threads`` tasks at once) cost the same, by task length (see :func:`break_even`)."""
+    def at(seconds: float) -> Workload:
+        return dataclasses.replace(w, seconds=seconds)
+
+    return break_even(lambda seconds: coworker_bill(m, at(seconds)).total,
+                      lambda seconds: coworker_runner_bill(m, at(seconds), fargate, w.threads, tasks_per_start).total)
+
+
+def runner_break_even(m: Measured, w: Workload, other: Callable[[Measured, Workload, FargateTask], Bill],
+                      fargate: FargateTask = FargateTask(), runner_threads: int = RUNNER_THREADS,
+                      longest: float = 24 * 3600) -> float | None:
+    """The task length from which ``other``, a Fargate design that starts a Fargate task for each
+    task, costs no more than Coworker's container runner with a deep backlog: where the runner's
+    heartbeats and coordinator pass a Fargate start a task (see :func:`break_even`)."""
+    def at(seconds: float) -> Workload:
+        return dataclasses.replace(w, seconds=seconds)
+
+    return break_even(lambda seconds: coworker_runner_bill(m, at(seconds), fargate, runner_threads).total,
+                      lambda seconds: other(m, at(seconds), fargate).total, longest)
+
+
+def lambda_memory_like(fargate: FargateTask) -> float:
+    """The Lambda memory (GB, arm64) whose second costs what a second of ``fargate`` on Fargate does."""
+    return fargate.hourly / 3600 / p.LAMBDA_GB_SECOND_ARM
 
 
 # --- the fixed monthly cost -----------------------------------------------------------------------
@@ -855,7 +1119,9 @@ def coordinator_busy(m: Measured, hours: float) -> Bill:
     tick = m.busy_tick
     per_run = RunCost(tick.requests * ticks, tick.stream_reads * ticks, tick.read_units * ticks,
                       tick.write_units * ticks, int(tick.log_bytes * ticks), tick.metric_names)
-    return _coordinator_runs(per_run, runs, SUPERVISE_SECONDS, len(CUSTOM_METRICS), min(hours, p.HOURS_A_MONTH))
+    # A metric costs a month's price for each month it is sent in (prorated): a job of 2,000 hours
+    # pays nearly three months of them.
+    return _coordinator_runs(per_run, runs, SUPERVISE_SECONDS, len(CUSTOM_METRICS), hours)
 
 
 def monitoring() -> Bill:
@@ -876,6 +1142,8 @@ def sqs_idle() -> Bill:
 def _length(seconds: float) -> str:
     if seconds < 1:
         return f"{seconds * 1000:g} ms"
+    if seconds >= 3600:
+        return f"{seconds / 3600:,.4g} h"
     return f"{seconds:g} s" if seconds < 60 else f"{seconds / 60:g} min"
 
 
@@ -895,6 +1163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--memory-mb", type=int, default=512, help="worker memory (all designs)")
     parser.add_argument("--threads", type=int, default=10, help="tasks at once in one invocation (all designs)")
     parser.add_argument("--concurrency", type=int, default=1000, help="tasks at once in all")
+    parser.add_argument("--fargate-vcpu", type=float, default=p.RUNNER_VCPU, help="a Fargate task's vCPUs")
+    parser.add_argument("--fargate-memory-gb", type=float, default=p.RUNNER_MEMORY_GB, help="a Fargate task's memory")
+    parser.add_argument("--no-public-ip", action="store_true",
+                        help="Fargate tasks in private subnets (their NAT gateway or VPC endpoints priced apart)")
+    parser.add_argument("--runner-threads", type=int, default=RUNNER_THREADS,
+                        help="tasks at once in one container runner (Coworker's runner_threads)")
     parser.add_argument("--race-invocations", type=int, default=None,
                         help="worker invocations racing for one queue when claim races are measured "
                              "(default: as many as run at --concurrency, 100)")
@@ -939,35 +1213,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     def workload(seconds: float) -> Workload:
         return Workload(args.tasks, seconds, memory_gb, args.threads, args.concurrency)
 
-    print(f"\nCost of {args.tasks:,} tasks by task length, {args.threads} at once per invocation, {args.memory_mb} MB "
-          f"(us-east-1 list prices of {p.PRICES_AS_OF}, USD, no free tier):\n")
-    header = "".join(f"{_length(s):>12}" for s in TASK_LENGTHS)
-    print(f"  {'design':<34}{header}")
-    rows: dict[str, list[Bill]] = {
-        "Coworker": [coworker_bill(m, workload(s)) for s in TASK_LENGTHS],
-        "Coworker, no time limits declared": [coworker_bill(m, workload(s), limits_declared=False)
-                                              for s in TASK_LENGTHS],
-        "SQS + Lambda + status table": [sqs_bill(m, workload(s)) for s in TASK_LENGTHS],
-        "Distributed Map (cheapest batch)": [cheapest_distributed_map(m, workload(s)) for s in TASK_LENGTHS],
-    }
-    for name, bills in rows.items():
-        cells = "".join(f"{'$' + format(b.total, ',.2f'):>12}" if b.lines else f"{'-':>12}" for b in bills)
-        print(f"  {name:<34}{cells}")
-    batches = "".join(f"{b.name.split('batch ')[1].rstrip(')'):>12}" for b in rows["Distributed Map (cheapest batch)"])
-    print(f"  {'  (its item batch)':<34}{batches}")
-    for name, index in (("Coworker / SQS", 2), ("Coworker / Distributed Map", 3)):
-        others = list(rows.values())[index]
-        ratios = "".join(f"{a.total / b.total:>11.2f}x" for a, b in zip(rows["Coworker"], others, strict=True))
-        print(f"  {name:<34}{ratios}")
+    fargate = FargateTask(args.fargate_vcpu, args.fargate_memory_gb, public_ip=not args.no_public_ip)
+    print(f"\nCost of {args.tasks:,} tasks by task length (us-east-1 list prices of {p.PRICES_AS_OF}, USD, no free "
+          f"tier): Lambda designs {args.threads} at once per invocation, {args.memory_mb} MB; Fargate designs "
+          f"arm64 {fargate} (${fargate.hourly:.4f} an hour), one task at a time in each "
+          f"(Coworker's runner {args.runner_threads})\n")
+    _print_bill_table(m, workload, fargate, args.runner_threads)
 
     _print_deadline_losses()
     _print_tracked(m, workload)
     _print_by_payload(m, workload)
 
+    _print_lambda_or_fargate(m, workload, fargate)
+
     w = workload(args.task_seconds)
     print(f"\nItemised, tasks of {_length(args.task_seconds)}:\n")
     for bill in (coworker_bill(m, w), coworker_bill(m, w, batched=True), sqs_bill(m, w),
                  *(distributed_map_bill(m, w, b) for b in p.DISTRIBUTED_MAP_BATCHES)):
+        _print_bill(bill)
+    w = workload(CONTAINER_TASK_LENGTHS[-1])
+    print(f"\nItemised, tasks of {_length(w.seconds)}:\n")
+    for bill in (coworker_runner_bill(m, w, fargate, args.runner_threads), distributed_map_ecs_bill(m, w, fargate),
+                 batch_bill(m, w, fargate)):
         _print_bill(bill)
 
     idle, busy, watch = coordinator_idle(m), coordinator_busy(m, p.HOURS_A_MONTH), monitoring()

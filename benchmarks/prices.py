@@ -30,6 +30,19 @@ STEP_FUNCTIONS_TRANSITION = 0.025 / 1000  # standard workflow state transition
 EXPRESS_REQUEST = 1.00 / 1e6  # express workflow execution (a Distributed Map child)
 EXPRESS_GB_SECOND = 0.00001667  # express duration, billed in 64 MB steps
 EXPRESS_MAX_SECONDS = 300
+# Fargate, Linux/ARM (Graviton), on-demand: aws.amazon.com/fargate/pricing. Billed per second from
+# the start of the image pull until the task stops, at least a minute a task; 20 GB of ephemeral
+# storage included. AWS Batch adds no charge of its own on Fargate: aws.amazon.com/batch/pricing
+FARGATE_VCPU_HOUR_ARM = 0.03238
+FARGATE_GB_HOUR_ARM = 0.00356
+FARGATE_MIN_SECONDS = 60
+# Fargate launches at most 20 tasks a second per account and region (a burst of 100): the task
+# launch rate quota, docs.aws.amazon.com/AmazonECS/latest/developerguide/throttling.html
+FARGATE_LAUNCHES_PER_SECOND = 20
+# A public IPv4 address, which a Fargate task in a public subnet holds while it runs (the stack's
+# own network for runners: public subnets, no NAT gateway): aws.amazon.com/vpc/pricing. Assumed
+# prorated by the second, as the task is.
+PUBLIC_IPV4_HOUR = 0.005
 # CloudWatch: aws.amazon.com/cloudwatch/pricing
 CLOUDWATCH_LOGS_GB = 0.50  # ingestion
 CLOUDWATCH_METRIC_MONTH = 0.30  # a custom metric (first 10,000), prorated by the hours it is sent
@@ -59,3 +72,13 @@ SQS_IDLE_RECEIVES_A_MONTH = 5 * 3 * 60 * HOURS_A_MONTH
 DISTRIBUTED_MAP_BATCHES = (1, 10, 100, 1000)  # item batch sizes a child may take
 STANDARD_CHILD_TRANSITIONS = 2  # a Standard child workflow with one Task state
 ITEM_BYTES = 350  # a task item, for storage
+# A Fargate task's billed seconds beyond its work: the image pull (a few hundred MB from ECR in the
+# region), the container's start to its first task, and its stop. Each Fargate design pays it per
+# Fargate task: Coworker once per runner, Distributed Map and Batch once per item or job.
+FARGATE_START_SECONDS = 40
+# The container runner's size, and every Fargate design's: 1 vCPU / 2 GB, arm64 (--fargate-vcpu,
+# --fargate-memory-gb). Lambda gives a function one vCPU at 1,769 MB (docs.aws.amazon.com/lambda,
+# "Configuring memory").
+RUNNER_VCPU = 1.0
+RUNNER_MEMORY_GB = 2.0
+LAMBDA_ONE_VCPU_MB = 1769

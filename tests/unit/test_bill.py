@@ -164,3 +164,112 @@ def test_tracking_running_tasks_per_invocation_drops_lock_heartbeats_and_bills_t
     # each invocation's slot beats cost twice as much with 64-character keys held
     assert (bill.coworker_bill(m, five_minutes).lines["DynamoDB writes, invocations"]
             > built.lines["DynamoDB writes, invocations"])
+
+
+def test_a_two_hour_fargate_task_costs_what_the_vcpu_and_gb_hours_say(bill, measured):
+    two_hours = workload(bill, 7200.0)
+    size = bill.FargateTask(vcpu=1.0, memory_gb=2.0)
+    hours = 1_000_000 * (7200 + bill.p.FARGATE_START_SECONDS) / 3600  # a Fargate task a job
+    batch = bill.batch_bill(measured, two_hours, size)
+    assert batch.lines["Fargate vCPU-hours"] == pytest.approx(hours * 1.0 * 0.03238)
+    assert batch.lines["Fargate GB-hours"] == pytest.approx(hours * 2.0 * 0.00356)
+    assert batch.lines["public IPv4 addresses"] == pytest.approx(hours * 0.005)  # the address it holds
+    assert set(batch.lines) == {"Fargate vCPU-hours", "Fargate GB-hours", "public IPv4 addresses",
+                                "CloudWatch Logs"}  # Batch costs nothing of its own
+    private = bill.batch_bill(measured, two_hours, bill.FargateTask(public_ip=False))
+    assert "public IPv4 addresses" not in private.lines
+    # Coworker's runners feed themselves: 1,000 starts (one a runner slot) for the million tasks
+    runner = bill.coworker_runner_bill(measured, two_hours, size)
+    runner_hours = 1000 * (bill.p.FARGATE_START_SECONDS + 1000 * (7200 + bill.p.DYNAMODB_SECONDS_PER_TASK)) / 3600
+    assert runner.lines["Fargate vCPU-hours"] == pytest.approx(runner_hours * 0.03238)
+    assert runner.lines["Fargate GB-hours"] == pytest.approx(runner_hours * 2 * 0.00356)
+    # a Fargate task is billed a minute at least
+    short = bill.batch_bill(measured, workload(bill, 1.0), size)
+    assert short.lines["Fargate vCPU-hours"] == pytest.approx(1_000_000 * 60 / 3600 * 0.03238)
+
+
+def test_a_runner_pays_the_heartbeats_and_the_slot_of_a_lambda_worker(bill, measured):
+    two_hours = workload(bill, 7200.0)
+    runner = bill.coworker_runner_bill(measured, two_hours)
+    unit = bill.p.DYNAMODB_WRITE_UNIT
+    beats = 7200 // 20 - 1  # the lock is extended every 20 s while the task runs, not at its start
+    assert runner.lines["DynamoDB writes, tasks"] == pytest.approx(
+        1_000_000 * (7.0 + measured.lock_heartbeat_units(beats)) * unit)
+    slot_beats = math.floor(1000 * (7200 + bill.p.DYNAMODB_SECONDS_PER_TASK) / 20)
+    assert runner.lines["DynamoDB writes, runners"] == pytest.approx(1000 * (10.0 + 20.0 + slot_beats * 3.0) * unit)
+    # tasks that come apart start a runner each: a Fargate start and a slot's writes a task
+    apart = bill.coworker_runner_bill(measured, two_hours, tasks_per_start=1)
+    assert apart.lines["Fargate vCPU-hours"] > runner.lines["Fargate vCPU-hours"]
+    assert "1,000,000 runners" in apart.note
+
+
+def test_distributed_map_with_ecs_pays_a_start_and_three_transitions_an_item_that_the_runner_does_not(
+        bill, measured):
+    size = bill.FargateTask()
+    for seconds in (300.0, 1800.0):
+        w = workload(bill, seconds)
+        dmap = bill.distributed_map_ecs_bill(measured, w, size)
+        runner = bill.coworker_runner_bill(measured, w, size)
+        assert dmap.lines["parent state transitions"] + dmap.lines["standard child transitions"] == pytest.approx(
+            1_000_000 * 3 * bill.p.STEP_FUNCTIONS_TRANSITION)  # $75 a million items
+        fargate = sum(dmap.lines[line] for line in ("Fargate vCPU-hours", "Fargate GB-hours", "public IPv4 addresses"))
+        runner_fargate = sum(runner.lines[line]
+                             for line in ("Fargate vCPU-hours", "Fargate GB-hours", "public IPv4 addresses"))
+        starts = (1_000_000 - 1000) * bill.p.FARGATE_START_SECONDS * size.hourly / 3600  # the runner starts 1,000
+        assert fargate - runner_fargate == pytest.approx(starts, rel=0.01)
+        assert dmap.total > runner.total
+    # At 2 hours the runner's heartbeats (5 write units each 20 s) pass a 40-s start a task.
+    two_hours = workload(bill, 7200.0)
+    assert bill.coworker_runner_bill(measured, two_hours).total > bill.batch_bill(measured, two_hours).total
+    even = bill.runner_break_even(measured, workload(bill, 1.0), bill.batch_bill)
+    assert 1800 < even < 7200
+
+
+@pytest.mark.parametrize("seconds", [1800.0, 7200.0])
+def test_lambda_designs_are_not_available_beyond_lambdas_fifteen_minutes(bill, measured, seconds):
+    w = workload(bill, seconds)
+    for lambda_bill in (bill.coworker_bill(measured, w), bill.coworker_bill(measured, w, limits_declared=False),
+                        bill.sqs_bill(measured, w), bill.cheapest_distributed_map(measured, w)):
+        assert lambda_bill.lines == {} and lambda_bill.note == "n/a (longer than Lambda's 15 min)"
+        assert bill._cell(lambda_bill).strip() == "n/a"
+    for fargate_bill in (bill.coworker_runner_bill(measured, w), bill.distributed_map_ecs_bill(measured, w),
+                         bill.batch_bill(measured, w)):
+        assert fargate_bill.total > 0
+    assert bill.coworker_bill(measured, workload(bill, 300.0)).total > 0  # 5 minutes: Lambda still runs it
+
+
+def test_break_even_is_where_the_two_bills_meet(bill):
+    assert bill.break_even(lambda s: 2 * s, lambda s: s + 10) == pytest.approx(10, abs=0.002)
+    assert bill.break_even(lambda s: s, lambda s: 2 * s + 1) is None  # dearer at every length
+    assert bill.break_even(lambda s: s + 10, lambda s: s) == 0.0  # never dearer
+
+
+def test_fargate_costs_less_than_lambda_from_where_a_start_is_paid_back(bill, measured):
+    size = bill.FargateTask()
+    alone = bill.Workload(tasks=1_000_000, seconds=1.0, memory_gb=1.0, threads=1, concurrency=1000)
+    even = bill.lambda_fargate_break_even(measured, alone, size, tasks_per_start=1)
+
+    def costs(seconds: float) -> tuple[float, float]:
+        w = bill.Workload(tasks=1_000_000, seconds=seconds, memory_gb=1.0, threads=1, concurrency=1000)
+        return bill.coworker_bill(measured, w).total, bill.coworker_runner_bill(measured, w, size, 1, 1).total
+
+    lambda_cost, fargate_cost = costs(even)
+    assert fargate_cost <= lambda_cost
+    assert fargate_cost == pytest.approx(lambda_cost, rel=1e-4)
+    assert costs(even - 1)[1] > costs(even - 1)[0] and costs(even + 1)[1] < costs(even + 1)[0]
+    # a second of Fargate is cheaper than one of 1 GB of Lambda: a start (40 s) is paid back by then
+    lambda_hourly = bill.p.LAMBDA_GB_SECOND_ARM * 3600
+
+    def paid_back(fargate) -> float:
+        return bill.p.FARGATE_START_SECONDS * fargate.hourly / (lambda_hourly - fargate.hourly)
+
+    # (each second Fargate rounds up moves it by hourly / (lambda_hourly - hourly): 13 s, 5 s without the address)
+    assert even == pytest.approx(paid_back(size), abs=15)
+    private = bill.FargateTask(public_ip=False)
+    assert bill.lambda_fargate_break_even(measured, alone, private, 1) == pytest.approx(paid_back(private), abs=6)
+    # with a deep backlog a runner's start is shared by 1,000 tasks: Fargate is cheaper almost at once
+    assert bill.lambda_fargate_break_even(measured, alone, size) < 1
+    # at 512 MB a second of Lambda costs less than one of 1 vCPU / 2 GB: Fargate never catches up
+    assert bill.lambda_memory_like(size) == pytest.approx(size.hourly / 3600 / bill.p.LAMBDA_GB_SECOND_ARM)
+    half = bill.Workload(tasks=1_000_000, seconds=1.0, memory_gb=0.5, threads=1, concurrency=1000)
+    assert bill.lambda_fargate_break_even(measured, half, size) is None
