@@ -381,7 +381,9 @@ def _type_line(entry: dict[str, Any]) -> str:
     if entry.get("limit") is not None:
         limit = f", limit {entry['limit']} ({entry['running']} running, {entry['blocked']} waiting)"
     unregistered = "" if entry["registered"] else " (no handler here)"
-    return f"{entry['type']}: {state}{held}{limit}{unregistered}"
+    timeout = f", time limit {entry['timeout_seconds']:g} s" if entry.get("timeout_seconds") is not None else ""
+    runner = ", on the container runner" if entry.get("runner") == "container" else ""
+    return f"{entry['type']}: {state}{held}{limit}{timeout}{runner}{unregistered}"
 
 
 def cmd_types(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

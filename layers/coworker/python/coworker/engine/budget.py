@@ -68,9 +68,10 @@ class Budget:
         return sorted(self._container_types)[:MAX_CLAIM_TYPES] if self.runner == "lambda" else []
 
     def stop_by(self, deadline: float) -> None:
-        """Bring the handlers' deadline forward to ``deadline`` (a runner told to stop)."""
+        """Bring the handlers' deadline forward to ``deadline`` (a runner told to stop): from now
+        on it claims only tasks whose plan ends by then, none of unknown time."""
         self.handler_deadline = min(self.handler_deadline, deadline)
-        self.unknown_cutoff = min(self.unknown_cutoff, deadline)
+        self.unknown_cutoff = min(self.unknown_cutoff, time.monotonic())
 
     def left(self, now: float | None = None) -> float:
         """Seconds left for handlers (to the handlers' deadline)."""
