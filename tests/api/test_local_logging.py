@@ -52,7 +52,7 @@ class LoggingSupervisor:
     api_invoked = threading.Event()
     ticked = threading.Event()
 
-    def __init__(self, settings: Any, invoker: Any) -> None:
+    def __init__(self, settings: Any, invoker: Any, **kwargs: Any) -> None:
         self.on_tick = None
 
     def run(self, time_left: Any, stop: threading.Event) -> None:
