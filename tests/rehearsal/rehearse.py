@@ -1,9 +1,10 @@
 """The deploy rehearsal's scenario and the deployment it runs on (see test_on_the_wire).
 
-What stands in for AWS: DynamoDB Local (tables and streams), a moto server (S3), and the
-rehearsal's own Lambda environments (one process per warm environment, the code and the layer's
-``python/`` on the path, as Lambda puts them). The layer's third-party dependencies are the test
-environment's own: the asset's are built for Lambda's arm64 Python 3.13.
+What stands in for AWS: DynamoDB Local (tables and streams), a moto server (S3), the rehearsal's
+own Lambda environments (one process per warm environment, the code and the layer's ``python/``
+on the path, as Lambda puts them) and ECS tasks (one process per runner, ``python main.py`` in the
+image's build context). The layer's and the image's third-party dependencies are the test
+environment's own: theirs are built for arm64 and Python 3.13.
 """
 
 from __future__ import annotations
@@ -21,8 +22,19 @@ import boto3
 from coworker.config import Settings
 from coworker_local.gateway import build_proxy_event
 
-from tests.rehearsal.template import Targets, environment_of, functions_of, layer_dir, role_grants
-from tests.rehearsal.wire import FunctionPool, Gateway, Names, access_key
+from tests.infra.support import runner_environment, runner_image_context
+from tests.rehearsal.template import (
+    RUNNER,
+    Targets,
+    environment_of,
+    functions_of,
+    layer_dir,
+    render,
+    resolved,
+    role_grants,
+    task_definition_of,
+)
+from tests.rehearsal.wire import ContainerTasks, FunctionPool, Gateway, Names, access_key
 from tests.support.waits import wait_until
 
 BIG_BYTES = 20_000  # over the 16 KB a payload may take on the record
@@ -99,8 +111,14 @@ def write_rehearsal_handlers(root: Path, requirements: str = "", init: str = "")
     return package, name
 
 
+# Where the coordinator starts runners: the runner's ECS names, deployed as the template renders
+# them (no ECS stands behind them; requests naming them meet the statements' names).
+RUNNER_NAMES = ("COWORKER_RUNNER_CLUSTER", "COWORKER_RUNNER_TASK_DEFINITION")
+
+
 class Deployment:
-    """The rehearsed deployment: its gateway, its three functions and what to call them with."""
+    """The rehearsed deployment: its gateway, its three functions (and its runner's ECS tasks, with
+    a container runner) and what to call them with."""
 
     def __init__(self, template: dict[str, Any], assembly_dir: Path, names: Names, gateway: Gateway,
                  logs: Path, layer: Path | None = None) -> None:
@@ -112,9 +130,13 @@ class Deployment:
         self.control_cache_seconds = float(worker_env.get(
             "COWORKER_CONTROL_CACHE_SECONDS", Settings.model_fields["control_cache_seconds"].default))
         stand_ins = {Targets.of(template).table.removesuffix(".Arn"): names.table,
-                     Targets.of(template).worker.removesuffix(".Arn"): names.worker_function}
+                     Targets.of(template).worker.removesuffix(".Arn"): names.worker_function,
+                     "AWS::Region": "us-east-1"}
         if names.bucket:
             stand_ins[Targets.of(template).bucket.removesuffix(".Arn")] = names.bucket
+        coordinator_env = functions_of(template)["coordinator"]["Properties"]["Environment"]["Variables"]
+        stand_ins.update({render(coordinator_env[name]): render(coordinator_env[name])
+                          for name in RUNNER_NAMES if name in coordinator_env})
         layer = layer or layer_dir(template, assembly_dir)
         self.pools: dict[str, FunctionPool] = {}
         for role, function in functions_of(template).items():
@@ -133,6 +155,16 @@ class Deployment:
             self.pools[role] = FunctionPool(role, code, layer, env, properties["Handler"],
                                             int(properties.get("Timeout", 3)) * 1000, logs)
         gateway.functions = self.pools
+        self.runners: ContainerTasks | None = None
+        if task_definition_of(template) is not None:
+            self.runners = gateway.runners = ContainerTasks(runner_image_context(assembly_dir, template), {
+                "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
+                "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",  # as the image's Dockerfile sets them
+                "AWS_DEFAULT_REGION": "us-east-1",
+                "AWS_ACCESS_KEY_ID": access_key(RUNNER), "AWS_SECRET_ACCESS_KEY": "rehearsal",
+                "AWS_ENDPOINT_URL": gateway.endpoint,
+                **resolved(runner_environment(template), stand_ins),
+            }, logs)
 
     def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         """One request through API Gateway's proxy integration to the API function."""
@@ -174,14 +206,19 @@ class Deployment:
 
     def problems(self) -> list[str]:
         found = [f"{d.role}: AccessDenied {d.action} on {d.resource}" for d in self.gateway.denied()]
+        found += self.gateway.refused
         for pool in self.pools.values():
             found += [f"{pool.role} could not start: {error}" for error in pool.init_errors]
             found += pool.errors()
+        if self.runners is not None:
+            found += self.runners.errors()
         return found
 
     def stop(self) -> None:
         for pool in self.pools.values():
             pool.stop()
+        if self.runners is not None:
+            self.runners.stop()
 
 
 def template_env(template: dict[str, Any], name: str) -> str:

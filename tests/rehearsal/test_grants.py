@@ -1,43 +1,56 @@
-"""Each role's grants, from the synthesized template, against the calls its function's code makes.
+"""Each role's grants, from the synthesized template, against the calls its code makes.
 
-The scenario runs the library as the three functions do, one role at a time (nothing else runs
-in between, so every request belongs to the role whose turn it is), against DynamoDB Local:
-the API puts, reads, lists, redrives, cancels, pauses and limits; the coordinator supervises
-(after ``max_concurrency`` was lowered, so it retires extra slots) and counts batches from the
-stream; the worker runs what was dispatched, with heartbeats, a concurrency key, follow-ups
-whose payload goes to the object store, results large and small. Every request is turned into
-the IAM action and resource it needs and checked against the statements of that function's
-role in the template: one missing grant is an AccessDenied on AWS.
+The scenario runs the library as the three functions and the container runner do, one role at a
+time (nothing else runs in between, so every request belongs to the role whose turn it is),
+against DynamoDB Local: the API puts, reads, lists, redrives, cancels, pauses and limits; the
+coordinator supervises (after ``max_concurrency`` was lowered, so it retires extra slots), counts
+batches from the stream and starts a runner for container work with ECS RunTask (its
+``EcsLauncher`` built from the coordinator's environment in the template; the request is answered
+here, as moto's Fargate ``run_task`` fails); the worker runs what was dispatched, with heartbeats,
+a concurrency key, follow-ups whose payload goes to the object store, results large and small; the
+runner runs what it was started for as ``main()`` does, with the same. Every request is turned
+into the IAM action and resource it needs, with its condition keys (``ecs:cluster``,
+``iam:PassedToService``, ``dynamodb:LeadingKeys``), and checked against the statements of that
+role in the template (the runner's: its task definition's task role): one missing grant is an
+AccessDenied on AWS.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import boto3
 import botocore.client
 import pytest
+from botocore.awsrequest import AWSResponse
 from coworker import read_results
 from coworker.config import Settings
 from coworker.data import layout
-from coworker.engine import dispatch, lifecycle, offload, progress
+from coworker.engine import dispatch, lifecycle, offload, progress, runners
 from coworker.engine.handlers import TaskContext, task_handler
 from coworker.engine.offload import FolderObjectStore
+from coworker.engine.runner import run_runner
+from coworker.engine.runners import RunnerRequest
 from coworker.engine.worker import WorkerRequest, run_invocation
 from coworker.errors import TaskNotFoundError
 
 from tests.rehearsal.template import (
     ROLES,
+    RUNNER,
     Grants,
     Targets,
     functions_of,
-    leading_key,
     logical_id,
     needs,
+    rendered,
+    request_context,
     role_grants,
+    run_task_problem,
 )
 from tests.support.doubles import Api
 
@@ -46,7 +59,8 @@ pytest.importorskip("aws_cdk")
 BIG = "x" * 20_000  # over the 16 KB a payload may take on the record
 # Grants no request of the code needs: Lambda's service uses them with the function's role
 # (its log lines, to the function's own log group only; X-Ray tracing; the worker's and the
-# coordinator's failed asynchronous events sent to the dead-letter queue).
+# coordinator's failed asynchronous events sent to the dead-letter queue). The runner's task role
+# has none: its logs go through the task definition's execution role, and it has no X-Ray daemon.
 _SERVICE = [("logs:CreateLogStream", "{logs}"), ("logs:PutLogEvents", "{logs}"),
             ("xray:PutTelemetryRecords", "*"), ("xray:PutTraceSegments", "*")]
 LAMBDA_SERVICE_GRANTS = {"api": sorted(_SERVICE), "coordinator": sorted([("sqs:SendMessage", "{queue}"), *_SERVICE]),
@@ -73,6 +87,16 @@ def _batch_done(payload: Any, context: TaskContext) -> dict[str, Any]:
     """A batch's callback reading its tasks' results, one of them in the object store."""
     results = read_results(["spawner", "many", "doomed"])
     return {"rows": len(results["spawner"]["rows"]), "finished": payload["batch"]["finished"]}
+
+
+@task_handler("rehearsal-long", runner="container")
+def _long(payload: Any, context: TaskContext) -> dict[str, Any]:
+    """Container work: heartbeats, then a follow-up of its own type whose payload goes to the
+    object store (a runner reads it back), and a result too large for the record."""
+    time.sleep(float(payload.get("seconds", 0)))
+    if payload.get("spawn"):
+        context.spawn("rehearsal-long", {"blob": BIG}, key=f"{context.key}/child")
+    return {"rows": list(range(2_000)), "blob": len(payload.get("blob", ""))}
 
 
 @task_handler("rehearsal-beat")
@@ -136,6 +160,44 @@ class RecordingInvoker:
             yield self.requests.pop(0)
 
 
+class EcsAnswers:
+    """ECS's side of the coordinator's RunTask requests (a hook on its client: moto's Fargate
+    ``run_task`` fails): each request is checked as ECS checks it (:func:`template.run_task_problem`),
+    answered with a task, and the runner it starts kept to run in the runner's turn."""
+
+    def __init__(self, targets: Targets) -> None:
+        self.targets = targets
+        self.requests: list[RunnerRequest] = []
+        self.refused: list[str] = []
+
+    def client(self) -> Any:
+        """An ECS client whose RunTask requests (built, validated and signed by botocore as they
+        would be sent) are answered here."""
+        client = boto3.client("ecs", region_name="us-east-1", aws_access_key_id="rehearsal",
+                              aws_secret_access_key="rehearsal")
+        client.meta.events.register("before-call.ecs.RunTask", self._answer)
+        return client
+
+    def _answer(self, params: dict[str, Any], **kwargs: Any) -> tuple[AWSResponse, dict[str, Any]]:
+        sent = json.loads(params["body"])  # the request as it goes on the wire
+        problem = run_task_problem(sent, self.targets)
+        if problem is not None:
+            self.refused.append(problem)
+            return AWSResponse(None, 400, {}, None), {
+                "Error": {"Code": "InvalidParameterException", "Message": problem},
+                "ResponseMetadata": {"HTTPStatusCode": 400}}
+        (override,) = sent["overrides"]["containerOverrides"]
+        self.requests.append(RunnerRequest.from_environment({v["name"]: v["value"] for v in override["environment"]}))
+        task = {"taskArn": f"arn:aws:ecs:us-east-1:000000000000:task/rehearsal/{len(self.requests)}",
+                "lastStatus": "PROVISIONING"}
+        return AWSResponse(None, 200, {}, None), {"tasks": [task], "failures": [],
+                                                  "ResponseMetadata": {"HTTPStatusCode": 200}}
+
+    def take(self) -> Iterator[RunnerRequest]:
+        while self.requests:
+            yield self.requests.pop(0)
+
+
 @pytest.fixture
 def recorder(monkeypatch: pytest.MonkeyPatch, tmp_path) -> Recorder:
     recorder = Recorder()
@@ -154,27 +216,39 @@ def recorder(monkeypatch: pytest.MonkeyPatch, tmp_path) -> Recorder:
 # -- the scenario --------------------------------------------------------------------------------
 
 
-def run_scenario(settings: Settings, recorder: Recorder) -> None:
+def run_scenario(settings: Settings, recorder: Recorder, ecs: EcsAnswers) -> None:
     invoker = RecordingInvoker(recorder)
     api = Api(settings, invoker)
+    launcher = runners.EcsLauncher(settings, ecs.client())
 
     def as_role(role: str, action: Callable[[], Any]) -> Any:
         recorder.role = role
         return action()
 
     def supervise(run_settings: Settings) -> None:
-        as_role("coordinator", lambda: dispatch.supervise(run_settings, invoker, lambda: 60.0, slack_seconds=0))
+        as_role("coordinator", lambda: dispatch.supervise(run_settings, invoker, lambda: 60.0, slack_seconds=0,
+                                                          launcher=launcher))
 
     def work() -> None:
         recorder.role = "worker"
         for request in invoker.take():
             run_invocation(request, "rehearsal-worker", settings, time.monotonic() + settings.worker_timeout_seconds)
+        run_runners()
+
+    def run_runners() -> None:
+        recorder.role = RUNNER  # each runner started, to its end (when no container work is due)
+        for started in ecs.take():
+            run_runner(started, f"rehearsal-runner-{started.token[:8]}", settings)
+        recorder.role = None  # the test's own reads
 
     # The coordinator has run with more slots than it has now (maxConcurrency lowered).
     supervise(settings.model_copy(update={"max_concurrency": settings.max_concurrency * 3}))
     recorder.role = "api"
     assert api.call("POST", "/tasks", {"key": "plain", "type": "quick"})[0] == 201
     assert api.call("POST", "/tasks", {"key": "big", "type": "quick", "payload": {"blob": BIG}})[0] == 201
+    # container work: a tick starts a runner for it
+    assert api.call("POST", "/tasks", {"key": "long", "type": "rehearsal-long",
+                                       "payload": {"seconds": 1.5, "spawn": True}})[0] == 201
     assert api.call("POST", "/tasks", {"tasks": [
         {"key": "spawner", "type": "rehearsal-spawn"},
         {"key": "beat", "type": "rehearsal-beat", "payload": {"seconds": 2.5}, "concurrency_key": "site"},
@@ -194,9 +268,15 @@ def run_scenario(settings: Settings, recorder: Recorder) -> None:
     # parked by the coordinator while its type is paused; after the resume, a tick starts its worker
     assert api.call("POST", "/tasks", {"key": "paused-one", "type": "slow", "payload": {"seconds": 0.1}})[0] == 201
     work()
-    supervise(settings)
+    supervise(settings)  # a runner started for the container work
     work()
-    supervise(settings)
+    # The runner ended once nothing more was due, before its task put its follow-up: a tick starts
+    # another runner for it (as many ticks as a busy machine needs, bounded by count, not by time).
+    for _ in range(10):
+        supervise(settings)
+        run_runners()
+        if _status("long/child") == "finished":
+            break
     recorder.role = "api"
     assert api.call("GET", "/tasks/spawner/result")[0] == 200
     assert {_status("rated-1"), _status("rated-2")} == {"finished", "todo"}  # one ran, one waits its turn
@@ -231,6 +311,9 @@ def run_scenario(settings: Settings, recorder: Recorder) -> None:
         recorder.role = "coordinator"
         progress.catch_up(settings)
     assert lifecycle.get_task("rehearsal~complete").result["rows"] == 2_000
+    recorder.role = "api"
+    code, body, _ = api.call("GET", "/tasks/long%2Fchild/result")  # its payload was read from the store
+    assert (code, body["blob"]) == (200, len(BIG)), body
 
 
 def _status(key: str) -> str | None:
@@ -240,9 +323,10 @@ def _status(key: str) -> str | None:
         return None
 
 
-def test_every_call_of_each_function_is_granted_to_its_role(make_settings, recorder, synthesize) -> None:
-    # Given the stack as deployed with a results bucket, and its roles' grants
-    stack, assembly = synthesize({"resultsBucket": True})
+def test_every_call_of_each_function_and_the_runner_is_granted_to_its_role(make_settings, recorder,
+                                                                          synthesize) -> None:
+    # Given the stack as deployed with a results bucket and the container runner, and its roles' grants
+    stack, assembly = synthesize({"resultsBucket": True, "containerRunner": True})
     template = assembly.get_stack_by_name(stack.stack_name).template
     grants = role_grants(template)
     queue = logical_id(template, "AWS::SQS::Queue")
@@ -253,36 +337,49 @@ def test_every_call_of_each_function_is_granted_to_its_role(make_settings, recor
                       for role, granted in LAMBDA_SERVICE_GRANTS.items()}
     targets = Targets.of(template)
     table = targets.table.removesuffix(".Arn")
+    # Where the coordinator starts runners, as its environment in the template names them (in the
+    # template's vocabulary, as the grants are: Ref Id -> Id, GetAtt Id Arn -> Id.Arn)
+    coordinator_env = rendered(functions_of(template)["coordinator"]["Properties"]["Environment"]["Variables"])
+    where = {name: coordinator_env[field.alias] for name, field in Settings.model_fields.items()
+             if name in ("runner_cluster", "runner_task_definition", "runner_subnets", "runner_security_groups",
+                         "runner_public_ip", "runner_container") and field.alias}
     # A lock that slow writes on a loaded machine can still keep extended: with 3 s, a CI run under
     # load saw rated-1's lock given up (its token spent, it waited for the next one).
     settings = make_settings(max_concurrency=4, batch_size=2, lock_seconds=10, heartbeat_seconds=0.5,
                              tick_seconds=0.3, supervise_seconds=1.0, worker_timeout_seconds=20,
-                             timeout_margin_seconds=1, inline_result_bytes=1024)
+                             timeout_margin_seconds=1, inline_result_bytes=1024, max_runners=2, **where)
 
-    # When each function's code runs its part of a task's life
-    run_scenario(settings, recorder)
+    # When each function's code, and the runner's, runs its part of a task's life
+    ecs = EcsAnswers(targets)
+    run_scenario(settings, recorder, ecs)
 
     # Then every request it made is allowed by its own role
     missing = set()
     for role, service, operation, params in recorder.calls:
         for action, resource in needs(service, operation, params, targets):
-            if not grants[role].allow(action, resource, leading_key(service, operation, params)):
+            if not grants[role].allow(action, resource, request_context(service, operation, params)):
                 missing.add((role, action, resource.replace(table, "Table")))
     for role, action, name in recorder.objects:
         if not grants[role].allow(action, f"{targets.bucket}/{name}"):
             missing.add((role, action, name.split("/")[0] + "/..."))
+    assert not ecs.refused, ecs.refused  # (and ECS takes the coordinator's RunTask requests as they are)
     assert not missing, "calls the role does not grant (AccessDenied on AWS):\n" + "\n".join(
         f"  {role}: {action} on {resource}" for role, action, resource in sorted(missing))
     # and the scenario did reach what it is meant to prove
     roles_seen = {role for role, *_ in recorder.calls}
-    assert roles_seen == set(ROLES)
+    assert roles_seen == {*ROLES, RUNNER}
     operations = {(role, operation) for role, _, operation, _ in recorder.calls}
     assert ("coordinator", "DeleteItem") in operations  # extra slots retired
     assert ("worker", "TransactWriteItems") in operations  # follow-ups put with the completion
     assert ("coordinator", "Invoke") in operations  # a worker started by a tick
-    assert ("worker", "s3:PutObject", "payloads") in {(r, a, n.split("/")[0]) for r, a, n in recorder.objects}
+    assert ("coordinator", "RunTask") in operations  # a runner started by a tick
+    assert {(RUNNER, "UpdateItem"), (RUNNER, "Query"), (RUNNER, "TransactWriteItems")} <= operations  # claims, feeds
+    objects = {(r, a, n.split("/")[0]) for r, a, n in recorder.objects}
+    assert ("worker", "s3:PutObject", "payloads") in objects
+    assert {(RUNNER, "s3:PutObject", "payloads"), (RUNNER, "s3:GetObject", "payloads"),
+            (RUNNER, "s3:PutObject", "results")} <= objects
     assert layout.STATUS_INDEX_NAME in {params.get("IndexName") for *_, params in recorder.calls}
-    used: dict[str, set[tuple[str, str]]] = {role: set() for role in ROLES}
+    used: dict[str, set[tuple[str, str]]] = {role: set() for role in (*ROLES, RUNNER)}
     for role, service, operation, params in recorder.calls:
         used[role].update(needs(service, operation, params, targets))
     for role, action, name in recorder.objects:
@@ -290,6 +387,12 @@ def test_every_call_of_each_function_is_granted_to_its_role(make_settings, recor
     # and each role holds nothing its code does not call, but what Lambda itself does with it
     unused = {role: sorted(_unused_grants(grants[role], used[role])) for role in ROLES}
     assert unused == service_grants
+    # (the coordinator's RunTask and PassRole among what it called: its two roles, to ECS tasks only)
+    definition = targets.task_definitions[where["runner_task_definition"]]
+    assert {("ecs:RunTask", where["runner_task_definition"]), ("iam:PassRole", definition.task_role),
+            ("iam:PassRole", definition.execution_role)} <= used["coordinator"]
+    # and the runner's task role nothing that the code it shares with the worker does not call
+    assert _unused_grants(grants[RUNNER], used[RUNNER] | used["worker"]) == []
 
 
 def _unused_grants(grants: Grants, used: set[tuple[str, str]]) -> list[tuple[str, str]]:

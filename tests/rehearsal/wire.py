@@ -1,16 +1,19 @@
 """The AWS side of the deploy rehearsal: an endpoint that holds every request of the three
-functions to the permissions of the caller's role, and Lambda execution environments that run
-each function from its synthesized asset.
+functions and the container runner to the permissions of the caller's role, Lambda execution
+environments that run each function from its synthesized asset, and ECS tasks that run the
+runner from its image's build context.
 
-Each function runs with the access key ``rehearsal<role>`` and ``AWS_ENDPOINT_URL`` pointing
-here, so its unchanged code (boto3 and pynamodb resolve the endpoint themselves, as they resolve
-AWS's) sends DynamoDB, DynamoDB Streams, S3, Lambda and EventBridge requests to :class:`Gateway`. The gateway
-reads the caller's role from the request's signature, turns the request into the IAM actions and
-resources it needs (:func:`template.needs`) and checks them against that role's statements in the
-template: a request the role does not allow gets the ``AccessDenied`` answer AWS gives, and is
-recorded. Allowed requests go on to DynamoDB Local, to a moto server (S3), or, for
-``lambda:Invoke``, to the named function's pool of execution environments; events allowed by
-``events:PutEvents`` are kept in :attr:`Gateway.events`.
+Each function (and each runner) runs with the access key ``rehearsal<role>`` and
+``AWS_ENDPOINT_URL`` pointing here, so its unchanged code (boto3 and pynamodb resolve the endpoint
+themselves, as they resolve AWS's) sends DynamoDB, DynamoDB Streams, S3, Lambda, EventBridge and
+ECS requests to :class:`Gateway`. The gateway reads the caller's role from the request's
+signature, turns the request into the IAM actions and resources it needs (:func:`template.needs`)
+and checks them, with the condition keys the request carries, against that role's statements in
+the template: a request the role does not allow gets the ``AccessDenied`` answer AWS gives, and is
+recorded. Allowed requests go on to DynamoDB Local, to a moto server (S3), for ``lambda:Invoke``
+to the named function's pool of execution environments, and for ``ecs:RunTask`` (moto's Fargate
+``run_task`` fails) to :class:`ContainerTasks`, which starts the runner as a process; events
+allowed by ``events:PutEvents`` are kept in :attr:`Gateway.events`.
 """
 
 from __future__ import annotations
@@ -19,16 +22,18 @@ import http.client
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass, field
+import uuid
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from tests.rehearsal.template import Grants, Targets, leading_key, needs
+from tests.rehearsal.template import Grants, Targets, needs, request_context, run_task_problem
 
 CONTAINER_SCRIPT = Path(__file__).with_name("lambda_container.py")
 _CREDENTIAL = re.compile(r"Credential=rehearsal([a-z]+)/[^/]+/[^/]+/([a-z0-9-]+)/")
@@ -166,6 +171,67 @@ class FunctionPool:
 
 
 @dataclass
+class ContainerTasks:
+    """The container runner's ECS tasks: each RunTask starts ``python main.py`` in the image's build
+    context (:func:`tests.infra.support.runner_image_context`) as a process of its own, with the
+    container's environment ``env`` (the template's, deployed) and the request's container
+    overrides on top, as ECS sets them. The library's dependencies are the test environment's own
+    (the image's are built for arm64); the code is the context's."""
+
+    context: Path
+    env: dict[str, str]
+    logs: Path
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def run(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Start one runner for a RunTask request; ECS's description of the task started."""
+        overrides = {variable["name"]: variable["value"]
+                     for override in (params.get("overrides") or {}).get("containerOverrides", [])
+                     for variable in override.get("environment", [])}
+        task = f"arn:aws:ecs:us-east-1:000000000000:task/rehearsal/{uuid.uuid4().hex}"
+        with self._lock, (self.logs / "runner.log").open("ab") as log:
+            self.processes.append(subprocess.Popen(
+                [sys.executable, "main.py"], cwd=self.context, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env={**self.env, **overrides}))
+        return {"taskArn": task, "taskDefinitionArn": params["taskDefinition"], "lastStatus": "PROVISIONING",
+                "launchType": params.get("launchType"), "startedBy": params.get("startedBy")}
+
+    @property
+    def started(self) -> int:
+        with self._lock:
+            return len(self.processes)
+
+    def exit_codes(self) -> list[int | None]:
+        """Each runner's exit status so far (``None`` while it runs)."""
+        with self._lock:
+            return [process.poll() for process in self.processes]
+
+    def ended(self) -> bool:
+        """At least one runner started, and every one has exited."""
+        codes = self.exit_codes()
+        return bool(codes) and None not in codes
+
+    def errors(self) -> list[str]:
+        return [f"runner: exited with status {code} (see {self.logs / 'runner.log'})"
+                for code in self.exit_codes() if code not in (None, 0)]
+
+    def stop(self) -> None:
+        """Stop what still runs as ECS stops a task: SIGTERM, then SIGKILL after the stop timeout
+        (here, shorter: a rehearsal runner has nothing left to finish)."""
+        with self._lock:
+            running = [process for process in self.processes if process.poll() is None]
+        for process in running:
+            process.send_signal(signal.SIGTERM)
+        for process in running:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@dataclass
 class Decision:
     role: str
     action: str
@@ -184,6 +250,8 @@ class Gateway:
         self.dynamodb = urlsplit(dynamodb_endpoint).netloc
         self.s3 = urlsplit(s3_endpoint).netloc if s3_endpoint else None
         self.functions: dict[str, FunctionPool] = {}
+        self.runners: ContainerTasks | None = None  # the runner's ECS tasks, when the stack has a runner
+        self.refused: list[str] = []  # requests a role allowed that the service refused (ECS's checks)
         self.decisions: list[Decision] = []
         self.events: list[dict[str, Any]] = []  # PutEvents entries taken: EventBridge's stand-in
         self._lock = threading.Lock()
@@ -236,13 +304,14 @@ class Gateway:
         with self._lock:
             return {(d.action, d.resource) for d in self.decisions if d.allowed and d.role == role}
 
-    def _decide(self, role: str, wanted: list[tuple[str, str]], key: str | None = None) -> Decision | None:
-        """Record each (action, resource) the request needs (on item ``key``); the first one
-        denied, if any."""
+    def _decide(self, role: str, wanted: list[tuple[str, str]], context: dict[str, list[str]] | None = None
+                ) -> Decision | None:
+        """Record each (action, resource) the request needs (with the condition keys ``context``);
+        the first one denied, if any."""
         first_denied = None
         with self._lock:
             for action, resource in wanted:
-                decision = Decision(role, action, resource, self.grants[role].allow(action, resource, key))
+                decision = Decision(role, action, resource, self.grants[role].allow(action, resource, context))
                 self.decisions.append(decision)
                 if not decision.allowed and first_denied is None:
                     first_denied = decision
@@ -262,6 +331,8 @@ class Gateway:
             return self._lambda(role, path, headers, body)
         if service == "events":
             return self._events(role, headers, body)
+        if service == "ecs":
+            return self._ecs(role, headers, body)
         return 400, {}, f"the rehearsal does not serve {service}".encode()
 
     # -- the services ----------------------------------------------------------------------------
@@ -276,9 +347,9 @@ class Gateway:
         tables |= set(params.get("RequestItems", {}))
         tables.discard(None)
         if tables - {self.names.table}:  # another table than the deployment's: nothing grants it
-            targets = Targets(table=f"table/{sorted(tables)[0]}", stream=targets.stream, bucket=targets.bucket,
-                              worker=targets.worker)
-        denied = self._decide(role, needs(service, operation, params, targets), leading_key(service, operation, params))
+            targets = replace(targets, table=f"table/{sorted(tables)[0]}")
+        denied = self._decide(role, needs(service, operation, params, targets),
+                              request_context(service, operation, params))
         if denied is not None:
             return 400, {"Content-Type": "application/x-amz-json-1.0"}, json.dumps({
                 "__type": "com.amazon.coral.service#AccessDeniedException",
@@ -319,6 +390,29 @@ class Gateway:
             return 403, {"Content-Type": "application/xml"}, (
                 f"<Error><Code>AccessDenied</Code><Message>{message}</Message></Error>").encode()
         return _forward(self.s3, method, path, headers, body)
+
+    def _ecs(self, role: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
+        """ECS's RunTask: allowed by ``ecs:RunTask`` on the task definition in that cluster and
+        ``iam:PassRole`` on the roles it hands to ECS (:func:`template.needs`); checked as ECS
+        checks it; then the runner starts as a process of :class:`ContainerTasks`."""
+        content = {"Content-Type": "application/x-amz-json-1.1"}
+        operation = headers.get("X-Amz-Target", "").rpartition(".")[2]
+        if operation != "RunTask" or self.runners is None:
+            return 400, content, json.dumps({"__type": "ClientException",
+                                             "message": f"the rehearsal does not serve ecs.{operation}"}).encode()
+        params = json.loads(body or b"{}")
+        denied = self._decide(role, needs("ecs", operation, params, self.targets),
+                              request_context("ecs", operation, params))
+        if denied is not None:
+            return 400, content, json.dumps({"__type": "AccessDeniedException",
+                                             "message": _denial(role, denied)}).encode()
+        problem = run_task_problem(params, self.targets)
+        if problem is not None:
+            with self._lock:
+                self.refused.append(f"{role}: ecs.RunTask refused: {problem}")
+            return 400, content, json.dumps({"__type": "InvalidParameterException", "message": problem}).encode()
+        task = self.runners.run(params)
+        return 200, content, json.dumps({"tasks": [task], "failures": []}).encode()
 
     def _lambda(self, role: str, path: str, headers: dict[str, str], body: bytes
                 ) -> tuple[int, dict[str, str], bytes]:
