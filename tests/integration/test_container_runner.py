@@ -59,6 +59,12 @@ task_handler("test-export-blocking", timeout_seconds=1, runner="container")(_blo
 task_handler("test-export-unbounded", runner="container")(_block)  # no limit: only a stop ends it
 
 
+@task_handler("test-export-parent", runner="container")
+def _export_parent(payload, context: TaskContext) -> str:
+    context.spawn("test-export", {"seconds": 0.01}, key=f"{context.key}/part")
+    return "parent"
+
+
 @task_handler("test-short")
 def _short(payload, context: TaskContext) -> str:
     return "short"
@@ -117,6 +123,13 @@ def test_a_runner_runs_its_work_and_exits_when_none_is_due(settings):
     assert slots.free_slots(settings.max_runners, settings.max_runners, pool=slots.RUNNERS).count(request.slot) == 1
 
 
+def test_a_runner_runs_the_follow_ups_of_its_tasks_before_it_exits(settings):
+    _put(settings, ["export-1"], "test-export-parent")
+    reports = run_runner(_runner_request(settings, ["export-1"]), "runner-a", settings)
+    assert sorted((r.key, r.outcome) for r in reports) == [("export-1", TaskOutcome.FINISHED),
+                                                           ("export-1/part", TaskOutcome.FINISHED)]
+
+
 def test_a_runner_enforces_a_tasks_own_limit(make_settings):
     settings = make_settings(lock_seconds=6, heartbeat_seconds=1)
     _put(settings, ["limited"], "test-export-blocking")
@@ -163,6 +176,7 @@ def test_the_coordinator_starts_runners_for_due_container_work(make_settings):
     assert len(hinted) == 2 and set(hinted) <= {"long-a", "long-b", "long-c"}
     assert "short-a" in {key for request in invoker.requests for key in request.keys}
     assert not {"long-a", "long-b", "long-c"} & {key for request in invoker.requests for key in request.keys}
+    assert dispatch.Supervisor(settings, invoker).runner_memory is supervisor.runner_memory  # the next run's too
     # Both slots are reserved until the runners take them: the next tick starts none.
     again = dispatch.tick(settings, invoker, launcher=launched, runner_memory=supervisor.runner_memory,
                           memory=supervisor.memory)
@@ -186,9 +200,13 @@ def test_a_runner_that_cannot_be_started_frees_its_slot(make_settings):
 
 def test_the_api_checks_a_tasks_limit_against_its_types_runner(make_settings):
     settings = make_settings()
-    api = Api(settings, RecordingInvoker())
+    invoker = RecordingInvoker()
+    api = Api(settings, invoker)
     status, answer, _ = api.call("POST", "/tasks", {"type": "test-export-hours", "timeout_seconds": 20_000})
     assert status == 201, answer
+    assert invoker.requests == []  # no Lambda worker started for it on submit: the coordinator starts runners
+    status, answer, _ = api.call("POST", "/tasks", {"type": "test-short"})
+    assert status == 201 and len(invoker.requests) == 1
     status, answer, _ = api.call("POST", "/tasks", {"type": "test-short", "timeout_seconds": 7200})
     assert status == 422 and "container runner" in json.dumps(answer)
     none = Api(make_settings(max_runners=0), RecordingInvoker())

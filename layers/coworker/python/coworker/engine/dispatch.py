@@ -240,6 +240,15 @@ class HintMemory:
             self._until[key] = now + self._seconds
 
 
+_runner_memories: dict[tuple[str, float, Callable[[], float]], HintMemory] = {}
+
+
+def _runner_memory(settings: Settings, clock: Callable[[], float]) -> HintMemory:
+    """The process's memory of the keys handed to starting runners (one per table, lifetime and clock)."""
+    seconds = settings.runner_start_seconds
+    return _runner_memories.setdefault((settings.table_name, seconds, clock), HintMemory(seconds, clock))
+
+
 @dataclasses.dataclass(frozen=True)
 class TickReport:
     busy_slots: int
@@ -560,7 +569,9 @@ class Supervisor:
         self.settings = settings
         self.invoker = invoker
         self.launcher = launcher  # starts container runners (None: this deployment has none)
-        self.runner_memory = HintMemory(settings.runner_start_seconds, clock)
+        # Keys handed to runners still starting: process-wide, since a runner outlives the
+        # coordinator run that started it (a warm coordinator's next run knows them too).
+        self.runner_memory = _runner_memory(settings, clock)
         self.holder = holder or f"coordinator-{uuid.uuid4().hex[:12]}"
         self.clock = clock
         self.memory = HintMemory(settings.reservation_seconds, clock)

@@ -29,9 +29,9 @@ from typing import Any
 from coworker.bootstrap import configure
 from coworker.config import Settings
 from coworker.data.models import utcnow
-from coworker.engine import control, runners
+from coworker.engine import control, runners, slots
 from coworker.engine.feeder import Feeder
-from coworker.engine.outcomes import TaskReport
+from coworker.engine.outcomes import TaskReport, TaskSource
 from coworker.engine.runners import RunnerRequest
 from coworker.engine.worker import Invocation, WorkerRequest
 from coworker.errors import InvalidEventError
@@ -40,17 +40,39 @@ from coworker.observability import logger, publish_metrics
 STOPPED_REASON = "did not finish before its runner was stopped (SIGTERM)"
 
 
+# Looks for more work a runner makes after each of its tasks ends before it may exit: the task's
+# follow-ups are due at once, and the index may show them a moment late.
+LOOKS_AFTER_A_TASK = 2
+
+
 class RunnerFeeder(Feeder):
     """Feeds a runner the due work of the container runner's types: lost by dead runners first,
     then due retries, then new tasks (a filtered read of the status index, see
-    :func:`coworker.engine.runners.due_container_work`). It ends when none is due."""
+    :func:`coworker.engine.runners.due_container_work`). It ends when none is due: when a look
+    finds nothing and, since the last of its tasks ended, :data:`LOOKS_AFTER_A_TASK` looks did."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._held = threading.local()  # whether the calling thread ran a task since it last asked
+        self._looks_left = 0
+
+    def next(self) -> tuple[str, TaskSource] | None:
+        if getattr(self._held, "task", False):
+            self._held.task = False  # (the base class's next() calls this one again while it waits)
+            with self._cond:
+                self._looks_left = LOOKS_AFTER_A_TASK  # its follow-ups, or its retry, may be due now
+                self._exhausted = False
+        item = super().next()
+        self._held.task = item is not None
+        return item
 
     def _fetch(self) -> list[str]:
         settings = self._settings
         view = control.cached(settings.control_cache_seconds)
         keys = runners.due_container_work(settings, view, utcnow(), self._window, skip=self._seen, read_lost=True)
         self.pages += 1
-        self._fresh_elsewhere = False
+        self._looks_left = max(0, self._looks_left - 1)
+        self._fresh_elsewhere = not keys and self._looks_left > 0  # (look again after the pause)
         self._seen.update(keys)
         return keys
 
@@ -119,7 +141,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     except InvalidEventError as exc:
         logger.error("runner not started", extra={"error": str(exc)})
         return 2
-    owner = f"runner-{request.slot[len('slot#'):]}-{request.token[:8]}"
+    owner = f"runner-{slots.slot_number(request.slot):04d}-{request.token[:8]}"
     logger.append_keys(runner=owner)
     runner = Runner(request, owner, settings)
 

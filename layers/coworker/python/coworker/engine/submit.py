@@ -13,7 +13,7 @@ from datetime import datetime
 from coworker.config import Settings
 from coworker.data import writes
 from coworker.data.models import utcnow
-from coworker.engine import batches, control, dispatch, lifecycle
+from coworker.engine import batches, control, dispatch, lifecycle, runners
 from coworker.engine.batches import Tolerance
 from coworker.engine.tasks import NewTask, TaskSpec
 
@@ -53,7 +53,9 @@ def put_batch(specs: Sequence[TaskSpec], batch_id: str, settings: Settings, tole
 def start_due(specs: Sequence[TaskSpec], settings: Settings, invoker: dispatch.Invoker | None,
               now: datetime) -> int:
     """Dispatch on submit: start workers for the just-created ``specs`` that are due now and of a
-    type not paused; returns the workers started (best effort, see :func:`dispatch.dispatch_submitted`)."""
+    type not paused nor the container runner's (the coordinator starts runners); returns the workers
+    started (best effort, see :func:`dispatch.dispatch_submitted`)."""
     paused = control.cached(settings.control_cache_seconds).paused
-    due = [spec.key for spec in specs if lifecycle.first_due_at(spec, now) <= now and spec.type not in paused]
+    skipped = {*paused, *runners.container_types(settings)}
+    due = [spec.key for spec in specs if lifecycle.first_due_at(spec, now) <= now and spec.type not in skipped]
     return dispatch.dispatch_submitted(settings, invoker, due)
