@@ -29,19 +29,18 @@ from coworker_local.database import FAKE_CREDENTIALS
 from coworker_local.runners import ProcessRunnerLauncher
 
 from tests.support.doubles import Api, RecordingInvoker, reserved_request
+from tests.support.registry import registered
 from tests.support.waits import wait_until
 
 _release = threading.Event()
 _started = threading.Event()
 
 
-@task_handler("test-export", runner="container")
 def _export(payload, context: TaskContext) -> dict:
     time.sleep(payload.get("seconds", 0.05) if isinstance(payload, dict) else 0.05)
     return {"exported": context.key, "attempt": context.attempt}
 
 
-@task_handler("test-export-hours", timeout_seconds=7200)
 def _export_hours(payload, context: TaskContext) -> str:
     return "done"
 
@@ -55,14 +54,22 @@ def _block(payload, context: TaskContext) -> str:
     return "stopped" if context.claim_lost() else "released"
 
 
-task_handler("test-export-blocking", timeout_seconds=1, runner="container")(_block)
-task_handler("test-export-unbounded", runner="container")(_block)  # no limit: only a stop ends it
 
 
-@task_handler("test-export-parent", runner="container")
 def _export_parent(payload, context: TaskContext) -> str:
     context.spawn("test-export", {"seconds": 0.01}, key=f"{context.key}/part")
     return "parent"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _container_types():
+    """The container types of these tests, registered for this module only (see tests.support.registry)."""
+    with registered(("test-export", _export, {"runner": "container"}),
+                    ("test-export-hours", _export_hours, {"timeout_seconds": 7200}),
+                    ("test-export-blocking", _block, {"timeout_seconds": 1, "runner": "container"}),
+                    ("test-export-unbounded", _block, {"runner": "container"}),  # no limit: only a stop ends it
+                    ("test-export-parent", _export_parent, {"runner": "container"})):
+        yield
 
 
 @task_handler("test-short")
@@ -313,6 +320,7 @@ def test_a_killed_runners_task_is_taken_over_after_its_lock_lapses_and_finishes_
         launcher.shutdown()
     finally:
         sys.path.remove(str(tmp_path))
+        handlers._registry.pop("test-convert-file", None)  # noqa: SLF001 - for this test only
 
 
 def test_the_runners_start_request_is_checked():

@@ -53,6 +53,7 @@ from tests.rehearsal.template import (
     run_task_problem,
 )
 from tests.support.doubles import Api
+from tests.support.registry import registered
 
 pytest.importorskip("aws_cdk")
 
@@ -89,7 +90,6 @@ def _batch_done(payload: Any, context: TaskContext) -> dict[str, Any]:
     return {"rows": len(results["spawner"]["rows"]), "finished": payload["batch"]["finished"]}
 
 
-@task_handler("rehearsal-long", runner="container")
 def _long(payload: Any, context: TaskContext) -> dict[str, Any]:
     """Container work: heartbeats, then a follow-up of its own type whose payload goes to the
     object store (a runner reads it back), and a result too large for the record."""
@@ -97,6 +97,13 @@ def _long(payload: Any, context: TaskContext) -> dict[str, Any]:
     if payload.get("spawn"):
         context.spawn("rehearsal-long", {"blob": BIG}, key=f"{context.key}/child")
     return {"rows": list(range(2_000)), "blob": len(payload.get("blob", ""))}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _container_type() -> Iterator[None]:
+    """The runner's type, registered for this module only (see tests.support.registry)."""
+    with registered(("rehearsal-long", _long, {"runner": "container"})):
+        yield
 
 
 @task_handler("rehearsal-beat")

@@ -431,12 +431,11 @@ def _find_due_work(settings: Settings, view: control.ControlView, now: datetime,
             if action is DueAction.REAP:
                 # Lost on its last allowed attempt: no claim can take it, so retire it here.
                 work.reaped += lifecycle.reap_lost(task.key, int(task.attempts), settings, now)
-                continue
-            if status is TaskStatus.TODO and task.due_at > fresh_after:
-                continue
-            if memory is not None and task.key in memory:
-                continue
-            work.keys.append(task.key)
+            elif not (status is TaskStatus.TODO and task.due_at > fresh_after) and not (
+                    memory is not None and task.key in memory):
+                work.keys.append(task.key)
+            if taken >= limit and not (view.paused or view.stopped_batches):
+                break  # (not one entry more than needed: reading past the runners' work reads no page for nothing)
     return work
 
 

@@ -244,8 +244,10 @@ class Feeder:
             """Take due keys of ``status`` from one index shard; how many entries were met."""
             nonlocal own, met
             found = 0
-            for task in index.due_in_shard(status, now, limit - met, shard, page_size, self._exclude_types,
-                                           EXCLUDED_READ_PAST if self._exclude_types else 0):
+            entries = (index.due_in_shard(status, now, limit - met, shard, page_size, exclude_types=self._exclude_types,
+                                          read_past=EXCLUDED_READ_PAST) if self._exclude_types
+                       else index.due_in_shard(status, now, limit - met, shard, page_size))
+            for task in entries:
                 found += 1
                 met += 1
                 if shard in own_shards:
