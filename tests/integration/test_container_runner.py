@@ -331,6 +331,8 @@ def test_the_runners_start_request_is_checked():
                                         "COWORKER_RUNNER_KEYS": "{"})
     request = RunnerRequest("slot#runner-0001", "t", ("a", "b"))
     assert RunnerRequest.from_environment(request.to_environment()) == request
+    long_keys = [f"{n}-" + "k" * 1000 for n in range(10)]  # RunTask's overrides hold 8 KiB in all
+    assert runners.fitting_hints(long_keys) == long_keys[:5]
 
 
 def test_a_backlog_of_container_work_at_the_head_of_the_queue_hides_no_lambda_work(settings):

@@ -38,8 +38,10 @@ from coworker.observability import MetricName, logger, metrics
 SLOT_VARIABLE = "COWORKER_RUNNER_SLOT"
 TOKEN_VARIABLE = "COWORKER_RUNNER_TOKEN"
 KEYS_VARIABLE = "COWORKER_RUNNER_KEYS"
-# Keys handed to one runner at most (ECS container overrides hold 8 KiB in all).
+# Keys handed to one runner at most, and their size as JSON at most (ECS container overrides
+# hold 8 KiB in all): a key left out is found by the runner's own feeding.
 MAX_RUNNER_HINTS = 50
+MAX_HINT_BYTES = 6000
 # Index entries one look for container work reads at most, per status (a filtered query: the
 # Lambda workers' entries are read past). Container work further back in a deep backlog is found
 # as the backlog ahead of it drains.
@@ -144,6 +146,17 @@ class RunnerRequest:
         return cls(slot, token, tuple(dict.fromkeys(keys))[:MAX_RUNNER_HINTS])
 
 
+def fitting_hints(keys: Sequence[str]) -> list[str]:
+    """The first of ``keys`` that a runner's start request carries: at most
+    :data:`MAX_RUNNER_HINTS`, at most :data:`MAX_HINT_BYTES` as JSON."""
+    hints: list[str] = []
+    for key in keys[:MAX_RUNNER_HINTS]:
+        if len(json.dumps([*hints, key])) > MAX_HINT_BYTES:
+            break
+        hints.append(key)
+    return hints
+
+
 class Launcher(Protocol):
     """Starts one container runner, without waiting for it; raises if it could not be started."""
 
@@ -212,7 +225,8 @@ def start_runners(settings: Settings, launcher: Launcher, keys: Sequence[str],
         token = slots.new_token()
         if not slots.reserve(slot, token, settings.runner_start_seconds, now):
             continue
-        hints, remaining = remaining[:settings.runner_threads], remaining[settings.runner_threads:]
+        hints = fitting_hints(remaining[:settings.runner_threads])
+        remaining = remaining[max(1, len(hints)):]
         request = RunnerRequest(slot, token, tuple(hints))
         try:
             launcher.launch(request)
