@@ -97,16 +97,28 @@ def test_slow_lock_extensions_keep_every_running_task_with_its_worker(make_setti
 
 
 def test_the_lock_is_kept_from_the_claim_while_the_gates_are_entered(make_settings, monkeypatch):
-    # Given a keyed task, 4-s locks, and a concurrency gate whose entry takes 5 s
-    settings = make_settings(lock_seconds=4)
+    # Given a keyed task, 6-s locks with a beat every second, and a concurrency gate whose entry
+    # lasts until the claim's own lock would have lapsed a second ago
+    settings = make_settings(lock_seconds=6, heartbeat_seconds=1)
     _put(settings, ["keyed"], payload={"seconds": 0.2}, concurrency_key="site")
-    _slowed(monkeypatch, gates, "enter", 5)
+    real_enter = gates.enter
+    lapsed = []
+
+    def slow_enter(claim, *args, **kwargs):
+        lapse = claim.task.lock_expires_at + timedelta(seconds=1)
+        wait_until(lambda: utcnow() > lapse, what="the claim's first lock to lapse")
+        held = TaskModel.get(claim.key)
+        lapsed.append((held.lock_owner, held.lock_expires_at > utcnow()))
+        return real_enter(claim, *args, **kwargs)
+
+    monkeypatch.setattr(gates, "enter", slow_enter)
 
     # When a worker claims it while a second keeps trying
     with Intruder(settings, ["keyed"]) as intruder:
-        [report] = run_batch(["keyed"], "w-1", settings, time.monotonic() + 60)
+        [report] = run_batch(["keyed"], "w-1", settings, time.monotonic() + 120)
 
     # Then the lock outlived the entry: the second worker never had it, the first ran it once
+    assert lapsed == [("w-1", True)]  # extended past its first expiry, by its own worker
     assert intruder.taken == []
     assert report.outcome is TaskOutcome.FINISHED
     assert len(_runs["keyed"]) == 1
