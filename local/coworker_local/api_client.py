@@ -5,9 +5,11 @@ Standard library only; ``--iam`` signs requests with SigV4 through botocore.
 It follows the API's own advice: a 503 (DynamoDB or the object store refused; a batch stored part
 way lists the keys it stored) is re-sent (a batch without the tasks already stored, see
 ``Coworker.submit``), and a 429 (throttled) is re-sent after backing off, both with exponential
-delays (a ``Retry-After`` header is honoured), at most :data:`RESEND_ATTEMPTS` times in a row
-without progress (a batch's answer that stored tasks it had not stored before starts the count
-again: when writes are slow, each send stores a part) and :data:`MAX_SENDS` times in all; then the
+delays (a ``Retry-After`` header of a positive number of seconds is honoured; zero, negative or
+not a number is not, the client backs off as without it), at most :data:`RESEND_ATTEMPTS` times in a
+row without progress (a batch's answer that stored tasks of the request that were not stored before
+starts the count again: when writes are slow, each send stores a part; keys it names that the
+request did not carry are no progress) and :data:`MAX_SENDS` times in all; then the
 last answer is reported, saying how long it tried. Puts are
 idempotent by key, so a re-sent batch stores only what is missing (the CLI gives every task a key
 before it sends it). A 504 (API Gateway cut the request off at 29 s: what it did is unknown) is
@@ -18,6 +20,7 @@ whose tasks all have keys).
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import threading
@@ -29,8 +32,9 @@ from urllib.parse import urlencode
 from urllib.request import Request, urlopen
 
 TIMEOUT_SECONDS = 60
-# Answers the API says to re-send, and how: at most this many re-sends, the delay doubling from
-# the first to the last (with jitter), so about a minute in all.
+# Answers the API says to re-send, and how: at most RESEND_ATTEMPTS re-sends in a row, the delay
+# doubling from FIRST_DELAY_SECONDS to at most MAX_DELAY_SECONDS, each drawn from the upper half
+# of its ceiling (jitter): 1, 2, 4, 8, 16, 20 s ceilings, so 25.5 to 51 s in all before giving up.
 RESENT_STATUSES = frozenset({429, 503})
 # API Gateway's "Endpoint request timed out": re-sent only where sending again is safe.
 TIMED_OUT = 504
@@ -43,12 +47,16 @@ MAX_DELAY_SECONDS = 20.0
 
 def resend_delay(attempt: int, retry_after: str | None = None) -> float:
     """Seconds to wait before re-send number ``attempt`` (1-based): the server's ``Retry-After``
-    if it gave one, else exponential with full jitter."""
+    if it is a positive number of seconds (at most MAX_DELAY_SECONDS), else exponential with
+    jitter. A ``Retry-After`` of 0, negative, ``nan`` or not a number would re-send at once, and
+    so soon exhaust the re-sends on a server that needs time."""
     if retry_after is not None:
         try:
-            return min(MAX_DELAY_SECONDS, max(0.0, float(retry_after)))
+            seconds = float(retry_after)
         except ValueError:
-            pass
+            seconds = math.nan
+        if math.isfinite(seconds) and seconds > 0:
+            return min(MAX_DELAY_SECONDS, seconds)
     ceiling = min(MAX_DELAY_SECONDS, FIRST_DELAY_SECONDS * 2 ** (attempt - 1))
     return random.uniform(ceiling / 2, ceiling)
 
@@ -105,8 +113,10 @@ class ApiClient:
             except ApiError as exc:
                 if exc.status not in resent:
                     raise
-                progressed = not set(exc.stored) <= self._calls.stored  # bounded: each key once
-                self._calls.stored.update(exc.stored)
+                # Only keys this send carried count: a key the request never held is no progress.
+                stored = set(exc.stored) & _keys_of(body)
+                progressed = not stored <= self._calls.stored  # bounded: each key once
+                self._calls.stored.update(stored)
                 stalled = 0 if progressed else stalled + 1
                 if stalled > RESEND_ATTEMPTS or attempt >= MAX_SENDS:
                     exc.message += (f" (sent {attempt} times over {time.monotonic() - started:.0f} s; "
@@ -161,6 +171,14 @@ class ApiClient:
         request = AWSRequest(method=method, url=url, data=data, headers=headers)
         SigV4Auth(credentials.get_frozen_credentials(), "execute-api", self.region).add_auth(request)
         return dict(request.headers.items())
+
+
+def _keys_of(body: Any) -> set[str]:
+    """The task keys a request body carries (a batch's tasks, or one task)."""
+    if not isinstance(body, dict):
+        return set()
+    tasks = body["tasks"] if isinstance(body.get("tasks"), list) else [body]
+    return {task["key"] for task in tasks if isinstance(task, dict) and isinstance(task.get("key"), str)}
 
 
 def _parse(raw: bytes) -> Any:

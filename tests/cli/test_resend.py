@@ -16,9 +16,9 @@ from coworker_local.client import Coworker
 
 class ScriptedApi:
     """An HTTP server that answers requests from a script of (status, body) and records each
-    request body (a GET's path)."""
+    request body (a GET's path); ``headers`` go with every answer."""
 
-    def __init__(self, script: list[tuple[int, dict]]) -> None:
+    def __init__(self, script: list[tuple[int, dict]], headers: dict[str, str] | None = None) -> None:
         self.script = list(script)
         self.bodies: list[dict] = []
         api = self
@@ -39,6 +39,8 @@ class ScriptedApi:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
 
@@ -190,3 +192,51 @@ def test_the_message_of_a_request_given_up_says_how_often_it_was_sent(no_waiting
         api.close()
     assert len(api.bodies) == api_client.RESEND_ATTEMPTS + 2
     assert f"sent {api_client.RESEND_ATTEMPTS + 2} times" in str(refused.value)
+
+
+@pytest.mark.parametrize("retry_after", ["0", "nan", "-5", "soon", "inf"])
+def test_a_retry_after_that_gives_no_wait_is_replaced_by_the_clients_own_backoff(retry_after) -> None:
+    # Given an API that always answers 429 with a Retry-After of no use (zero, not a number, negative)
+    api = ScriptedApi([(429, {"message": "Too Many Requests"})], headers={"Retry-After": retry_after})
+    waits: list[float] = []
+    try:
+        # When a request is sent until the client gives up
+        with pytest.raises(api_client.ApiError):
+            api_client.ApiClient(api.url, sleep=waits.append).request("GET", "/stats")
+    finally:
+        api.close()
+    # Then it waited before each re-send, doubling (with jitter) as without the header
+    assert len(waits) == api_client.RESEND_ATTEMPTS
+    ceilings = [min(api_client.MAX_DELAY_SECONDS, api_client.FIRST_DELAY_SECONDS * 2 ** n) for n in range(len(waits))]
+    assert all(ceiling / 2 <= wait <= ceiling for wait, ceiling in zip(waits, ceilings, strict=True)), waits
+
+
+def test_a_usable_retry_after_is_honoured_up_to_the_longest_delay() -> None:
+    assert api_client.resend_delay(1, "3") == 3.0
+    assert api_client.resend_delay(1, "3600") == api_client.MAX_DELAY_SECONDS
+
+
+def test_the_re_sends_take_25_to_51_seconds_in_all_as_documented() -> None:
+    # docs/api.md and the module say so: 1 s doubling to at most 20 s, each drawn from its upper half
+    ceilings = [min(api_client.MAX_DELAY_SECONDS, api_client.FIRST_DELAY_SECONDS * 2 ** n)
+                for n in range(api_client.RESEND_ATTEMPTS)]
+    assert (sum(ceilings) / 2, sum(ceilings)) == (25.5, 51.0)
+
+
+def test_keys_named_stored_that_were_never_sent_are_no_progress() -> None:
+    # Given an API whose 503s each name a key stored that the client did not send
+    def a_stranger(body: dict) -> dict:
+        return _unavailable([f"never-sent-{len(api.bodies)}"])
+
+    api = ScriptedApi([(503, a_stranger)])
+    waits: list[float] = []
+    try:
+        # When a batch is put
+        with pytest.raises(api_client.ApiError):
+            Coworker(api=api_client.ApiClient(api.url, sleep=waits.append)).submit(
+                [{"key": "k", "type": "quick"}], batch_id="b")
+    finally:
+        api.close()
+    # Then those keys do not count as progress: it gives up after the re-sends allowed in a row
+    assert len(api.bodies) == api_client.RESEND_ATTEMPTS + 1
+    assert all(body["tasks"] == [{"key": "k", "type": "quick"}] for body in api.bodies)
