@@ -91,7 +91,7 @@ def router(services: Services) -> APIGatewayRouter:
         check_tasks([body] if isinstance(body, TaskIn) else body.tasks, settings, batch=isinstance(body, BatchIn))
         if isinstance(body, BatchIn) and body.callbacks is not None:
             for event, task in body.callbacks.named().items():
-                check_tasks([task], settings, batch=False, location=("body", "callbacks", event))
+                check_tasks([task], settings, batch=False, location=("body", "callbacks", event), payloads=False)
         if isinstance(body, TaskIn):
             return submit_one(body, services, now)
         assert isinstance(body, BatchIn)
@@ -143,12 +143,14 @@ def router(services: Services) -> APIGatewayRouter:
 # -- submit ------------------------------------------------------------------------------------
 
 def check_tasks(tasks: Sequence[NewTask], settings: Settings, batch: bool,
-                location: tuple[str | int, ...] = ("body",)) -> None:
+                location: tuple[str | int, ...] = ("body",), payloads: bool = True) -> None:
     """Refuse (422, each entry named) tasks whose type has no registered handler (with
     ``validate_task_types``; the API imports the same handler modules as the workers, the known
-    types are listed), and tasks whose time limit, their own or their type's, no runner of this
-    deployment gives (the message names the runner and the setting). ``location`` is where a
-    single task sits in the request."""
+    types are listed), tasks whose payload their type's check refuses (``validate_payload``), and
+    tasks whose time limit, their own or their type's, no runner of this deployment gives (the
+    message names the runner and the setting). ``location`` is where a single task sits in the
+    request; ``payloads=False`` leaves payloads unchecked (a callback's handler gets its payload
+    wrapped with the batch's counts, see :mod:`coworker.engine.callbacks`)."""
     known = handlers.registered_types()
     errors: list[dict[str, Any]] = []
     for index, task in enumerate(tasks):
@@ -158,6 +160,10 @@ def check_tasks(tasks: Sequence[NewTask], settings: Settings, batch: bool,
                            "msg": f"no handler is registered for task type {task.type!r}; known types: "
                                   f"{', '.join(known) or 'none'}"})
             continue
+        payload_problem = handlers.payload_problem(task.type, task.payload) if payloads else None
+        if payload_problem is not None:
+            errors.append({"type": "invalid_payload", "loc": (*where, "payload"), "input": task.type,
+                           "msg": f"task type {task.type!r}: {payload_problem}"})
         own = task.timeout_seconds
         limit = own if own is not None else handlers.declared_timeout(task.type)
         what = "the task" if own is not None else f"task type {task.type!r}"

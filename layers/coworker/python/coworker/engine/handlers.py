@@ -17,6 +17,13 @@ A module of your own, in your handlers package (``handlers/`` next to app.py by 
     def export(payload: dict, context: TaskContext) -> dict:
         ...
 
+    def order_problem(payload: Any) -> str | None:   # the problem in words, or None
+        return None if isinstance(payload, dict) and "order" in payload else "needs an order"
+
+    @task_handler("ship-order", validate_payload=order_problem)   # refused at submit (422)
+    def ship(payload: dict, context: TaskContext) -> dict:
+        ...
+
 The stack bundles the package into the worker and the local runtime imports it; every module in
 it is imported at start-up (test modules excepted), so the engine needs no change.
 """
@@ -37,10 +44,22 @@ from typing import Any, Literal, get_args
 from pydantic import ValidationError
 
 from coworker.engine.tasks import MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS, NewTask, TaskSpec
-from coworker.errors import ConfigurationError, UnknownTaskTypeError
+from coworker.errors import ConfigurationError, TaskFailed, UnknownTaskTypeError
 
 # Most follow-up tasks one attempt may spawn (each is a transactional put when it finishes).
 MAX_FOLLOW_UPS = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskLimits:
+    """The concurrency and rate limits a task carries (``None``: not in that group); a follow-up
+    spawned with ``inherit_limits=True`` carries its parent's."""
+
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    rate_key: str | None = None
+    rate_limit: int | None = None
+    rate_interval_seconds: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +76,7 @@ class TaskContext:
     # worker's deadline if sooner
     deadline: float
     batch_id: str | None = None  # the batch the task belongs to, if any
+    limits: TaskLimits = TaskLimits()  # the limits the task carries (its follow-ups may inherit them)
     # Why a follow-up of a type with a time limit cannot run on this deployment (None: it can); the
     # worker sets it from its settings (see coworker.engine.runners.runner_limit_problem).
     follow_up_problem: Callable[[str, float | None], str | None] | None = dataclasses.field(
@@ -68,7 +88,7 @@ class TaskContext:
 
     def spawn(self, task_type: str, payload: Any = None, *, key: str | None = None,
               max_attempts: int | None = None, run_at: datetime | None = None, priority: int | None = None,
-              inherit_batch: bool = False, concurrency_key: str | None = None,
+              inherit_batch: bool = False, inherit_limits: bool = False, concurrency_key: str | None = None,
               concurrency_limit: int | None = None, rate_key: str | None = None,
               rate_limit: int | None = None, rate_interval_seconds: float | None = None,
               timeout_seconds: float | None = None) -> str:
@@ -82,15 +102,26 @@ class TaskContext:
         page, put it once. Default key ``<this key>/<n>``. ``inherit_batch`` puts it in this
         task's batch (its total grows, so the batch is done when the follow-ups are).
         ``concurrency_key`` / ``concurrency_limit`` and ``rate_key`` / ``rate_limit`` /
-        ``rate_interval_seconds`` limit it like a task put through the API; ``timeout_seconds`` is
-        its own time limit (default: its type's).
-        Raises ``ValueError`` for a task the API would refuse, or past ``MAX_FOLLOW_UPS``.
+        ``rate_interval_seconds`` limit it like a task put through the API; ``inherit_limits``
+        gives it this task's concurrency group and rate group (:attr:`limits`), each unless the
+        call names any of that group's fields itself (a crawl's pages keep the seed's limit on
+        the site). ``timeout_seconds`` is its own time limit (default: its type's).
+        Raises ``ValueError`` for a task the API would refuse (its payload included), or past
+        ``MAX_FOLLOW_UPS``.
         """
         if task_type not in _registry:
             raise ValueError(f"follow-up task refused: no handler is registered for task type {task_type!r}")
         if len(self.follow_ups) >= MAX_FOLLOW_UPS:
             raise ValueError(f"one attempt may spawn at most {MAX_FOLLOW_UPS} follow-up tasks")
+        problem = payload_problem(task_type, payload)
+        if problem is not None:
+            raise ValueError(f"follow-up task refused: task type {task_type!r}: {problem}")
         key = key if key is not None else f"{self.key}/{len(self.follow_ups) + 1}"
+        if inherit_limits and concurrency_key is None and concurrency_limit is None:
+            concurrency_key, concurrency_limit = self.limits.concurrency_key, self.limits.concurrency_limit
+        if inherit_limits and rate_key is None and rate_limit is None and rate_interval_seconds is None:
+            rate_key, rate_limit = self.limits.rate_key, self.limits.rate_limit
+            rate_interval_seconds = self.limits.rate_interval_seconds
         try:
             task = NewTask(key=key, type=task_type, payload=payload, max_attempts=max_attempts,
                            run_at=run_at, priority=priority, concurrency_key=concurrency_key,
@@ -116,6 +147,8 @@ class TaskContext:
 
 
 Handler = Callable[[Any, TaskContext], Any]
+# A type's payload check: the problem with a payload in words (``None``: it is fine).
+PayloadCheck = Callable[[Any], str | None]
 # Where a type's tasks run: on the Lambda worker, or on the container runner (ECS Fargate).
 Runner = Literal["lambda", "container"]
 RUNNERS: tuple[str, ...] = get_args(Runner)
@@ -123,19 +156,21 @@ RUNNERS: tuple[str, ...] = get_args(Runner)
 
 @dataclasses.dataclass(frozen=True)
 class Registration:
-    """A task type's handler, its declared time limit (seconds; ``None``: not declared) and the
-    runner it asks for (``None``: the one its limit needs, see :mod:`coworker.engine.runners`)."""
+    """A task type's handler, its declared time limit (seconds; ``None``: not declared), the
+    runner it asks for (``None``: the one its limit needs, see :mod:`coworker.engine.runners`)
+    and its payload check (``None``: any payload)."""
 
     function: Handler
     timeout_seconds: float | None = None
     runner: Runner | None = None
+    validate_payload: PayloadCheck | None = None
 
 
 _registry: dict[str, Registration] = {}
 
 
-def task_handler(task_type: str, *, timeout_seconds: float | None = None,
-                 runner: Runner | None = None) -> Callable[[Handler], Handler]:
+def task_handler(task_type: str, *, timeout_seconds: float | None = None, runner: Runner | None = None,
+                 validate_payload: PayloadCheck | None = None) -> Callable[[Handler], Handler]:
     """Register the decorated function as the handler of ``task_type``.
 
     ``timeout_seconds`` declares how long one attempt may take: a worker starts the task only
@@ -145,6 +180,11 @@ def task_handler(task_type: str, *, timeout_seconds: float | None = None,
     Lambda worker gives (about 14 minutes) runs the type on the container runner; ``runner``
     asks for one: ``"container"`` (ECS Fargate, no time limit but the task's own) or
     ``"lambda"``.
+
+    ``validate_payload(payload)`` says what is wrong with a payload (``None``: nothing): the API
+    refuses such a task with 422 and stores nothing, ``context.spawn`` raises ``ValueError``, and
+    a task that got in anyway (put before the check existed) fails at once as a business failure
+    without calling the handler.
     """
     limit = check_timeout(timeout_seconds, f"task type {task_type!r}")
     check_runner(runner, f"task type {task_type!r}")
@@ -153,7 +193,7 @@ def task_handler(task_type: str, *, timeout_seconds: float | None = None,
         existing = _registry.get(task_type)
         if existing is not None and existing.function is not function:
             raise ConfigurationError(f"task type {task_type!r} already has a handler: {existing.function!r}")
-        _registry[task_type] = Registration(function, limit, runner)
+        _registry[task_type] = Registration(function, limit, runner, validate_payload)
         return function
 
     return register
@@ -240,13 +280,36 @@ def handler_package(path: str | Path) -> tuple[Path, str]:
 
 
 def get_handler(task_type: str) -> Handler:
-    """The handler registered for ``task_type``, or :class:`UnknownTaskTypeError`."""
+    """The handler registered for ``task_type``, or :class:`UnknownTaskTypeError`; with a payload
+    check, a payload it refuses raises ``TaskFailed`` (not retryable) instead of calling the handler."""
     try:
-        return _registry[task_type].function
+        registration = _registry[task_type]
     except KeyError:
         raise UnknownTaskTypeError(
             f"no handler registered for task type {task_type!r} (known: {', '.join(sorted(_registry)) or 'none'})"
         ) from None
+    if registration.validate_payload is None:
+        return registration.function
+
+    def checked(payload: Any, context: TaskContext) -> Any:
+        problem = payload_problem(task_type, payload)
+        if problem is not None:
+            raise TaskFailed(f"task type {task_type!r}: {problem}", retryable=False)
+        return registration.function(payload, context)
+
+    return checked
+
+
+def payload_problem(task_type: str, payload: Any) -> str | None:
+    """What the payload check of ``task_type`` finds wrong with ``payload``, or ``None`` (also for
+    a type without a check, or not registered)."""
+    registration = _registry.get(task_type)
+    if registration is None or registration.validate_payload is None:
+        return None
+    try:
+        return registration.validate_payload(payload)
+    except Exception as exc:  # noqa: BLE001 - a check that breaks on a payload has found it bad
+        return f"the payload check raised {type(exc).__name__}: {exc}"
 
 
 def registered_types() -> list[str]:

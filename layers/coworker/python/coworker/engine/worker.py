@@ -28,7 +28,7 @@ from coworker.data.models import ErrorKind, ErrorRecord, TaskModel, utcnow
 from coworker.engine import control, durations, gates, lifecycle, offload, rates, runners, slots
 from coworker.engine.budget import Budget, limit_of, planned_seconds
 from coworker.engine.feeder import Feeder
-from coworker.engine.handlers import Runner, TaskContext, get_handler
+from coworker.engine.handlers import Runner, TaskContext, TaskLimits, get_handler
 from coworker.engine.heartbeat import Heartbeat, Running
 from coworker.engine.lifecycle import Claim, RecordOutcome
 from coworker.engine.outcomes import OUTCOME_METRIC, TaskOutcome, TaskReport, TaskSource, outcome_of
@@ -160,7 +160,7 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float | Bud
         return _too_long(claim, planned, budget, source)
     context = TaskContext(key=key, attempt=claim.attempt, max_attempts=int(claim.task.max_attempts),
                           fencing_token=claim.fencing_token, deadline=budget.handler_deadline,
-                          batch_id=claim.task.batch_id,
+                          batch_id=claim.task.batch_id, limits=_limits(claim.task),
                           follow_up_problem=functools.partial(_follow_up_problem, settings))
     # Watched from the claim on: its lock is kept while the gates are entered, however long.
     running = heartbeat.watch(claim, context, locked_at=sent) if heartbeat is not None else Running(claim, context)
@@ -181,6 +181,17 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float | Bud
         woken = tuple(gates.leave(claim))
     # The blocked tasks its places woke: this worker may run them next.
     return dataclasses.replace(report, woken=woken) if woken else report
+
+
+def _limits(task: TaskModel) -> TaskLimits:
+    """The limits ``task`` carries, for follow-ups that inherit them."""
+    def whole(value: float | None) -> int | None:
+        return int(value) if value is not None else None
+
+    return TaskLimits(concurrency_key=task.concurrency_key, concurrency_limit=whole(task.concurrency_limit),
+                      rate_key=task.rate_key, rate_limit=whole(task.rate_limit),
+                      rate_interval_seconds=float(task.rate_interval_seconds)
+                      if task.rate_interval_seconds is not None else None)
 
 
 def _follow_up_problem(settings: Settings, task_type: str, limit: float | None) -> str | None:
