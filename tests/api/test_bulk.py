@@ -141,6 +141,8 @@ def test_skipped_counts_tasks_that_changed_state_before_the_action(settings):
     ({"action": "retry", "status": "failed", "type": "a\nb"}, "body.type", "control characters"),
     ({"action": "retry", "status": "failed", "batch_id": "no spaces"}, "body.batch_id", "pattern"),
     ({"action": "retry", "status": "failed", "colour": "red"}, "body.colour", "unknown field"),
+    ({"action": "retry", "status": "failed", "dry_run": "true"}, "body.dry_run", "valid boolean"),
+    ({"action": "retry", "status": "failed", "dry_run": 1}, "body.dry_run", "valid boolean"),
     ({"action": "retry"}, "body.status", "required field is missing"),
 ])
 def test_bad_bulk_requests_are_refused_and_change_nothing(api, settings, body, where, words):

@@ -54,3 +54,44 @@ def test_names_and_occurrence_keys():
     for bad in ("", "-x", "a b", "a/b", "x" * 81, "é"):
         assert name_problem(bad) is not None
     assert occurrence_key("nightly", datetime(2026, 3, 1, 3, 0, tzinfo=UTC)) == "nightly@2026-03-01T03:00:00Z"
+
+
+def test_a_wall_clock_time_repeated_by_the_autumn_change_fires_once_at_its_first_pass():
+    # Berlin, 31 October 2027: 03:00 CEST goes back to 02:00 CET at 01:00 UTC, so 02:30 happens at
+    # 00:30 UTC (summer time) and again at 01:30 UTC (winter time): the first counts, once.
+    nightly = Recurrence("cron(30 2 * * *)", "Europe/Berlin", T0)
+    first = datetime(2027, 10, 31, 0, 30, tzinfo=UTC)
+    assert nightly.next_after(datetime(2027, 10, 30, 12, tzinfo=UTC)) == first
+    assert nightly.next_after(first) == datetime(2027, 11, 1, 1, 30, tzinfo=UTC)
+    assert nightly.next_after(datetime(2027, 10, 31, 1, 10, tzinfo=UTC)) == datetime(2027, 11, 1, 1, 30, tzinfo=UTC)
+    for moment in (datetime(2027, 10, 31, 1, 30, tzinfo=UTC), datetime(2027, 10, 31, 1, 45, tzinfo=UTC),
+                   datetime(2027, 10, 31, 12, tzinfo=UTC), first):
+        assert nightly.latest_at_or_before(moment) == first, moment
+    assert nightly.latest_at_or_before(first - timedelta(seconds=1)) == datetime(2027, 10, 30, 0, 30, tzinfo=UTC)
+
+
+def test_a_wall_clock_time_skipped_by_the_spring_change_fires_once_at_the_first_instant_after_the_gap():
+    # Berlin, 28 March 2027: 02:00 CET jumps to 03:00 CEST at 01:00 UTC; 02:30 does not happen that
+    # day, so it fires at 03:00 CEST (01:00 UTC), as cron does. Times in the gap fire as one.
+    nightly = Recurrence("cron(30 2 * * *)", "Europe/Berlin", T0)
+    after_gap = datetime(2027, 3, 28, 1, 0, tzinfo=UTC)
+    assert nightly.next_after(datetime(2027, 3, 27, 12, tzinfo=UTC)) == after_gap
+    assert nightly.next_after(after_gap) == datetime(2027, 3, 29, 0, 30, tzinfo=UTC)
+    assert nightly.latest_at_or_before(after_gap) == after_gap
+    assert nightly.latest_at_or_before(after_gap - timedelta(seconds=1)) == datetime(2027, 3, 27, 1, 30, tzinfo=UTC)
+    quarterly = Recurrence("cron(*/15 2 * * *)", "Europe/Berlin", T0)
+    assert quarterly.next_after(datetime(2027, 3, 27, 12, tzinfo=UTC)) == after_gap
+    assert quarterly.next_after(after_gap) == datetime(2027, 3, 29, 0, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(("expression", "timezone", "says"), [
+    ("rate(\uff15 minutes)", "UTC", "ASCII"),  # a fullwidth 5
+    ("rate(\u0663 hours)", "UTC", "ASCII"),  # an Arabic-Indic 3
+    ("cron(\u0663 9 * * *)", "UTC", "ASCII"),
+    ("cron(0\u30009 * * *)", "UTC", "ASCII"),  # an ideographic space between fields
+    ("cron(0 9 * * *)", "localtime", "unknown time zone"),
+    ("cron(0 9 * * *)", "posixrules", "unknown time zone"),
+])
+def test_only_ascii_expressions_and_real_iana_zone_names_are_taken(expression, timezone, says):
+    with pytest.raises(ValueError, match=says):
+        Recurrence(expression, timezone, T0)

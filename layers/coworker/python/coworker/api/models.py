@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    StrictBool,
     StrictInt,
     Tag,
     field_validator,
@@ -245,6 +246,10 @@ class TaskOut(BaseModel):
     created_at: str | None
     updated_at: str | None
     due_at: str | None
+    started_at: str | None = Field(None, description="When the task was last claimed: the start of its latest "
+                                                     "attempt (null until its first claim). A claim given back "
+                                                     "unstarted (blocked, no rate token, too little time left) "
+                                                     "leaves it, so a finished task's is its finishing attempt's.")
     finished_at: str | None
     lock_owner: str | None
     lock_expires_at: str | None
@@ -326,7 +331,7 @@ class BulkIn(_Strict):
     created_after: datetime | None = Field(None, description="Only tasks created at or after this ISO-8601 "
                                                              "time (no zone means UTC).")
     created_before: datetime | None = Field(None, description="Only tasks created before this time.")
-    dry_run: bool = Field(False, description="Count the matching tasks of this page; change nothing.")
+    dry_run: StrictBool = Field(False, description="Count the matching tasks of this page; change nothing.")
     limit: StrictInt = Field(100, ge=1, le=MAX_BULK_DRY_RUN_PER_REQUEST,
                              description=f"Tasks acted on per request: at most {MAX_BULK_PER_REQUEST}, "
                                          f"{MAX_BULK_DRY_RUN_PER_REQUEST} in a dry run.")
@@ -487,7 +492,7 @@ class ScheduleIn(_Strict):
         "once", description="Occurrences missed while nothing ran (coordinator down, schedule paused): 'once' "
                             "runs the latest of them once, 'skip' runs none of them (an occurrence more than "
                             "5 minutes late counts as missed). Never more than one at a time.")
-    paused: bool = Field(False, description="Put the schedule paused: it fires once resumed.")
+    paused: StrictBool = Field(False, description="Put the schedule paused: it fires once resumed.")
     task: ScheduleTaskIn = Field(description="The task each occurrence puts; its key is <name>@<occurrence "
                                              "time, UTC>, so every occurrence is put exactly once.")
 

@@ -20,19 +20,29 @@ the move's condition; whatever was read is then put once at most.
 
 Expressions: ``rate(N minutes|hours|days)`` (N >= 1; occurrences every N units from when the
 schedule was put), or ``cron(minute hour day-of-month month day-of-week)`` (five fields, as in
-crontab, read in the schedule's ``timezone``; a bare five-field expression is read as cron).
+crontab, read in the schedule's ``timezone``, an IANA zone name; a bare five-field expression is
+read as cron). Expressions are ASCII: other digits and spaces are refused.
+
+**Daylight-saving changes.** A cron expression names wall-clock times, and each wall-clock time
+fires once: a time the autumn change repeats fires at its first pass only (02:30 in Berlin on
+31 October 2027 fires at 00:30 UTC, not again at 01:30 UTC), and a time the spring change skips
+fires once at the first instant after the gap, as cron does (02:30 on 28 March 2027 fires at
+03:00 CEST, 01:00 UTC; several skipped times fire as that one occurrence). A rate counts
+elapsed time and is not affected.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from importlib import resources
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from pynamodb.exceptions import DoesNotExist, PynamoDBException
 
@@ -55,9 +65,12 @@ MAX_LISTED = 1000
 # The task a schedule puts is kept on its item, payload included.
 MAX_TEMPLATE_BYTES = 16 * 1024
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
-_RATE = re.compile(r"^rate\(\s*(\d{1,6})\s+(minute|minutes|hour|hours|day|days)\s*\)$")
+_RATE = re.compile(r"^rate\(\s*([0-9]{1,6})\s+(minute|minutes|hour|hours|day|days)\s*\)$", re.ASCII)
 _CRON = re.compile(r"^cron\((.*)\)$")
 _UNIT_SECONDS = {"minute": 60, "hour": 3600, "day": 86400}
+# Cron times a step may pass over before one lands after the moment asked about: the times of a
+# repeated hour (at most 60 minutes a day of an expression like ``* 2 * * *``) and a margin.
+_MAX_CRON_STEPS = 200
 
 
 class Recurrence:
@@ -69,6 +82,9 @@ class Recurrence:
 
     def __init__(self, expression: str, timezone: str, anchor: datetime) -> None:
         self.expression = expression.strip()
+        if not self.expression.isascii():
+            raise ValueError("the expression must be plain ASCII (digits 0-9, ordinary spaces), e.g. "
+                             "cron(0 3 * * *) or rate(5 minutes)")
         self.zone = zone_of(timezone)
         self.anchor = anchor.astimezone(UTC).replace(microsecond=0)
         rate = _RATE.match(self.expression)
@@ -97,10 +113,43 @@ class Recurrence:
                              "month day-of-week, e.g. cron(0 3 * * *))")
 
     def _cron_step(self, start: datetime, forward: bool) -> datetime:
+        """The first occurrence after ``start`` (``forward``) or the last before it.
+
+        croniter steps through wall-clock times (naive, in the zone); each is then placed in UTC
+        by :meth:`_instant`, which never goes back in time as the wall clock goes on. Stepping
+        from the wall-clock time of ``start`` and passing over the times that land on the wrong
+        side of it finds the right one, also inside a repeated hour.
+        """
         assert self.cron is not None
-        steps = _croniter()(self.cron, start.astimezone(self.zone))
-        found = steps.get_next(datetime) if forward else steps.get_prev(datetime)
-        return found.astimezone(UTC).replace(microsecond=0)
+        moment = start.astimezone(self.zone)
+        wall = moment.replace(tzinfo=None, fold=0)
+        if not forward and moment.fold:  # in a repeated hour's second pass: step back from its end
+            wall += _fold_shift(wall, self.zone)
+        steps = _croniter()(self.cron, wall + (timedelta(0) if forward else timedelta(seconds=1)))
+        for _ in range(_MAX_CRON_STEPS):
+            found = self._instant(steps.get_next(datetime) if forward else steps.get_prev(datetime))
+            if (found > start) if forward else (found <= start):
+                return found
+        raise ValueError(f"cron({self.cron}) has no occurrence near {start.isoformat()}")
+
+    def _instant(self, wall: datetime) -> datetime:
+        """The UTC instant of a wall-clock time in the zone: the first pass of a repeated time;
+        for a time skipped by a change, the first instant after the gap."""
+        first = wall.replace(tzinfo=self.zone, fold=0).astimezone(UTC)
+        if first.astimezone(self.zone).replace(tzinfo=None) == wall:
+            return first.replace(microsecond=0)
+        # In a gap: fold=1 reads it with the offset after the change, landing before the gap;
+        # fold=0 with the offset before, landing after it. The change lies between: find it.
+        low = wall.replace(tzinfo=self.zone, fold=1).astimezone(UTC).replace(microsecond=0)
+        high = first.replace(microsecond=0)
+        low, high = min(low, high), max(low, high)
+        while high - low > timedelta(seconds=1):
+            middle = low + (high - low) // 2
+            if middle.astimezone(self.zone).replace(tzinfo=None) >= wall:
+                high = middle
+            else:
+                low = middle
+        return high
 
     def next_after(self, moment: datetime) -> datetime:
         """The first occurrence strictly after ``moment``."""
@@ -114,7 +163,7 @@ class Recurrence:
         if self.interval is not None:
             steps = (moment - self.anchor) // self.interval
             return self.anchor + steps * self.interval if steps >= 1 else None
-        return self._cron_step(moment + timedelta(seconds=1), forward=False)
+        return self._cron_step(moment, forward=False)
 
 
 def _croniter() -> Any:
@@ -125,9 +174,30 @@ def _croniter() -> Any:
     return croniter
 
 
+def _fold_shift(wall: datetime, zone: ZoneInfo) -> timedelta:
+    """How much longer the first pass of an ambiguous wall-clock time is ahead of UTC than the
+    second (the length of the repeated period; zero for a time that is not repeated)."""
+    first = wall.replace(tzinfo=zone, fold=0).utcoffset() or timedelta(0)
+    second = wall.replace(tzinfo=zone, fold=1).utcoffset() or timedelta(0)
+    return max(first - second, timedelta(0))
+
+
+@functools.cache
+def iana_zone_names() -> frozenset[str]:
+    """The IANA time zone names, as the ``tzdata`` package lists them (else the system's, less
+    its ``localtime`` link): names such as ``localtime`` or ``posixrules`` are files of a zone
+    directory, not zones, and mean different things on different machines."""
+    try:
+        return frozenset(resources.files("tzdata").joinpath("zones").read_text(encoding="utf-8").split())
+    except (ModuleNotFoundError, FileNotFoundError):
+        return frozenset(available_timezones() - {"localtime", "posixrules"})
+
+
 def zone_of(timezone: str) -> ZoneInfo:
     """The IANA time zone named ``timezone``; ``ValueError`` for a name that is not one."""
     try:
+        if timezone not in iana_zone_names():
+            raise ValueError(timezone)
         return ZoneInfo(timezone)
     except (ZoneInfoNotFoundError, ValueError, OSError, TypeError):
         raise ValueError(f"unknown time zone {timezone[:80]!r}: use an IANA name such as UTC, "
