@@ -249,7 +249,7 @@ async function renderDetail() {
     ["key", task.key], ["type", task.type], ["status", task.status],
     ["attempts", `${task.attempts} of ${task.max_attempts}`], ["batch", task.batch_id],
     ["created", task.created_at], ["updated", task.updated_at], ["due", task.due_at],
-    ["finished", task.finished_at], ["lock owner", task.lock_owner], ["lock expires", task.lock_expires_at],
+    ["started", task.started_at], ["finished", task.finished_at], ["lock owner", task.lock_owner], ["lock expires", task.lock_expires_at],
   ];
   const history = (task.errors || []).map(e => `<tr>
       <td class="num">${fmt(e.attempt)}</td><td class="kind">${esc(e.kind)}</td><td>${esc(e.at)}</td>

@@ -127,6 +127,10 @@ class TaskModel(Model):
     created_at = UTCDateTimeAttribute()
     updated_at = UTCDateTimeAttribute()
     finished_at = UTCDateTimeAttribute(null=True)
+    # When the task was last claimed: the start of its latest attempt, written by the claim's own
+    # UpdateItem (engine.lifecycle.claim). A claim given back unstarted leaves it (see
+    # give_back_actions), so a finished task's is its finishing attempt's start.
+    started_at = UTCDateTimeAttribute(null=True)
     attempts = NumberAttribute(default=0)
     # Redrives so far: part of the fencing token, since a redrive resets the attempts.
     generation = NumberAttribute(null=True)
@@ -190,6 +194,7 @@ class TaskModel(Model):
             "created_at": iso(self.created_at),
             "updated_at": iso(self.updated_at),
             "due_at": iso(self.due_at),
+            "started_at": iso(self.started_at),
             "finished_at": iso(self.finished_at),
             "lock_owner": self.lock_owner,
             "lock_expires_at": iso(self.lock_expires_at),

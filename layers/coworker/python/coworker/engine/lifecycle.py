@@ -223,6 +223,7 @@ def claim(key: str, owner: str, settings: Settings, now: datetime | None = None,
         TaskModel.lock_expires_at.set(expires),
         TaskModel.due_at.set(expires),
         TaskModel.attempts.add(1),
+        TaskModel.started_at.set(now),  # the attempt's start, in the same write: no extra request
         TaskModel.updated_at.set(now),
     ]
     try:
@@ -249,6 +250,11 @@ def give_back_actions(claim: Claim, now: datetime, partition: str | None = None,
                       due: datetime | None = None) -> list[Any]:
     """Update actions that return an unstarted claim: the status it was claimed from, due now
     (or at ``due``), lock removed, the attempt not counted (write them under :func:`fenced`).
+
+    ``started_at`` is left as the claim wrote it: it says when the task was last claimed. The
+    start of the attempt before was already overwritten by this claim, so removing it would not
+    bring that back; a finished task's start is always its finishing attempt's (its claim is the
+    last), and a given-back task shows when it was last taken.
 
     ``partition`` puts its index entry there instead of in its status's queue (a task blocked
     on its concurrency group), due as of its creation (less its priority): blocked tasks wait
