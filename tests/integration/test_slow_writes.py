@@ -128,17 +128,27 @@ def test_no_handler_starts_after_its_deadline_and_the_attempt_is_not_burnt(make_
     # Given a keyed task whose gate entry outlasts what is left of the worker's time
     settings = make_settings(worker_timeout_seconds=10, timeout_margin_seconds=1, lock_seconds=30)
     _put(settings, ["late"], payload={"seconds": 0.1}, concurrency_key="slow-gate", max_attempts=1)
-    _slowed(monkeypatch, gates, "enter", 2.5)
+    deadline = time.monotonic() + 6
+    handler_deadline = deadline - settings.timeout_margin_seconds
+    real_enter = gates.enter
+    entered: list[str] = []
 
-    # When the worker claims it with 1.5 s left before its handlers' deadline
-    deadline = time.monotonic() + 2.5
-    heartbeat = Heartbeat(settings, deadline=deadline - settings.timeout_margin_seconds).start()
+    def slow_enter(claim, *args, **kwargs):
+        entered.append(claim.key)  # (so the task was claimed in time)
+        wait_until(lambda: time.monotonic() > handler_deadline + 0.5, what="the handlers' deadline to pass")
+        return real_enter(claim, *args, **kwargs)
+
+    monkeypatch.setattr(gates, "enter", slow_enter)
+
+    # When the worker claims it, and its gate entry lasts past the handlers' deadline
+    heartbeat = Heartbeat(settings, deadline=handler_deadline).start()
     try:
         report = process_task("late", "w-1", settings, deadline, heartbeat)
     finally:
         heartbeat.stop()
 
     # Then the handler never ran, and the task waits for its next worker, its attempt not counted
+    assert entered == ["late"]
     assert _runs["late"] == []
     assert report.outcome is TaskOutcome.SKIPPED
     task = TaskModel.get("late", consistent_read=True)
