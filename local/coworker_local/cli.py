@@ -1,7 +1,8 @@
 """``coworker``: the command line client of the task API.
 
     coworker submit --type quick --key order-1 --payload '{"n": 1}'
-    coworker submit --file tasks.jsonl            # one JSON task per line ("-" reads stdin)
+    coworker submit --file tasks.jsonl            # one JSON task per line ("-" reads stdin); every
+                                                  # line is checked before anything is sent
     coworker status order-1
     coworker list --status ignored [--type T] [--batch ID] [--all]
     coworker batch BATCH_ID [--once]              # live progress until the batch is done
@@ -58,6 +59,7 @@ from coworker_local.commands import (
     cmd_status,
     cmd_submit,
     cmd_types,
+    write_api_error,
 )
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -139,7 +141,10 @@ def _add_submit(commands: Commands) -> None:
     submit.add_argument("--timeout-seconds", dest="timeout_seconds", type=float, metavar="SECONDS",
                         help="the task's time limit (default: its type's); refused if the worker cannot give it")
     submit.add_argument("--file", help="JSON lines, one task object per line; '-' reads stdin")
-    submit.add_argument("--batch-id", dest="batch_id", help="batch id for --file (generated when absent)")
+    submit.add_argument("--batch-id", dest="batch_id",
+                        help="batch id for --file (generated when absent, and printed); a line without a key "
+                             "gets the key <batch id>:<line number>, so re-running a file with its batch id "
+                             "stores each task once")
     for event, when in (("complete", "every task is finished or ignored"),
                         ("success", "every task is finished, none ignored"),
                         ("stopped", "the batch stops at its failure threshold")):
@@ -150,9 +155,10 @@ def _add_submit(commands: Commands) -> None:
     submit.add_argument("--chunk-size", dest="chunk_size", type=_chunk_size, default=CHUNK_TASKS,
                         metavar=f"1..{CHUNK_TASKS}", help="tasks per request (default %(default)s)")
     submit.add_argument("--parallel", type=_parallel, default=SUBMIT_PARALLEL, metavar="N",
-                        help="requests sent at once (default %(default)s); with more than one, the requests "
-                             "after a refused one may have been stored: re-run with its --batch-id, which "
-                             "stores each keyed task once")
+                        help="requests sent at once (default %(default)s); every line is checked before the "
+                             "first is sent; if the API refuses a request all the same, nothing more is sent, "
+                             "and the message counts what is stored (requests sent alongside included) and "
+                             "prints the command that stores the rest")
     submit.add_argument("--quiet", action="store_true", help="no progress bar")
     submit.set_defaults(run=cmd_submit)
 
@@ -292,11 +298,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         err.write(f"coworker: error: {exc}\n")
         return EXIT_USAGE
     except ApiError as exc:
-        err.write(f"error ({exc.status}): {exc.message}\n")
-        for detail in exc.errors[:20]:
-            err.write(f"  {detail.get('location', '?')}: {detail.get('message', '')}\n")
-        if len(exc.errors) > 20:
-            err.write(f"  ... and {len(exc.errors) - 20} more\n")
+        write_api_error(exc, err)
         return EXIT_API_ERROR
     except Unreachable as exc:
         err.write(f"error: {exc}\n")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -33,7 +34,7 @@ from urllib.parse import quote
 
 from coworker_local.api_client import ApiClient, ApiError, Unreachable
 
-__all__ = ["ApiError", "BatchProgress", "Coworker", "Submitted", "Task", "Unreachable"]
+__all__ = ["ApiError", "BatchProgress", "Coworker", "SubmitStopped", "Submitted", "Task", "Unreachable"]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 # One POST /tasks carries at most this many tasks and about this many bytes (the API's limits are
@@ -56,6 +57,20 @@ class Submitted:
     created: int
     existing: int
     keys: tuple[str, ...]
+
+
+class SubmitStopped(ApiError):
+    """The API refused a request of :meth:`Coworker.submit` (after its re-sends): the submit stopped.
+    Its status, message and errors are the refusal's; ``submitted`` is what is stored in the batch
+    (every request answered, requests sent alongside included, and the keys a refused request
+    reported stored); ``first`` is the index in the input of the refused request's first task and
+    ``count`` its number of tasks (the errors' ``entry`` counts from ``first``)."""
+
+    def __init__(self, cause: ApiError, submitted: Submitted, first: int, count: int) -> None:
+        super().__init__(cause.status, cause.message, cause.errors, cause.stored, cause.retry_after)
+        self.submitted = submitted
+        self.first = first
+        self.count = count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,46 +145,70 @@ class Coworker:
         request and ``parallel`` requests at a time; ``on_progress`` is told after each request, in
         the order of the tasks. A task without a key is given one. ``callbacks`` (``complete``,
         ``success``, ``stopped`` -> a task without key) go with every request: each fires once,
-        when the batch gets there (docs/batches.md)."""
+        when the batch gets there (docs/batches.md). A request the API refuses (after its re-sends)
+        stops the submit: nothing more is sent, the requests in flight are answered, and
+        :class:`SubmitStopped` says what is stored and which tasks were refused."""
         if parallel < 1:
             raise ValueError("parallel must be at least 1")
         batch_id = batch_id or uuid.uuid4().hex
         keys: list[str] = []
         created = existing = 0
+        refused: _Refused | None = None  # the first request refused, in the order of the tasks
 
         def put(chunk: list[dict[str, Any]]) -> tuple[int, int]:
             body: dict[str, Any] = {"batch_id": batch_id, "tasks": chunk}
             if callbacks:
                 body["callbacks"] = dict(callbacks)
-            # Every task has a key and the batch its id: a request cut off (504) is safe to send again.
-            answer = self.api.request("POST", "/tasks", body=body, idempotent=True, resend=_without_stored)
+            chunk_keys = {task["key"] for task in chunk}
+            try:
+                # Every task has a key and the batch its id: a request cut off (504) is safe to send again.
+                answer = self.api.request("POST", "/tasks", body=body, idempotent=True, resend=_without_stored)
+            except ApiError as exc:
+                raise _Refused(exc, self.api.stored_before_resend & chunk_keys) from exc
             # Tasks stored by an attempt the API asked to re-send are left out of the next one, or
             # answer "exists" in it (after a 504, which names none, they are counted as existing).
-            stored = self.api.stored_before_resend & {task["key"] for task in chunk}
+            stored = self.api.stored_before_resend & chunk_keys
             again = sum(1 for result in answer["results"] if result["outcome"] == "exists" and result["key"] in stored)
             return answer["created"] + len(stored), answer["existing"] - again
 
-        def record(chunk: list[dict[str, Any]], counts: tuple[int, int]) -> None:
-            nonlocal created, existing
+        def record(first: int, chunk: list[dict[str, Any]], sent: Callable[[], tuple[int, int]]) -> None:
+            nonlocal created, existing, refused
+            try:
+                counts = sent()
+            except _Refused as exc:
+                # What the refused request stored is stored; the first refused is the one reported.
+                created += len(exc.stored)
+                keys.extend(task["key"] for task in chunk if task["key"] in exc.stored)
+                if refused is None:
+                    refused = exc.at(first, len(chunk))
+                return
             created += counts[0]
             existing += counts[1]
             keys.extend(task["key"] for task in chunk)
             if on_progress is not None:
                 on_progress(Submitted(batch_id, len(keys), created, existing, ()))
 
+        numbered = _numbered(chunked(tasks, chunk_size))
         if parallel == 1:
-            for chunk in chunked(tasks, chunk_size):
-                record(chunk, put(chunk))
+            for first, chunk in numbered:
+                record(first, chunk, functools.partial(put, chunk))
+                if refused is not None:
+                    break
         else:
             with ThreadPoolExecutor(max_workers=parallel) as pool:
                 sent: collections.deque[_Sent] = collections.deque()
-                for chunk in chunked(tasks, chunk_size):
-                    sent.append((chunk, pool.submit(put, chunk)))
+                for first, chunk in numbered:
+                    sent.append((first, chunk, pool.submit(put, chunk)))
                     if len(sent) >= 2 * parallel:  # read the tasks only as fast as they are put
                         record(*_answered(sent.popleft()))
+                    if refused is not None:  # send nothing more; count what those in flight store
+                        break
                 while sent:
                     record(*_answered(sent.popleft()))
-        return Submitted(batch_id, len(keys), created, existing, tuple(keys))
+        submitted = Submitted(batch_id, len(keys), created, existing, tuple(keys))
+        if refused is not None:
+            raise SubmitStopped(refused.cause, submitted, refused.first, refused.count) from refused.cause
+        return submitted
 
     # -- following them --------------------------------------------------------------------
 
@@ -216,7 +255,30 @@ class Coworker:
         return Task.of(self.api.request("POST", f"/tasks/{_path(key)}/cancel"))
 
 
-_Sent = tuple[list[dict[str, Any]], Future[tuple[int, int]]]
+_Sent = tuple[int, list[dict[str, Any]], Future[tuple[int, int]]]
+
+
+class _Refused(Exception):
+    """A request of a submit refused (``cause``), with the keys of it stored before, and where
+    its tasks start in the input once known."""
+
+    def __init__(self, cause: ApiError, stored: set[str]) -> None:
+        super().__init__(cause.message)
+        self.cause = cause
+        self.stored = stored
+        self.first = self.count = 0
+
+    def at(self, first: int, count: int) -> _Refused:
+        self.first, self.count = first, count
+        return self
+
+
+def _numbered(chunks: Iterable[list[dict[str, Any]]]) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """Each chunk with the index in the input of its first task."""
+    first = 0
+    for chunk in chunks:
+        yield first, chunk
+        first += len(chunk)
 
 
 def _without_stored(body: dict[str, Any], stored: set[str]) -> dict[str, Any]:
@@ -227,10 +289,11 @@ def _without_stored(body: dict[str, Any], stored: set[str]) -> dict[str, Any]:
     return {**body, "tasks": rest or body["tasks"][:1]}
 
 
-def _answered(sent: _Sent) -> tuple[list[dict[str, Any]], tuple[int, int]]:
-    """A chunk sent and its counts (created, existing), once its request is answered."""
-    chunk, answer = sent
-    return chunk, answer.result()
+def _answered(sent: _Sent) -> tuple[int, list[dict[str, Any]], Callable[[], tuple[int, int]]]:
+    """A chunk sent (where it starts, its tasks) and what gives its counts (created, existing)
+    once its request is answered."""
+    first, chunk, answer = sent
+    return first, chunk, answer.result
 
 
 def chunked(tasks: Iterable[Mapping[str, Any]], size: int = CHUNK_TASKS) -> Iterator[list[dict[str, Any]]]:

@@ -8,22 +8,25 @@ streams, and returns the exit code; a command line that cannot be carried out ra
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import shlex
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any, TextIO
 from urllib.parse import quote
 
 from coworker_local.api_client import ApiClient, ApiError, Unreachable
-from coworker_local.client import Coworker, Submitted
+from coworker_local.client import Coworker, SubmitStopped, Submitted
 
 # What one POST /tasks may carry: the API's batch limit, and under Lambda's 6 MB request limit.
 
 EXIT_OK, EXIT_API_ERROR, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 EXIT_BROKEN_PIPE = 141  # the shell's code for a command stopped by SIGPIPE
+# Problems listed in one message at most (a file of 100,000 bad lines is summed up, not printed).
+LISTED_PROBLEMS = 20
 
 
 class UsageError(Exception):
@@ -71,6 +74,20 @@ class Progress:
             self.out.flush()
 
 
+def write_api_error(exc: ApiError, err: TextIO) -> None:
+    """The API's refusal as worded, then each of its problems that the wording does not already
+    show (the API's message names the first few), at most LISTED_PROBLEMS."""
+    err.write(f"error ({exc.status}): {exc.message}\n")
+    details = [f"{detail.get('location', '?')}: {detail.get('message', '')}" for detail in exc.errors]
+    _write_listed([line for line in details if line not in exc.message], err, "problems")
+
+
+def _write_listed(lines: list[str], err: TextIO, what: str) -> None:
+    err.writelines(f"  {line}\n" for line in lines[:LISTED_PROBLEMS])
+    if len(lines) > LISTED_PROBLEMS:
+        err.write(f"  ... and {len(lines) - LISTED_PROBLEMS} more {what}\n")
+
+
 # -- commands ----------------------------------------------------------------------------------
 
 def _json_flag(text: str, flag: str) -> Any:
@@ -93,19 +110,70 @@ def _task_from_flags(args: argparse.Namespace) -> dict[str, Any]:
     return task
 
 
-def _read_tasks(lines: Iterable[str], source: str) -> Iterator[dict[str, Any]]:
+Line = tuple[int, dict[str, Any]]  # a task of a file, with its line number (from 1)
+
+
+def _read_tasks(lines: Iterable[str], source: str, batch_id: str) -> list[Line]:
+    """Every task of a JSON-lines file with its line number, each checked against the task rules
+    before anything is sent (a :class:`UsageError` lists the bad lines: the first LISTED_PROBLEMS
+    and how many more). A task without a key gets ``<batch id>:<line>``: re-running the same file
+    with the same batch id stores each task once, including those stored before a refusal."""
+    tasks: list[Line] = []
+    problems: list[tuple[int, str]] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             task = json.loads(line)
         except ValueError as exc:
-            raise UsageError(f"{source}, line {number}: not valid JSON ({exc})") from None
+            problems.append((number, f"not valid JSON ({exc})"))
+            continue
         if not isinstance(task, dict):
-            raise UsageError(f"{source}, line {number}: expected a JSON object, got {type(task).__name__}")
-        if task.get("key") is None:  # a key of its own: a re-sent batch stores each task once
-            task["key"] = str(uuid.uuid4())
-        yield task
+            problems.append((number, f"expected a JSON object, got {type(task).__name__}"))
+            continue
+        if task.get("key") is None:
+            task["key"] = f"{batch_id}:{number}"
+        tasks.append((number, task))
+    problems += _task_problems(tasks)
+    if problems:
+        problems.sort()
+        listed = [f"line {number}: {problem}" for number, problem in problems]
+        bad = len({number for number, _ in problems})
+        lines_listed = io.StringIO()
+        _write_listed(listed, lines_listed, "problems")
+        raise UsageError(f"{source}: {bad} bad line{'' if bad == 1 else 's'}; nothing was sent\n"
+                         + lines_listed.getvalue().rstrip("\n"))
+    return tasks
+
+
+def _task_problems(tasks: list[Line]) -> list[tuple[int, str]]:
+    """What the task rules (the API's own model, ``NewTask``) refuse in ``tasks``, and keys that
+    repeat, by line. The API still checks what only it knows (task types, time limits)."""
+    from coworker.engine.tasks import NewTask
+    from pydantic import ValidationError
+
+    problems: list[tuple[int, str]] = []
+    first_line: dict[Any, int] = {}
+    for number, task in tasks:
+        try:
+            NewTask.model_validate(task)
+        except ValidationError as exc:
+            problems += [(number, _problem(error)) for error in exc.errors()]
+        key = task["key"]
+        if isinstance(key, str) and first_line.setdefault(key, number) != number:
+            problems.append((number, f"key: repeats the key {key!r} of line {first_line[key]}"))
+    return problems
+
+
+def _problem(error: Any) -> str:
+    """A pydantic error as ``field: message`` (worded as the API words them)."""
+    field = ".".join(str(part) for part in error.get("loc", ())) or "task"
+    message = str(error.get("msg", "invalid value"))
+    if error.get("type") == "extra_forbidden":
+        message = "unknown field"
+    elif error.get("type") == "missing":
+        message = "required field is missing"
+    return f"{field}: {message.removeprefix('Value error, ')}"
 
 
 def _callbacks(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -142,43 +210,83 @@ def cmd_submit(client: ApiClient, args: argparse.Namespace, out: TextIO, err: Te
             raise UsageError(f"cannot read {args.file}: {exc.strerror}") from None
         source = args.file
     try:
-        lines = data.decode("utf-8-sig").splitlines()
+        text = data.decode("utf-8-sig").splitlines()
     except UnicodeDecodeError as exc:
         line = data[:exc.start].count(b"\n") + 1
         raise UsageError(f"{source}, line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x})") from None
-    tasks = list(_read_tasks(lines, source))
-    if not tasks:
-        raise UsageError(f"{source} holds no tasks")
     # One batch id for every request: the batch counts all of them, and re-running the command
-    # with --batch-id (and keyed tasks) re-submits idempotently.
-    progress = Progress(len(tasks), err, enabled=not args.quiet)
-    done = Submitted("", 0, 0, 0, ())
+    # with it stores only what is missing (keyless lines get keys derived from it).
+    batch_id = args.batch_id or uuid.uuid4().hex
+    lines = _read_tasks(text, source, batch_id)
+    if not lines:
+        raise UsageError(f"{source} holds no tasks")
+    progress = Progress(len(lines), err, enabled=not args.quiet)
 
     def show(so_far: Submitted) -> None:
-        nonlocal done
-        done = so_far
         progress.show(so_far.submitted, f"created {so_far.created}, existing {so_far.existing}")
 
     try:
-        submitted = Coworker(api=client).submit(tasks, batch_id=args.batch_id, chunk_size=args.chunk_size,
-                                                on_progress=show, callbacks=_callbacks(args),
-                                                parallel=args.parallel)
-    except ApiError as exc:
-        # Entries are numbered within the refused request; say where that is in the input.
-        if exc.errors:
-            exc.message += f" (entries are counted from task {done.submitted + 1} of {source})"
-        raise
-    finally:
+        submitted = Coworker(api=client).submit([task for _, task in lines], batch_id=batch_id,
+                                                chunk_size=args.chunk_size, on_progress=show,
+                                                callbacks=_callbacks(args), parallel=args.parallel)
+    except SubmitStopped as exc:
         progress.close()
-    batch_id, sent, created, existing = (submitted.batch_id, submitted.submitted, submitted.created,
-                                         submitted.existing)
-    summary = {"batch_id": batch_id, "submitted": sent, "created": created, "existing": existing}
+        _write_stopped(exc, args, source, [number for number, _ in lines], out, err)
+        return EXIT_API_ERROR
+    progress.close()
+    summary = {"batch_id": batch_id, "submitted": submitted.submitted, "created": submitted.created,
+               "existing": submitted.existing}
     if args.json:
         _print_json(summary, out)
     else:
-        out.write(f"batch {batch_id}: {sent} submitted, {created} created, {existing} existing\n"
+        out.write(f"batch {batch_id}: {submitted.submitted} submitted, {submitted.created} created, "
+                  f"{submitted.existing} existing\n"
                   f"follow it with: coworker batch {batch_id}\n")
     return EXIT_OK
+
+
+def _write_stopped(exc: SubmitStopped, args: argparse.Namespace, source: str, numbers: list[int],
+                   out: TextIO, err: TextIO) -> None:
+    """A file submit the API stopped: the refusal, its problems by line of the file, what is
+    stored in which batch, and the command that stores the rest."""
+    done = exc.submitted
+    refused = numbers[exc.first:exc.first + exc.count]
+    if exc.errors:  # a 4xx naming its problems: that request wrote nothing; say where they are
+        wrote = "wrote nothing" if exc.status < 500 else "may have stored some of its tasks"
+        err.write(f"error ({exc.status}): {source}: the API refused the request of lines "
+                  f"{refused[0]}-{refused[-1]} ({len(exc.errors)} problem{'' if len(exc.errors) == 1 else 's'}; "
+                  f"that request {wrote}):\n")
+        _write_listed([_by_line(detail, numbers, exc.first) for detail in exc.errors], err, "problems")
+    else:
+        write_api_error(exc, err)
+        err.write(f"(the refused request held lines {refused[0]}-{refused[-1]} of {source})\n")
+    total = len(numbers)
+    maybe = " at least" if exc.status >= 500 else ""
+    err.write(f"stored in batch {done.batch_id}:{maybe} {done.created + done.existing} of {total} tasks "
+              f"({done.created} created, {done.existing} existing)\n")
+    rerun = ["coworker", "submit", "--file", args.file, "--batch-id", done.batch_id]
+    for event in ("complete", "success", "stopped"):
+        if getattr(args, f"on_{event}"):
+            rerun += [f"--on-{event}", getattr(args, f"on_{event}")]
+    if args.callback_payload is not None:
+        rerun += ["--callback-payload", args.callback_payload]
+    err.write(f"once it is fixed, store the rest with: {shlex.join(rerun)}\n"
+              "(a task stored already is not stored again: each line keeps its key)\n")
+    if args.json:
+        _print_json({"batch_id": done.batch_id, "submitted": total, "stored": done.created + done.existing,
+                     "created": done.created, "existing": done.existing, "stopped": True,
+                     "refused_lines": [refused[0], refused[-1]]}, out)
+
+
+def _by_line(detail: dict[str, Any], numbers: list[int], first: int) -> str:
+    """A problem of a refused request, placed by the line of the file (its ``entry`` counts the
+    request's tasks from 0)."""
+    location, message = str(detail.get("location", "?")), str(detail.get("message", ""))
+    entry = detail.get("entry")
+    if not isinstance(entry, int) or not 0 <= first + entry < len(numbers):
+        return f"{location}: {message}"
+    field = location.split(f"tasks[{entry}]", 1)[-1].lstrip(".") or "task"
+    return f"line {numbers[first + entry]}: {field}: {message}"
 
 
 def cmd_status(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

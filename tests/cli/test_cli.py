@@ -180,14 +180,14 @@ def test_api_errors_are_printed_as_worded_with_a_nonzero_exit(served, tmp_path):
     assert result.returncode == 1
     assert ("error (422): Invalid request: body.max_attempts: Input should be greater than or equal to 1"
             in result.stderr)
-    assert "  body.max_attempts: Input should be greater than or equal to 1" in result.stderr
+    assert result.stderr.count("Input should be greater than or equal to 1") == 1  # printed once
 
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps({"type": "quick"}) + "\n" + json.dumps({"type": "quick", "key": ""}) + "\n")
     result = served.run("submit", "--file", str(path), "--quiet")
-    assert result.returncode == 1
-    assert "refused as a whole (nothing was written): 1 bad entry" in result.stderr
-    assert "body.tasks[1].key" in result.stderr
+    assert result.returncode == 2  # checked before anything is sent
+    assert "1 bad line; nothing was sent" in result.stderr
+    assert "line 2: key: String should have at least 1 character" in result.stderr
     assert served.run("list", "--status", "todo").stdout.count("\n") == 1  # header only: nothing written
 
     result = served.run("list", "--status", "todo", "--cursor", "garbage")
@@ -453,3 +453,77 @@ def test_schedules_from_the_command_line(served):
     assert served.run("schedule", "delete", "nightly").stdout.rstrip().endswith("(deleted)")
     gone = served.run("schedule", "show", "nightly")
     assert gone.returncode == 1 and "no schedule named 'nightly'" in gone.stderr
+
+
+def test_a_refusal_lists_each_problem_once(served):
+    # Given a task of a type no handler is registered for
+    # When it is submitted
+    result = served.run("submit", "--type", "nosuchtype")
+    # Then the API's 422 is printed with each of its problems once
+    assert result.returncode == 1
+    assert result.stderr.count("no handler is registered for task type 'nosuchtype'") == 1, result.stderr
+
+
+def _lines(count: int, start: int = 0, **fields) -> list[str]:
+    return [json.dumps({"type": "quick", "payload": {"n": n}, **fields}) for n in range(start, start + count)]
+
+
+def test_every_bad_line_of_a_file_is_named_by_its_line_and_nothing_is_sent(served, tmp_path):
+    # Given a file of 1,500 good lines and 25 that the task rules refuse (and a blank line)
+    lines = _lines(1500)
+    lines[10:10] = _lines(25, max_attempts=0)
+    lines.insert(0, "")
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    before = len(served.events)
+    # When it is submitted
+    result = served.run("submit", "--file", str(path), "--parallel", "1", "--quiet")
+    # Then nothing is sent, and the first 20 bad lines are named by their line in the file (from 1)
+    assert result.returncode == 2, result.stderr
+    assert len(served.events) == before
+    assert "25 bad lines; nothing was sent" in result.stderr
+    assert "line 12: max_attempts: Input should be greater than or equal to 1" in result.stderr
+    assert "line 31: max_attempts" in result.stderr and "line 32:" not in result.stderr
+    assert "... and 5 more problems" in result.stderr
+    assert "entry" not in result.stderr and "tasks[" not in result.stderr
+
+
+def test_a_file_refused_part_way_says_what_was_stored_and_a_re_run_stores_only_the_rest(served, tmp_path):
+    # Given 25 good lines without keys, then one of a type the API does not know, sent 10 at a time
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join([*_lines(25), json.dumps({"type": "nosuchtype"})]) + "\n")
+    # When it is submitted one request at a time
+    result = served.run("submit", "--file", str(path), "--parallel", "1", "--chunk-size", "10", "--quiet")
+    # Then the message says how many tasks were stored, in which batch, where the refusal is, and how to
+    # go on, numbering by the file's lines
+    assert result.returncode == 1
+    stderr = result.stderr
+    assert "nothing was written" not in stderr and "entry" not in stderr and "tasks[" not in stderr, stderr
+    assert "line 26: type: no handler is registered for task type 'nosuchtype'" in stderr, stderr
+    assert stderr.count("no handler is registered") == 1
+    assert "lines 21-26" in stderr
+    batch_id = stderr.split("stored in batch ")[1].split(":")[0]
+    assert f"stored in batch {batch_id}: 20 of 26 tasks (20 created, 0 existing)" in stderr
+    assert f"--batch-id {batch_id}" in stderr
+
+    # When the bad line is fixed and the file submitted again with that batch id
+    path.write_text("\n".join([*_lines(25), json.dumps({"type": "quick"})]) + "\n")
+    again = served.run("submit", "--file", str(path), "--batch-id", batch_id, "--chunk-size", "10", "--quiet")
+    # Then only the tasks missing are created: the lines without keys have the same keys as before
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[0] == f"batch {batch_id}: 26 submitted, 6 created, 20 existing"
+
+
+def test_requests_sent_alongside_a_refused_one_are_counted_exactly(served, tmp_path):
+    # Given three requests' worth of tasks, the first of which the API refuses (line 3)
+    lines = _lines(30)
+    lines[2] = json.dumps({"type": "nosuchtype"})
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    # When they are sent four requests at a time
+    result = served.run("submit", "--file", str(path), "--chunk-size", "10", "--parallel", "4", "--quiet",
+                        "--batch-id", "side")
+    # Then the two requests sent beside it are counted as stored
+    assert result.returncode == 1
+    assert "stored in batch side: 20 of 30 tasks (20 created, 0 existing)" in result.stderr, result.stderr
+    assert "line 3: type: no handler" in result.stderr and "lines 1-10" in result.stderr
