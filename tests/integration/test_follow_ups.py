@@ -1,15 +1,17 @@
 """Follow-up tasks: a handler's ``context.spawn`` puts new tasks with its completion, fenced by its
-claim, idempotent by key, in its batch when asked; the example crawl fans one seed out to 400 pages."""
+claim, idempotent by key, in its batch when asked; the example crawl fans one seed out to 85 pages,
+and its pages keep the seed's limits."""
 
 from __future__ import annotations
 
 import pytest
 from coworker.data import writes
 from coworker.data.models import TaskModel
-from coworker.engine import batches, lifecycle
+from coworker.engine import batches, lifecycle, submit
 from coworker.engine.examples import crawl_key
 from coworker.engine.handlers import MAX_FOLLOW_UPS, task_handler
 from coworker.engine.outcomes import TaskOutcome
+from coworker.engine.tasks import TaskSpec
 from coworker.engine.worker import process_task
 from coworker.errors import StorageError
 from coworker.testing import make_context
@@ -149,25 +151,40 @@ def _exists(key: str) -> bool:
 
 
 @pytest.mark.slow
-def test_the_example_crawl_fans_one_seed_out_to_400_pages_each_crawled_once(dynamodb_server) -> None:
-    # 1 + 7 + 49 + 343 pages: each page above the last level puts its 7 links, and every page puts
-    # the home page and its parent again: 1,199 idempotent puts by key, 800 of them finding their
-    # page already there.
+def test_the_example_crawl_fans_one_seed_out_to_85_pages_each_crawled_once(dynamodb_server) -> None:
+    # 1 + 4 + 16 + 64 pages: each page above the last level puts its 4 links, and every page
+    # below the seed links back to the seed and its parent (link_back): 248 idempotent puts by
+    # key, 164 of them finding their page already there.
     with LocalTaskSystem(dynamodb_endpoint=dynamodb_server.endpoint, max_concurrency=20, batch_size=10) as system:
-        system.put("crawl", {"fanout": 7, "max_depth": 3}, key=crawl_key("/"), batch_id="crawl")
+        system.put("crawl", {"fanout": 4, "max_depth": 3, "link_back": True}, key=crawl_key("/"), batch_id="crawl")
         system.drain(timeout_seconds=300)
         pages = [task for task in TaskModel.scan() if task.task_type == "crawl"]
         urls = [task.payload.get("url", "/") for task in pages]
-        assert len(pages) == len(set(urls)) == 1 + 7 + 49 + 343
+        assert len(pages) == len(set(urls)) == 1 + 4 + 16 + 64
         assert {(task.status, int(task.attempts)) for task in pages} == {("finished", 1)}
         assert sorted({task.payload.get("depth", 0) for task in pages}) == [0, 1, 2, 3]
+        assert sum(int(task.result["links"]) for task in pages) == 248
         progress = batches.get_batch("crawl")
-        assert (progress.total, progress.finished, progress.done) == (400, 400, True)
+        assert (progress.total, progress.finished, progress.done) == (85, 85, True)
         # No page ran twice: every page's one attempt (attempts 1, above), and no page reported
         # finished twice. (An invocation that reaches its deadline returns without the reports of
         # threads still recording, as Lambda would: on a loaded machine a few can be missing.)
         finished_reports = [r.key for r in system.reports if r.outcome is TaskOutcome.FINISHED]
-        assert len(finished_reports) == len(set(finished_reports)) and len(finished_reports) > 350
+        assert len(finished_reports) == len(set(finished_reports)) and len(finished_reports) > 70
+
+
+def test_a_crawl_from_a_url_stays_small_and_every_page_keeps_the_seeds_concurrency_limit(dynamodb_server) -> None:
+    """The README's and docs' crawl: a seed with a URL and a concurrency key, the defaults."""
+    with LocalTaskSystem(dynamodb_endpoint=dynamodb_server.endpoint, max_concurrency=20, batch_size=10) as system:
+        seed = TaskSpec(key="site-seed", type="crawl", payload={"url": "https://example.com/docs"},
+                        batch_id="site", concurrency_key="example.com", concurrency_limit=2)
+        submit.put_task(seed, system.settings)
+        system.drain()
+        pages = [task for task in TaskModel.scan() if task.task_type == "crawl" and task.batch_id == "site"]
+        assert len(pages) == 1 + 3 + 9 and {task.status for task in pages} == {"finished"}
+        assert all(task.payload["url"].startswith("https://example.com/docs") for task in pages)
+        assert {(task.concurrency_key, int(task.concurrency_limit)) for task in pages} == {("example.com", 2)}
+        assert batches.get_batch("site").done
 
 
 def test_the_example_crawls_callback_summarises_every_page_once_the_batch_is_done(dynamodb_server) -> None:
