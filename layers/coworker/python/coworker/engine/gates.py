@@ -64,7 +64,7 @@ from coworker.config import Settings
 from coworker.data import index, writes
 from coworker.data.layout import BLOCKED_PREFIX, GATE_PREFIX, WAITING_GATES
 from coworker.data.models import GateModel, TaskModel, utcnow
-from coworker.engine.lifecycle import Claim, fenced, give_back_actions, lock_expiry, release_unstarted
+from coworker.engine.lifecycle import Claim, fenced, give_back_actions, head_of_queue, lock_expiry, release_unstarted
 from coworker.observability import logger
 
 KEY_GROUP = "key:"
@@ -104,7 +104,7 @@ class Entry(str, enum.Enum):
 
     ENTERED = "entered"  # it holds a place in every group: run it
     BLOCKED = "blocked"  # a group was full: the task waits, out of the queue, until a place frees
-    GIVEN_BACK = "given_back"  # the gate kept changing: the task is due again at once
+    GIVEN_BACK = "given_back"  # the gate kept changing: the task is due again, at the head of the queue
     LOST = "lost"  # the claim was no longer this worker's (cancelled meanwhile): nothing to do
 
 
@@ -198,7 +198,9 @@ def enter(claim: Claim, groups: Sequence[Group], now: datetime | None = None,
         if outcome is not None:
             return outcome
         # A place freed between the read and the block: try again.
-    return Entry.GIVEN_BACK if release_unstarted(claim, now) else Entry.LOST
+    # Given back where it stood in the queue (as a blocked task is woken), not behind newer work.
+    given_back = release_unstarted(claim, now, due=head_of_queue(claim.task, now))
+    return Entry.GIVEN_BACK if given_back else Entry.LOST
 
 
 def _block(claim: Claim, group: Group, now: datetime) -> Entry | None:
@@ -291,7 +293,9 @@ def extend(claim: Claim, settings: Settings, now: datetime) -> bool:
 
 def wake(group: Group, count: int) -> list[str]:
     """Put up to ``count`` of ``group``'s blocked tasks, oldest first, back in their status's
-    queue (due at once, at its head); the keys moved."""
+    queue; the keys moved. Only the index partition changes: ``due_at`` was set when the task was
+    blocked to where it stood in the queue (:func:`coworker.engine.lifecycle.head_of_queue`, its
+    creation less its priority), so a woken task is due at once and ahead of work put since."""
     woken: list[str] = []
     for task in TaskModel.status_index.query(group.blocked_partition, limit=count):
         back = [TaskModel.status_shard.set(TaskModel.shard_value_of(task.key, task.status))]
