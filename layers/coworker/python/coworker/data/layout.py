@@ -61,8 +61,12 @@ LEGACY_STATUS_INDEX_NAME: Final = "status-due"
 DEFAULT_STATUS_SHARDS: Final = 4
 MAX_STATUS_SHARDS: Final = 100
 STATUS_INDEX_SORT_KEY: Final = "due_at"
-# Non-key attributes copied into the index: enough for listings and for the coordinator
-# to reap lost tasks at their attempt ceiling without reading the table.
+# Non-key attributes copied into the index: enough for listings, and for the coordinator to
+# tell from the index alone which lost tasks are at their attempt ceiling (attempts,
+# max_attempts). Reaping one does read the table: one consistent read of the task's errors,
+# updated_at and attempts (again if the record changed in between; lifecycle.reap_lost), since
+# its worker_lost entry joins a history kept at the last ``error_history`` entries, which the
+# writer must see to trim.
 STATUS_INDEX_PROJECTED: Final = (
     STATUS_ATTRIBUTE, "type", "attempts", "max_attempts", "updated_at", "batch_id", "lock_owner",
 )
