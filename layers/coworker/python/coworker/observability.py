@@ -170,4 +170,5 @@ class MetricName:
     RUNNERS_STARTED = "RunnersStarted"  # container runners the coordinator started (RunTask accepted)
     RUNNER_START_FAILED = "RunnerStartFailed"  # RunTask refused or failed: its slot freed, tried next tick
     BUSY_RUNNERS = "BusyRunnerSlots"  # runner slots reserved or held, counted by each tick
+    SLOT_UPKEEP_FAILED = "SlotUpkeepFailed"  # a run could not create or delete worker/runner slots at its start
 

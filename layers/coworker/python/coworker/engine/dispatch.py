@@ -555,6 +555,20 @@ def backlog_gauges(backlog: index.Backlog) -> list[tuple[str, MetricUnit, float]
             (MetricName.BLOCKED_TASKS, MetricUnit.Count, backlog.blocked)]
 
 
+def _keep_slots(count: int, pool: slots.SlotPool) -> None:
+    """Create the missing slots below ``count`` and delete the free ones above it, at a run's start.
+    A write DynamoDB refuses (throttling, an outage) is logged and counted (``SlotUpkeepFailed``,
+    to alarm on) and the run goes on: missing slots start fewer workers, surplus ones are never
+    used (only slots below ``count`` are), and the next run tries again."""
+    for step in (slots.ensure_slots, slots.retire_extra_slots):
+        try:
+            step(count, pool=pool)
+        except Exception:  # noqa: BLE001 - no upkeep failure may keep the run from ticking
+            logger.exception("could not keep the worker slots; the run goes on, the next run tries again",
+                             extra={"step": step.__name__, "slot_pool": pool.prefix, "slots": count})
+            metrics.add_metric(name=MetricName.SLOT_UPKEEP_FAILED, unit=MetricUnit.Count, value=1)
+
+
 class Supervisor:
     """The coordinator's long-running loop: one tick every ``tick_seconds``, on a fixed cadence,
     while it holds the single-flight lease ``lease#coordinator``.
@@ -595,11 +609,9 @@ class Supervisor:
             return []
         reports: list[TickReport] = []
         try:
-            slots.ensure_slots(settings.worker_slots)
-            slots.retire_extra_slots(settings.worker_slots)
+            _keep_slots(settings.worker_slots, slots.WORKERS)
             if self.launcher is not None:
-                slots.ensure_slots(settings.max_runners, pool=slots.RUNNERS)
-                slots.retire_extra_slots(settings.max_runners, pool=slots.RUNNERS)
+                _keep_slots(settings.max_runners, slots.RUNNERS)
             next_at = self.clock()
             while not stop.is_set() and remaining() >= settings.tick_seconds:
                 if not slots.extend(COORDINATOR_LEASE, self.holder, self.lease_seconds):
