@@ -30,7 +30,9 @@ if [ ! -f "$stamp" ]; then
   echo "==> installing Python packages (requirements-dev.txt, $handler_requirements)"
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet -r requirements-dev.txt
-  .venv/bin/python -m pip install --quiet --no-deps -e .
+  # setuptools notes every editable install of mapped package folders ("Editable installation"):
+  # nothing to act on, so not shown.
+  PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install --quiet --no-deps -e .
   if grep -qv '^\s*\(#\|$\)' "$handler_requirements"; then
     .venv/bin/python -m pip install --quiet -r "$handler_requirements"
   fi
