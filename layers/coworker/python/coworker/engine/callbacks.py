@@ -186,9 +186,9 @@ def _callback_task(batch_id: str, event: str, named: Mapping[str, Any], progress
                    settings: Settings, now: datetime) -> TaskModel:
     template = NewTask.model_validate(named)
     payload = {"event": event, "batch": progress.to_dict(), "payload": template.payload}
-    spec = dataclasses.replace(NewTask.model_validate({**named, "payload": None,
-                                                       "key": callback_key(batch_id, event)}).to_spec(),
-                               payload=payload)
+    # The key is set after the checks: it is of the form reserved for callbacks (tasks.derived_key_problem).
+    spec = dataclasses.replace(NewTask.model_validate({**named, "payload": None}).to_spec(),
+                               key=callback_key(batch_id, event), payload=payload)
     # The payload stays on the record (the named part is at most MAX_CALLBACKS_BYTES): the
     # coordinator never needs the object store.
     return lifecycle.new_task(spec, settings, now)

@@ -410,10 +410,11 @@ def _run_occurrence(item: ScheduleModel, settings: Settings, now: datetime) -> t
                     extra={"schedule": item.name, "occurrence": latest.isoformat()})
     else:
         key = occurrence_key(item.name, latest)
-        template = NewTask.model_validate({**json.loads(item.template), "key": key})
+        template = NewTask.model_validate(json.loads(item.template))
         # The payload stays on the record (at most MAX_TEMPLATE_BYTES): the coordinator never
-        # needs the object store, whatever COWORKER_INLINE_PAYLOAD_BYTES says.
-        spec = template.to_spec()
+        # needs the object store, whatever COWORKER_INLINE_PAYLOAD_BYTES says. The key is set
+        # after the checks: it is of the form reserved for occurrences (tasks.derived_key_problem).
+        spec = dataclasses.replace(template.to_spec(), key=key)
         if writes.put_if_new(lifecycle.new_task(spec, settings, now), f"task {key!r}"):
             made.append((key, spec.type))
         logger.info("schedule occurrence put",

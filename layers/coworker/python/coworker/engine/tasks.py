@@ -8,6 +8,7 @@ a :class:`NewTask`, so every way in refuses the same things with the same words.
 from __future__ import annotations
 
 import dataclasses
+import re
 import unicodedata
 import uuid
 from datetime import UTC, datetime
@@ -31,6 +32,13 @@ MIN_RATE_INTERVAL_SECONDS = 0.001  # the start log counts milliseconds
 MIN_TIMEOUT_SECONDS = 1.0
 MAX_TIMEOUT_SECONDS = 7 * 86_400.0
 BATCH_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+# Keys Coworker derives for the tasks it puts itself, each put only if its key is new: a task put
+# first under one would take that task's place. coworker.engine.schedules.occurrence_key
+# (<schedule name>@<occurrence, UTC, to the second>) and coworker.engine.callbacks.callback_key
+# (<batch id>~<event>) build them; tests hold the two sides together.
+OCCURRENCE_KEY_PATTERN = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}@[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
+CALLBACK_KEY_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}~(complete|success|stopped)")
 # Containers (objects, arrays) nested in a payload at most: below every later stage's limit (the
 # storage library's JSON encoding, the response models), so a payload taken is a payload read.
 MAX_PAYLOAD_DEPTH = 64
@@ -91,6 +99,18 @@ def key_problem(key: str) -> str | None:
     return None
 
 
+def derived_key_problem(key: str) -> str | None:
+    """Why a task put by anyone but Coworker may not have ``key`` (the key of a schedule's
+    occurrence or of a batch's callback), or ``None``. Such keys are still read like any other."""
+    if OCCURRENCE_KEY_PATTERN.fullmatch(key):
+        return ("keys of the form <schedule name>@<YYYY-MM-DDTHH:MM:SSZ> are reserved for the tasks schedules "
+                "put (one per occurrence); choose another key")
+    if CALLBACK_KEY_PATTERN.fullmatch(key):
+        return ("keys of the form <batch id>~complete, ~success or ~stopped are reserved for batch callbacks; "
+                "choose another key")
+    return None
+
+
 def time_as_text(value: Any, name: str) -> Any:
     """Refuse a time given as anything but a string (a number would be read as epoch seconds)."""
     if value is not None and not isinstance(value, str | datetime):
@@ -117,7 +137,9 @@ class NewTask(BaseModel):
         None, min_length=1, max_length=MAX_KEY_CHARS,
         description="Unique task key; makes the put idempotent. A UUID is generated when absent. "
                     f"1-{MAX_KEY_CHARS} characters, no control characters, not starting with "
-                    f"'{BATCH_KEY_PREFIX}'. Percent-encode it in URLs (including '/').",
+                    f"'{BATCH_KEY_PREFIX}', not of the forms Coworker gives the tasks it puts "
+                    "(<schedule>@<YYYY-MM-DDTHH:MM:SSZ>, <batch id>~complete|success|stopped). "
+                    "Percent-encode it in URLs (including '/').",
     )
     type: str = Field(min_length=1, max_length=MAX_TYPE_CHARS,
                       description="Task type: selects the registered handler.")
@@ -181,7 +203,7 @@ class NewTask(BaseModel):
     def _key_is_usable(cls, value: str | None) -> str | None:
         if value is None:
             return value
-        problem = key_problem(value)
+        problem = key_problem(value) or derived_key_problem(value)
         if problem is not None:
             raise ValueError(problem)
         return value
