@@ -478,7 +478,7 @@ def complete(claim: Claim, settings: Settings, result: Any = None, now: datetime
 
     ``result`` is kept on the record; ``result_ref`` points at a result in the result store.
     ``follow_ups`` (asked for by the handler) are put with the completion, in the same
-    transaction as far as DynamoDB's limits allow (98 tasks, 4 MB); more are put first, in
+    transaction as far as DynamoDB's limits allow (99 tasks, 4 MB); more are put first, in
     transactions that check the claim, so a stale attempt adds nothing. Each is put only if its
     key is new: if the worker dies after those first puts, the retry asks for the same keys.
     Raises ``PayloadTooLargeError`` for a follow-up payload no store takes.
