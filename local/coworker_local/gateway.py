@@ -9,6 +9,10 @@ and writes back the ``statusCode``, headers and body it returns.
 It is generic: the API tests, the CLI tests and the local runtime serve the task API with it,
 and ``extra_routes``/``static`` let the runtime add a dashboard next to the API.
 
+The HTTP/1.1 parsing and framing (request line, headers, Content-Length, chunks, keep-alive) is
+h11's, a maintained and strict implementation; in front of it this module refuses what h11 lets
+through but a local API must not take (a repeated Host or Origin, no Host, HTTP/2.0, both framings).
+
 Nothing here is used on AWS.
 """
 
@@ -19,6 +23,8 @@ import dataclasses
 import ipaddress
 import json
 import mimetypes
+import socket
+import socketserver
 import sys
 import threading
 import time
@@ -26,16 +32,18 @@ import traceback
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from email.message import Message
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+import h11
 from coworker.observability import invocation_scope
 
 # API Gateway refuses request bodies over 10 MB with 413.
 MAX_REQUEST_BYTES = 10 * 1024 * 1024
+# Request line and headers: a request whose head is longer is refused (431) before its body.
+MAX_HEADER_BYTES = 64 * 1024
 # A connection that sends nothing for this long is closed (an idle or stalled client).
 IDLE_TIMEOUT_SECONDS = 60.0
 # Methods that change nothing: allowed from any origin (a page can only read what CORS lets it).
@@ -211,7 +219,7 @@ class LocalGateway:
         # this machine on purpose); any other name is refused: a DNS-rebinding page uses one.
         self.allowed_hosts = {name.lower() for name in allowed_hosts}
         self._lock = None if concurrent else threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
+        self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -371,27 +379,60 @@ def _refused(status: int, message: str) -> GatewayResponse:
                            json.dumps({"statusCode": status, "message": message}))
 
 
-def _content_length(headers: Message) -> int | None:
-    """The body's length from ``Content-Length`` (0 when absent); ``None`` when it is not a
-    plain count of bytes (``abc``, ``1e3``, ``-1``, two different values, in one header or in
-    two)."""
-    given = headers.get_all("Content-Length")
-    if not given:
-        return 0
-    values = {part.strip() for value in given for part in value.split(",")}
-    if len(values) != 1:
-        return None
-    (text,) = values
-    return int(text) if text.isascii() and text.isdigit() else None
+def _framing_refusal(request: h11.Request) -> GatewayResponse | None:
+    """What h11 lets through but this server refuses before reading a body: an HTTP version other
+    than 1.0 and 1.1, a missing or repeated ``Host`` or ``Origin`` (which one would the host and
+    origin checks judge?), both framings at once (request smuggling), or a body over the limit."""
+    if request.http_version not in (b"1.0", b"1.1"):
+        return _refused(505, f"HTTP/{request.http_version.decode('ascii', 'replace')} is not supported: "
+                             "send HTTP/1.1")
+    names = [name for name, _ in request.headers]
+    for name in (b"host", b"origin"):
+        if names.count(name) > 1:
+            return _refused(400, f"send one {name.decode().title()} header, not {names.count(name)}")
+    if b"host" not in names:
+        return _refused(400, "a Host header is required: it names the server the request is for")
+    if b"transfer-encoding" in names and b"content-length" in names:
+        return _refused(400, "send a body either with Content-Length or chunked, not both")
+    length = next((int(value) for name, value in request.headers if name == b"content-length"), 0)
+    if length > MAX_REQUEST_BYTES:
+        return _refused(413, "Request Too Long")
+    return None
 
 
-class _Server(ThreadingHTTPServer):
-    """A threading HTTP server with a listen backlog for bursts of clients (the default of 5
+def _malformed(exc: h11.RemoteProtocolError) -> str:
+    """What h11 found wrong, without the bytes it quotes (they can be long, and not text)."""
+    reason = str(exc).split(": bytearray(", 1)[0].split(": b'", 1)[0]
+    return f"this is not a valid HTTP/1.1 request ({reason})"
+
+
+def _reason(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:  # a status of the handler's own
+        return b""
+
+
+class _Refusal(Exception):
+    """A request answered without reading the rest of it; the connection then closes."""
+
+    def __init__(self, response: GatewayResponse) -> None:
+        super().__init__(response.status)
+        self.response = response
+
+
+class _ClientGone(Exception):
+    """The connection ended, or stayed idle past the timeout, before a whole request arrived."""
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    """A thread per connection, with a listen backlog for bursts of clients (the default of 5
     resets connections when a batch of clients connects at once), quiet about clients that
     disconnect."""
 
     request_queue_size = 256
     daemon_threads = True
+    allow_reuse_address = True
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         if isinstance(sys.exc_info()[1], _CLIENT_GONE):
@@ -399,111 +440,114 @@ class _Server(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
-class _RequestHandler(BaseHTTPRequestHandler):
+class _RequestHandler(socketserver.BaseRequestHandler):
+    """One connection. h11 parses and frames HTTP/1.1 (request line, headers, Content-Length,
+    chunks, keep-alive, 100-continue); this class moves bytes between it and the socket."""
+
     gateway: LocalGateway
-    protocol_version = "HTTP/1.1"
     timeout = IDLE_TIMEOUT_SECONDS  # of each read: an idle connection is closed
 
-    def __getattr__(self, name: str) -> Any:
-        # Methods API Gateway has no route for (TRACE, CONNECT, PROPFIND...): 405 in the API's
-        # error shape, rather than http.server's HTML 501.
-        if name.startswith("do_"):
-            return self._method_not_allowed
-        raise AttributeError(name)
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        sock.settimeout(self.timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        connection = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
+        while True:
+            try:
+                request, body = self._read_request(connection)
+            except _ClientGone:
+                return
+            except h11.RemoteProtocolError as exc:
+                self._send(connection, _refused(exc.error_status_hint, _malformed(exc)))
+                self._drain()
+                return
+            except _Refusal as refusal:
+                self._send(connection, refusal.response)
+                self._drain()
+                return
+            self._send(connection, self._dispatch(request, body), head=request.method == b"HEAD")
+            if connection.our_state is not h11.DONE or connection.their_state is not h11.DONE:
+                return  # the connection ends here (Connection: close, HTTP/1.0)
+            connection.start_next_cycle()
 
-    def _method_not_allowed(self) -> None:
-        length = _content_length(self.headers)
-        if length is not None and 0 < length <= MAX_REQUEST_BYTES:
-            self.rfile.read(length)  # the next request on this connection starts after it
-        else:  # a body it will not read, or of unknown length: where the next request starts is unknown
-            self.close_connection = (length is None or length > 0
-                                     or self.headers.get("Transfer-Encoding") is not None)
-        body = json.dumps({"statusCode": 405, "error": "method_not_allowed",
-                           "message": f"method {self.command} is not allowed"})
-        self._send(GatewayResponse(405, {"Content-Type": "application/json", "Allow": ALLOWED_METHODS}, body))
+    def _next_event(self, connection: h11.Connection) -> Any:
+        while (event := connection.next_event()) is h11.NEED_DATA:
+            if connection.they_are_waiting_for_100_continue:
+                self.request.sendall(connection.send(h11.InformationalResponse(status_code=100, headers=[])))
+            try:
+                data = self.request.recv(65536)
+            except (TimeoutError, *_CLIENT_GONE):
+                raise _ClientGone from None
+            connection.receive_data(data)
+        if isinstance(event, h11.ConnectionClosed):
+            raise _ClientGone
+        return event
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        pass  # quiet: the handler logs through Powertools
-
-    def _handle(self) -> None:
-        body = self._read_body()
-        if body is None:
-            return  # answered, and the connection closed
-        parts = urlsplit(self.path)
-        request = GatewayRequest(
-            method=self.command,
-            path=unquote(parts.path) or "/",
-            query=parse_qs(parts.query, keep_blank_values=True),
-            headers={k: v for k, v in self.headers.items()},
-            body=body,
-        )
-        # Hop-by-hop headers are not passed on by API Gateway either.
-        pairs = [(k, v) for k, v in self.headers.items() if k.lower() not in ("connection", "keep-alive")]
-        response = self.gateway.dispatch(request, self.path, pairs, self.client_address[0])
-        self._send(response, head=self.command == "HEAD")
-
-    def _read_body(self) -> bytes | None:
-        """The request's body, by its length or in chunks; ``None`` once a malformed or oversized
-        framing has been answered (the connection is then closed: where the next request would
-        start is unknown)."""
-        encoding = self.headers.get("Transfer-Encoding")
-        length = _content_length(self.headers)
-        if encoding is not None:
-            if self.headers.get("Content-Length") is not None or encoding.strip().lower() != "chunked":
-                return self._refuse_framing(400, "send a body either with Content-Length or chunked, not both "
-                                                 "nor another transfer coding")
-            return self._read_chunks()
-        if length is None:
-            return self._refuse_framing(400, "Content-Length must be the body's size in bytes")
-        if length > MAX_REQUEST_BYTES:
-            return self._refuse_framing(413, "Request Too Long")
-        body = self.rfile.read(length) if length else b""
-        if len(body) < length:
-            self.close_connection = True  # the client stopped sending: nobody to answer
-            return None
-        return body
-
-    def _read_chunks(self) -> bytes | None:
+    def _read_request(self, connection: h11.Connection) -> tuple[h11.Request, bytes]:
+        request = self._next_event(connection)
+        refused = _framing_refusal(request)
+        if refused is not None:
+            raise _Refusal(refused)
         chunks: list[bytes] = []
         size = 0
-        while True:
-            line = self.rfile.readline(1024)
-            text = line.split(b";", 1)[0].strip()
-            try:
-                chunk = int(text, 16)
-            except ValueError:
-                chunk = -1
-            if chunk < 0:
-                return self._refuse_framing(400, "malformed chunked body")
-            if chunk == 0:
-                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
-                    pass  # trailers, if any
-                return b"".join(chunks)
-            size += chunk
+        while isinstance(event := self._next_event(connection), h11.Data):
+            size += len(event.data)
             if size > MAX_REQUEST_BYTES:
-                return self._refuse_framing(413, "Request Too Long")
-            data = self.rfile.read(chunk)
-            if len(data) < chunk or self.rfile.readline(1024).strip():
-                return self._refuse_framing(400, "malformed chunked body")
-            chunks.append(data)
+                raise _Refusal(_refused(413, "Request Too Long"))
+            chunks.append(bytes(event.data))
+        return request, b"".join(chunks)
 
-    def _refuse_framing(self, status: int, message: str) -> bytes | None:
-        self._send(_refused(status, message))
-        self.close_connection = True
-        return None
+    def _dispatch(self, event: h11.Request, body: bytes) -> GatewayResponse:
+        method = event.method.decode("ascii")
+        if method not in ALLOWED_METHODS.split(", "):
+            # Methods API Gateway has no route for (TRACE, CONNECT, PROPFIND...): 405 in the API's
+            # error shape.
+            return GatewayResponse(405, {"Content-Type": "application/json", "Allow": ALLOWED_METHODS},
+                                   json.dumps({"statusCode": 405, "error": "method_not_allowed",
+                                               "message": f"method {method} is not allowed"}))
+        target = event.target.decode("latin-1")
+        # As sent (API Gateway passes header names in the client's case), but for hop-by-hop ones.
+        pairs = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in event.headers.raw_items()]
+        parts = urlsplit(target)
+        request = GatewayRequest(
+            method=method,
+            path=unquote(parts.path) or "/",
+            query=parse_qs(parts.query, keep_blank_values=True),
+            headers=dict(pairs),
+            body=body,
+        )
+        passed = [(k, v) for k, v in pairs if k.lower() not in ("connection", "keep-alive", "transfer-encoding")]
+        return self.gateway.dispatch(request, target, passed, self.client_address[0])
 
-    def _send(self, response: GatewayResponse, head: bool = False) -> None:
+    def _send(self, connection: h11.Connection, response: GatewayResponse, head: bool = False) -> None:
         body = response.body.encode("utf-8") if isinstance(response.body, str) else response.body
-        self.send_response(response.status)
-        for name, value in response.headers.items():
-            if name.lower() not in ("content-length", "connection", "transfer-encoding"):
-                self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
+        headers = [(name, value) for name, value in response.headers.items()
+                   if name.lower() not in ("content-length", "connection", "transfer-encoding")]
+        headers.append(("Content-Length", str(len(body))))
+        if response.status >= 400 and connection.their_state is not h11.DONE:
+            headers.append(("Connection", "close"))  # the rest of the request is unread
         try:
-            self.end_headers()
+            if connection.our_state is not h11.SEND_RESPONSE and connection.our_state is not h11.IDLE:
+                return  # h11 can no longer answer on this connection
+            data = connection.send(h11.Response(status_code=response.status, headers=headers,
+                                                reason=_reason(response.status)))
             if not head:
-                self.wfile.write(body)
+                data += connection.send(h11.Data(data=body))
+            data += connection.send(h11.EndOfMessage())
+            self.request.sendall(data)  # in one write: headers and body in one segment
         except _CLIENT_GONE:
-            self.close_connection = True  # the client went away: nobody to answer
+            pass  # the client went away: nobody to answer
 
-    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _handle
+    def _drain(self) -> None:
+        """After a refusal, read what the client still sends (for a second at most) before the
+        connection closes: closing with unread bytes resets it, and the client may then lose the
+        answer it was sent."""
+        sock: socket.socket = self.request
+        try:
+            sock.shutdown(socket.SHUT_WR)
+            sock.settimeout(0.2)
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline and sock.recv(65536):
+                pass
+        except (OSError, TimeoutError):
+            pass

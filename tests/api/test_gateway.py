@@ -207,3 +207,84 @@ def test_an_idle_connection_is_closed(echo_gateway, monkeypatch):
     with socket.create_connection((host, port), timeout=30) as sock:
         sock.sendall(b"GET /x HTTP/1.1\r\n")  # and then nothing more
         assert sock.recv(1024) == b""  # the server closed it (a timeout here would fail the test)
+
+
+CHUNKED_POST = (b"POST /tasks HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
+                b"Connection: close\r\n\r\n")
+
+
+@pytest.mark.parametrize("size", [b"0x2", b"0_2", b"+2", b" 2", b"0" * 1100 + b"2"],
+                         ids=["0x-prefix", "underscore", "plus-sign", "leading-space", "1100-digit-line"])
+def test_a_chunk_size_that_is_not_plain_hex_gets_400(echo_gateway, size):
+    # Python's int(..., 16) takes "0x2", "0_2" and "+2"; a size line over 1,024 bytes was read
+    # as its first 1,024 zeros: an empty body, then the chunk data parsed as trailers.
+    gateway, seen = echo_gateway
+    answer = _raw(gateway, CHUNKED_POST + size + b"\r\n{}\r\n0\r\n\r\n")
+    assert answer.startswith("HTTP/1.1 400 ") and "not a valid HTTP/1.1 request" in answer, answer
+    assert len(answer) < 600  # the size line is not echoed back
+    assert seen == []
+
+
+def test_a_chunk_with_a_long_extension_reaches_the_api_whole(echo_gateway):
+    gateway, seen = echo_gateway
+    answer = _raw(gateway, CHUNKED_POST + b"2;name=" + b"x" * 1100 + b"\r\n{}\r\n0\r\n\r\n")
+    assert answer.startswith("HTTP/1.1 201"), answer
+    assert seen[-1]["body"] == "{}"
+
+
+@pytest.mark.parametrize(("name", "headers"), [
+    ("Host", b"Host: attacker.example\r\nHost: localhost\r\n"),
+    ("Host", b"Host: localhost\r\nHost: attacker.example\r\n"),
+    ("Origin", b"Host: localhost\r\nOrigin: http://evil.example\r\nOrigin: http://localhost\r\n"),
+    ("Origin", b"Host: localhost\r\nOrigin: http://localhost\r\nOrigin: http://evil.example\r\n"),
+])
+def test_a_repeated_host_or_origin_gets_400(echo_gateway, name, headers):
+    # which of the two would the host and origin checks judge?
+    gateway, seen = echo_gateway
+    for version in (b"1.1", b"1.0"):
+        answer = _raw(gateway, b"POST /types/slow/pause HTTP/" + version + b"\r\n" + headers
+                      + b"Content-Length: 0\r\n\r\n")
+        head, _, body = answer.partition("\r\n\r\n")
+        assert head.startswith("HTTP/1.1 400 ") and name in json.loads(body)["message"], answer
+    assert seen == []
+
+
+@pytest.mark.parametrize("version", [b"1.1", b"1.0"])
+def test_a_request_without_a_host_gets_400(echo_gateway, version):
+    gateway, seen = echo_gateway
+    answer = _raw(gateway, b"GET /x HTTP/" + version + b"\r\nConnection: close\r\n\r\n")
+    assert answer.startswith("HTTP/1.1 400 ") and "Host" in answer, answer
+    assert seen == []
+
+
+@pytest.mark.parametrize(("request_line", "status"), [
+    (b"GET /x\r\n\r\n", "400"),  # HTTP/0.9: no version, and an answer would have no status line
+    (b"GET /x HTTP/2.0\r\nHost: localhost\r\n\r\n", "505"),
+    (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "505"),  # the HTTP/2 connection preface
+    (b"GET /x HTTP/1.2\r\nHost: localhost\r\n\r\n", "505"),
+])
+def test_a_request_in_another_http_version_gets_a_status_line_and_a_message(echo_gateway, request_line, status):
+    gateway, seen = echo_gateway
+    answer = _raw(gateway, request_line)
+    head, _, body = answer.partition("\r\n\r\n")
+    assert head.startswith(f"HTTP/1.1 {status} "), answer
+    assert "application/json" in head and json.loads(body)["message"], answer
+    assert seen == []
+
+
+def test_a_keep_alive_connection_serves_requests_one_after_another(echo_gateway):
+    gateway, seen = echo_gateway
+    connection = http.client.HTTPConnection(gateway.host, int(gateway.url.rsplit(":", 1)[1]), timeout=10)
+    for n in range(3):
+        connection.request("POST", f"/tasks/{n}", body=b'{"n": %d}' % n)
+        response = connection.getresponse()
+        assert response.status == 201 and response.read()
+    assert [event["body"] for event in seen] == ['{"n": 0}', '{"n": 1}', '{"n": 2}']
+
+
+def test_a_body_over_the_limit_gets_413_before_it_is_read(echo_gateway):
+    gateway, seen = echo_gateway
+    answer = _raw(gateway, b"POST /tasks HTTP/1.1\r\nHost: localhost\r\nContent-Length: 20000000\r\n\r\n"
+                  + b"x" * 65536)
+    assert answer.startswith("HTTP/1.1 413 "), answer
+    assert seen == []
