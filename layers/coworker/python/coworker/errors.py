@@ -48,6 +48,10 @@ class BatchFailedError(CoworkerError):
     """The batch stopped at its failure threshold: it takes no new tasks until it is redriven."""
 
 
+class BatchCompletedError(CoworkerError):
+    """The batch's completion fired (callback, event): it takes no new tasks; use a new batch."""
+
+
 class TooManyPausedTypesError(CoworkerError):
     """The claim condition can exclude at most ``control.MAX_PAUSED_TYPES`` types."""
 

@@ -21,6 +21,7 @@ from pynamodb.exceptions import PynamoDBException
 
 from coworker.api.models import ErrorOut
 from coworker.errors import (
+    BatchCompletedError,
     BatchFailedError,
     BatchNotFoundError,
     ConfigurationError,
@@ -58,6 +59,7 @@ ERROR_STATUS: dict[type[CoworkerError], tuple[HTTPStatus, str]] = {
     BatchNotFoundError: (HTTPStatus.NOT_FOUND, "batch_not_found"),
     ScheduleNotFoundError: (HTTPStatus.NOT_FOUND, "schedule_not_found"),
     BatchFailedError: (HTTPStatus.CONFLICT, "batch_failed"),
+    BatchCompletedError: (HTTPStatus.CONFLICT, "batch_completed"),
     TaskStateConflictError: (HTTPStatus.CONFLICT, "conflict"),
     TaskTypeNotFoundError: (HTTPStatus.NOT_FOUND, "type_not_found"),
     RateGroupNotFoundError: (HTTPStatus.NOT_FOUND, "rate_group_not_found"),
@@ -75,7 +77,8 @@ ERROR_RESPONSES: dict[int, Any] = {
     for code, text in (
         (400, "Bad request"),
         (404, "Not found"),
-        (409, "The task's state does not allow this"),
+        (409, "The task's or batch's state does not allow this (a batch that completed or stopped takes "
+              "no new tasks)"),
         (413, "A payload is too large, even for the object store"),
         (415, "The body is not JSON (Content-Type must be application/json)"),
         (422, "Invalid input: every problem is listed with its location"),

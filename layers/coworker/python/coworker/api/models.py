@@ -314,6 +314,8 @@ class BatchOut(BaseModel):
     callbacks: list[str] = Field([], description="The events the batch has callback tasks for.")
     fired: list[str] = Field([], description="The events that have happened and were handled (callback put, "
                                              "event published), each once.")
+    completed_at: str | None = Field(None, description="When its completion fired (complete callback, Batch "
+                                                       "Completed event): from then on it takes no new tasks.")
 
 
 MAX_BULK_PER_REQUEST = 200  # tasks changed by one bulk request (each is a read and a write)

@@ -279,6 +279,9 @@ class BatchModel(Model):
     # its place in the ``batches#watched`` index partition.
     callbacks = JSONAttribute(null=True)
     fired = UnicodeSetAttribute(null=True)
+    # On the head: when its completion fired (complete callback, Batch Completed event); from then
+    # on it takes no new tasks (engine.batches).
+    completed_at = UTCDateTimeAttribute(null=True)
     status_shard = UnicodeAttribute(null=True, attr_name=layout.STATUS_INDEX_PARTITION_KEY)
     due_at = UTCDateTimeAttribute(null=True, attr_name=layout.STATUS_INDEX_SORT_KEY)
 

@@ -10,7 +10,8 @@ A batch lives in the task table as a head item and its counter items::
                             ``read_through`` (its last record counted) and ``last_change_at``
 
     callbacks, fired, and its place in the ``batches#watched`` index partition while callbacks or
-                            events may still fire (see :mod:`coworker.engine.callbacks`)
+                            events may still fire (see :mod:`coworker.engine.callbacks`); and
+                            ``completed_at``, once its completion fired
 
     total     tasks created for the batch (a re-submitted task that already exists is not counted)
     finished  tasks of the batch that reached ``finished``
@@ -29,6 +30,18 @@ batch whose puts are not all counted yet from reading done early. Progress is on
 read of the head, one BatchGetItem of its counters and one read of the follower's watermark.
 Batches made by releases before the stream kept ``total`` on the head and outcomes in
 ``batch#<id>#0..7``: those are still read and summed.
+
+**A completed batch takes no new tasks.** Once a watched batch's completion has fired (its
+``complete`` callback put, its ``Batch Completed`` event sent: both carry its final counts), a
+put request naming it is refused (:class:`BatchCompletedError`, 409) and writes nothing; a
+re-send whose tasks all exist already is answered as before (they exist). The coordinator
+records ``completed_at`` before it fires, on the condition that no put request opened since it
+read the batch done (:func:`close`), and a put request opens only on the condition that it is
+not set: one of the two wins, so no task joins a batch after its final counts were given out.
+Follow-ups (``inherit_batch``) cannot come after completion: they are written before, or with,
+their parent's end, and the parent is one of the batch's open tasks. A redrive of a completed
+batch's ignored tasks is allowed (its total does not change): they run again, ``complete`` does
+not fire a second time, and ``success`` fires if they all end finished.
 """
 
 from __future__ import annotations
@@ -48,7 +61,13 @@ from coworker.data.layout import BATCH_KEY_PREFIX, COUNTED_THROUGH_KEY, WATCHED_
 from coworker.data.models import BatchModel, StreamCheckpointModel, TaskModel, iso_utc, utcnow
 from coworker.engine import control
 from coworker.engine.tasks import NewTask
-from coworker.errors import BatchFailedError, BatchNotFoundError, PartialPutError, StorageError
+from coworker.errors import (
+    BatchCompletedError,
+    BatchFailedError,
+    BatchNotFoundError,
+    PartialPutError,
+    StorageError,
+)
 from coworker.observability import logger
 
 # Outcome counter items of batches made before counting moved to the stream (read, never written).
@@ -100,6 +119,7 @@ class BatchProgress:
     tasks_created: int = 0
     callbacks: tuple[str, ...] = ()  # the events it has callback tasks for
     fired: tuple[str, ...] = ()  # the events that happened and were handled
+    completed_at: datetime | None = None  # when its completion fired: it takes no new tasks since
 
     @property
     def open(self) -> int:
@@ -140,6 +160,7 @@ class BatchProgress:
             "counted_through": iso(self.counted_through),
             "callbacks": list(self.callbacks),
             "fired": list(self.fired),
+            "completed_at": iso(self.completed_at),
         }
 
 
@@ -183,7 +204,12 @@ def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = 
     for task in tasks:
         if task.batch_id != batch_id:
             raise ValueError(f"task {task.key!r} does not carry batch id {batch_id!r}")
-    _open(batch_id, now, tolerance, watch_actions(callbacks, watch, now))
+    try:
+        _open(batch_id, now, tolerance, watch_actions(callbacks, watch, now))
+    except BatchCompletedError:
+        if _all_exist(tasks):
+            return [False] * len(tasks)  # a re-send of what it holds: answered as before, nothing written
+        raise
     failures: list[StorageError] = []
 
     def put(task: TaskModel) -> bool:
@@ -213,6 +239,17 @@ def put_tasks(tasks: Sequence[TaskModel], batch_id: str, now: datetime | None = 
         raise PartialPutError(f"{first}; {len(stored)} of {len(tasks)} tasks were stored", stored,
                               f"{reason}; {len(stored)} of {len(tasks)} tasks were stored")
     return created
+
+
+def _all_exist(tasks: Sequence[TaskModel]) -> bool:
+    """Whether every one of ``tasks`` exists already (BatchGetItem, 100 keys a call)."""
+    keys = list(dict.fromkeys(task.key for task in tasks))
+    try:
+        found = {item.key for start in range(0, len(keys), 100)
+                 for item in TaskModel.batch_get(keys[start:start + 100], attributes_to_get=["key"])}
+    except PynamoDBException as exc:
+        raise StorageError(f"could not read the batch's tasks: {exc}") from exc
+    return found >= set(keys)
 
 
 def _put_if_new(task: TaskModel) -> bool:
@@ -247,10 +284,17 @@ def _open(batch_id: str, now: datetime, tolerance: Tolerance | None, watch: Sequ
         actions.append(BatchModel.tolerated_failure_count.set(
             BatchModel.tolerated_failure_count | tolerance.count))
     actions += watch
-    if not writes.update(BatchModel(batch_key(batch_id)), actions, BatchModel.failed_at.does_not_exist(),
-                         f"open batch {batch_id!r}"):
-        raise BatchFailedError(f"batch {batch_id!r} stopped at its failure threshold ({_reason(batch_id)}); "
-                               "it takes no new tasks until it is redriven (POST /batches/{id}/retry)")
+    open_to_puts = BatchModel.failed_at.does_not_exist() & BatchModel.completed_at.does_not_exist()
+    if writes.update(BatchModel(batch_key(batch_id)), actions, open_to_puts, f"open batch {batch_id!r}"):
+        return
+    head = _head(batch_id)
+    if head is not None and head.completed_at is not None:
+        raise BatchCompletedError(
+            f"batch {batch_id!r} completed at {iso_utc(head.completed_at)} (its completion callback or event "
+            "gave its final counts), so it takes no new tasks: put them in a new batch (another batch_id)")
+    reason = head.failure_reason if head is not None and head.failure_reason else "unknown"
+    raise BatchFailedError(f"batch {batch_id!r} stopped at its failure threshold ({reason}); "
+                           "it takes no new tasks until it is redriven (POST /batches/{id}/retry)")
 
 
 def _close(batch_id: str, created: int) -> None:
@@ -292,12 +336,39 @@ def settle(batch_id: str, at: datetime | None = None) -> None:
         logger.exception("could not record a redrive on the batch", extra={"batch_id": batch_id})
 
 
-def _reason(batch_id: str) -> str:
+def _head(batch_id: str) -> BatchModel | None:
     try:
-        head = BatchModel.get(batch_key(batch_id), consistent_read=True, attributes_to_get=["failure_reason"])
+        return BatchModel.get(batch_key(batch_id), consistent_read=True,
+                              attributes_to_get=["failure_reason", "completed_at"])
     except DoesNotExist:
-        return "unknown"
-    return head.failure_reason or "unknown"
+        return None
+    except PynamoDBException as exc:
+        raise StorageError(f"could not read batch {batch_id!r}: {exc}") from exc
+
+
+def close(head: BatchModel, batch_id: str, now: datetime) -> datetime | None:
+    """Record that the batch completed (``completed_at``), before its completion fires, on the
+    condition that no put request opened or ended, and no redrive or stop came, since ``head`` was
+    read (done): from then on it takes no new tasks. When it completed (now or before), or
+    ``None`` if something came since the read (its counts are not final)."""
+    if head.completed_at is not None:
+        return head.completed_at
+    if writes.update(head, [BatchModel.completed_at.set(now)],
+                     unchanged_since(head) & BatchModel.completed_at.does_not_exist(),
+                     f"close batch {batch_id!r}", refresh=False):
+        head.completed_at = now
+        return now
+    return None
+
+
+def unchanged_since(head: BatchModel) -> Condition:
+    """Nothing that could make the batch run again (a put request, a redrive, a stop) came since
+    ``head`` was read."""
+    unchanged = (BatchModel.puts_closed_at == head.puts_closed_at if head.puts_closed_at is not None
+                 else BatchModel.puts_closed_at.does_not_exist())
+    unchanged &= (BatchModel.failed_at == head.failed_at if head.failed_at is not None
+                  else BatchModel.failed_at.does_not_exist())
+    return unchanged & (BatchModel.puts_in_flight.does_not_exist() | (BatchModel.puts_in_flight <= 0))
 
 
 def stop_if_failing(batch_id: str) -> bool:
@@ -404,6 +475,7 @@ def read_batch(batch_id: str, watermark: Callable[[], datetime | None] | None = 
         tasks_created=int(head.tasks_created or 0),
         callbacks=tuple(sorted((head.callbacks or {}).keys())),
         fired=tuple(sorted(head.fired or ())),
+        completed_at=head.completed_at,
     )
     if progress.settled_at is None:
         return head, progress  # a batch counted before the stream: its counts are exact as they are

@@ -17,7 +17,10 @@ its head item in the index partition ``batches#watched``. Each coordinator tick 
 partition (one query) and each watched batch's counts (:func:`batches.read_batch`). For each
 event that has happened and is not yet in the head's ``fired`` set, the callback is put only if
 its key is new, so two coordinators, or one killed between the put and what follows, put it once;
-then the event is published (:mod:`coworker.engine.events`) and added to ``fired``. Once the batch
+then the event is published (:mod:`coworker.engine.events`) and added to ``fired``. Before
+``complete`` (or ``success``) fires, the batch is closed to new tasks (``completed_at``, on the
+condition that no put request came since it was read done: :func:`batches.close`), so the counts
+the callback and the event carry are its last. Once the batch
 is done, its head leaves the partition, on the condition that nothing changed since it was read
 (no put request opened or closed, no redrive, no stop); a redrive, a put naming callbacks, or a
 stop puts it back.
@@ -147,6 +150,13 @@ def _fire(batch_id: str, settings: Settings, now: datetime, rotate: bool,
     for event in happened(progress):
         if event in fired:
             continue
+        if event in (COMPLETE, SUCCESS) and progress.completed_at is None:
+            completed_at = batches.close(head, batch_id, now)
+            if completed_at is None:
+                # A put request opened (or a redrive came) since the batch was read done: its
+                # counts are not final; looked at again next tick.
+                return CallbackReport(watched=1, put=tuple(put), published=published)
+            progress = dataclasses.replace(progress, completed_at=completed_at)
         if event in named:
             task = _callback_task(batch_id, event, named[event], progress, settings, now)
             if writes.put_if_new(task, f"callback task {task.key!r}"):
@@ -171,12 +181,7 @@ def _fire(batch_id: str, settings: Settings, now: datetime, rotate: bool,
 def _let_go(head: BatchModel, batch_id: str) -> None:
     """Take a done batch's head out of the watched partition, on the condition that nothing
     that could make it run again (a put request, a redrive, a stop) came since it was read."""
-    unchanged = (BatchModel.puts_closed_at == head.puts_closed_at if head.puts_closed_at is not None
-                 else BatchModel.puts_closed_at.does_not_exist())
-    unchanged &= (BatchModel.failed_at == head.failed_at if head.failed_at is not None
-                  else BatchModel.failed_at.does_not_exist())
-    unchanged &= BatchModel.puts_in_flight.does_not_exist() | (BatchModel.puts_in_flight <= 0)
-    unchanged &= BatchModel.status_shard == WATCHED_BATCHES_PARTITION
+    unchanged = batches.unchanged_since(head) & (BatchModel.status_shard == WATCHED_BATCHES_PARTITION)
     if writes.update(head, [BatchModel.status_shard.remove(), BatchModel.due_at.remove()], unchanged,
                      f"let go of batch {batch_id!r}", refresh=False):
         logger.info("batch no longer watched", extra={"batch_id": batch_id})
