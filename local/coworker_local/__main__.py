@@ -30,6 +30,8 @@ from coworker.config import EXAMPLE_HANDLER_MODULE, Settings  # noqa: E402
 from coworker.errors import ConfigurationError  # noqa: E402
 
 from coworker_local.api_environments import DEFAULT_MAX_ENVIRONMENTS, ApiStartError  # noqa: E402
+from coworker_local.console import DEFAULT_PORT as CONSOLE_PORT  # noqa: E402
+from coworker_local.console import ConsoleStartError  # noqa: E402
 from coworker_local.dynamodb_local import DatabaseStartError  # noqa: E402
 
 # Fields that make no sense to set on the command line of a local run (the runtime serves its
@@ -122,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-dir", type=Path, default=os.environ.get("COWORKER_LOCAL_DATA_DIR") or None,
                         help="keep DynamoDB Local's data in this folder, so a restart finds its tasks "
                              "(default: in memory) [COWORKER_LOCAL_DATA_DIR]")
+    parser.add_argument("--console", action="store_true",
+                        help="also start dynamodb-admin, a web console of the table (the DynamoDB console's "
+                             "stand-in), on 127.0.0.1 only, linked from the dashboard; it stops with the runtime")
+    parser.add_argument("--console-port", type=_count(0), default=CONSOLE_PORT, metavar="PORT",
+                        help=f"port of the table console (default {CONSOLE_PORT}; 0 picks a free one)")
     parser.add_argument("--handlers", type=Path, default=None, metavar="DIR",
                         help="your handlers package (a folder with __init__.py), imported by the API and "
                              "every worker, as the stack bundles it [COWORKER_HANDLERS_DIR; default: "
@@ -171,6 +178,16 @@ def _stop_with_parent(stop: threading.Event, interval: float = 0.5) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+def _more_banner(runtime: Any) -> str:
+    """The banner's lines for what this command line adds: where events go, the table console."""
+    lines = []
+    if runtime.events_path is not None:
+        lines.append(f"  Events      {runtime.events_path}   (JSON lines, kept after stop)")
+    if runtime.console is not None:
+        lines.append(f"  Console     {runtime.console.url}   (dynamodb-admin: the table's items)")
+    return "".join("\n" + line for line in lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Ctrl-C stops the runtime even when whatever started it ignores SIGINT (a background job of
@@ -210,11 +227,15 @@ def main(argv: list[str] | None = None) -> int:
                            api_environments=args.api_environments,
                            prewarm_api=args.prewarm_api,
                            database=args.db, data_dir=args.data_dir, handlers=handlers,
-                           function_env=function_env)
+                           function_env=function_env, console_port=args.console_port if args.console else None)
     try:
         runtime.start()
     except DatabaseStartError as exc:
         print(f"cannot start the database: {exc}", file=sys.stderr)
+        runtime.stop()
+        return 1
+    except ConsoleStartError as exc:
+        print(f"cannot start the table console: {exc}", file=sys.stderr)
         runtime.stop()
         return 1
     except ApiStartError as exc:
@@ -233,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Inside the try: a Ctrl-C sent as soon as the banner shows the API's address is an
         # orderly stop, not an uncaught KeyboardInterrupt.
-        print(demo_module.banner(runtime, log_path), flush=True)
+        print(demo_module.banner(runtime, log_path) + _more_banner(runtime), flush=True)
         if args.demo and args.tasks > 0:
             summary = demo_module.run_demo(runtime, args.tasks, seed=args.seed, stop=stop)
             code = 0 if summary.complete else 1
@@ -252,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Stopped. Worker invocations: {stats.get('ok', 0)} ok, "
               f"{stats.get('timeout-killed', 0)} killed at the timeout, "
               f"{stats.get('interrupted', 0)} interrupted.", flush=True)
+        if runtime.events_path is not None:
+            print(f"Events kept in {runtime.events_path}", flush=True)
     return code
 
 

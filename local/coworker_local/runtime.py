@@ -46,6 +46,7 @@ from coworker.observability import invocation_scope, logger, metrics
 
 from coworker_local import migration
 from coworker_local.api_environments import DEFAULT_MAX_ENVIRONMENTS, ApiEnvironmentPool
+from coworker_local.console import TableConsole
 from coworker_local.database import FAKE_CREDENTIALS, EmbeddedDatabase, create_table, start_database
 from coworker_local.gateway import LocalGateway
 from coworker_local.lambda_service import LocalLambdaService
@@ -228,6 +229,7 @@ class LocalRuntime:
         api_environments: int = DEFAULT_MAX_ENVIRONMENTS,
         prewarm_api: int = 1,
         function_env: Mapping[str, str] | None = None,
+        console_port: int | None = None,
     ) -> None:
         self.requested_settings = settings
         self.allowed_hosts = tuple(allowed_hosts)  # host names the API answers to besides addresses
@@ -247,6 +249,9 @@ class LocalRuntime:
         self.database_backend = database  # auto | dynamodb-local | moto (see coworker_local.database)
         self.data_dir = data_dir
         self.database: EmbeddedDatabase | None = None
+        # dynamodb-admin on this port (0: a free one) when asked for (``--console``); None: none.
+        self.console_port = console_port
+        self.console: TableConsole | None = None
         self.table_created = False
         self.pool: ProcessWorkerPool | None = None
         self.runners: ProcessRunnerLauncher | None = None
@@ -267,6 +272,13 @@ class LocalRuntime:
     def url(self) -> str:
         assert self.gateway is not None
         return self.gateway.url
+
+    @property
+    def events_path(self) -> Path | None:
+        """Where ``--events log`` writes its JSON lines (``None`` with other ``events`` settings)."""
+        if self.settings.events != "log" or self.settings.events_file is None:
+            return None
+        return Path(self.settings.events_file)
 
     def worker_environment(self) -> dict[str, str]:
         """What a worker process gets: the settings as environment variables, credentials,
@@ -311,20 +323,26 @@ class LocalRuntime:
                 self._temporary_result_dir = folder
             self.settings = self.settings.model_copy(update={"result_dir": str(folder)})
         if self.settings.events == "log" and self.settings.events_file is None:
-            # Events as JSON lines, for the dashboard: kept with the data folder, else with the results.
+            # Events as JSON lines, for the dashboard and to read after the run: kept with the data
+            # folder, else in a file of this run's own in the temp dir, kept at stop too (the banner
+            # and the stop message say where); the temporary results folder is removed at stop.
             if self.data_dir is not None:
-                folder = Path(self.data_dir)
-            elif self.settings.result_dir is not None:
-                folder = Path(self.settings.result_dir)
-            else:  # results in a bucket: the events file is for this run only
-                folder = Path(tempfile.mkdtemp(prefix="coworker-events-"))
-            folder.mkdir(parents=True, exist_ok=True)
-            self.settings = self.settings.model_copy(update={"events_file": str(folder / "events.jsonl")})
+                Path(self.data_dir).mkdir(parents=True, exist_ok=True)
+                events_file = Path(self.data_dir) / "events.jsonl"
+            else:
+                handle, name = tempfile.mkstemp(prefix="coworker-events-", suffix=".jsonl")
+                os.close(handle)
+                events_file = Path(name)
+            self.settings = self.settings.model_copy(update={"events_file": str(events_file)})
         if self.settings.dynamodb_endpoint is None:
             self.database = start_database(self.database_backend, host=self.host, data_dir=self.data_dir,
                                            log=self.log if not isinstance(self.log, int) else None)
             self.settings = self.settings.model_copy(update={"dynamodb_endpoint": self.database.endpoint})
         self.table_created = create_table(self.settings)
+        if self.console_port is not None:
+            assert self.settings.dynamodb_endpoint is not None
+            self.console = TableConsole(self.settings.dynamodb_endpoint, port=self.console_port,
+                                        log=self.log if not isinstance(self.log, int) else None).start()
         self._fit_worker_timeout()
         self.pool = ProcessWorkerPool(
             self.worker_environment(),
@@ -380,6 +398,8 @@ class LocalRuntime:
             self.pool.shutdown(self.drain_seconds)
         if self.lambda_service is not None:
             self.lambda_service.stop()
+        if self.console is not None:
+            self.console.stop()
         if self.database is not None:
             self.database.stop()
         if self._temporary_result_dir is not None:
@@ -427,6 +447,7 @@ class LocalRuntime:
                 "pid": getattr(self.database, "pid", None),
                 "table_created": self.table_created,
             },
+            "console": self.console.url if self.console else None,  # dynamodb-admin (--console)
             "finished_tasks": self.finished_count(),
             # without secrets: the dashboard's page shows these (the cursor secret signs cursors)
             "settings": {k: "(set)" if "secret" in k and v else v for k, v in self.settings.model_dump().items()},

@@ -179,6 +179,9 @@ function renderRuntime(info) {
     ["uptime", `${fmt(Math.round(info.uptime_seconds))} s`],
   ];
   if ((info.tick_errors || []).length) rows.push(["tick errors", info.tick_errors.slice(-1)[0]]);
+  // the table console (--console): dynamodb-admin on 127.0.0.1, the DynamoDB console's stand-in
+  $("console-link").innerHTML = info.console
+    ? ` · table <a href="${esc(info.console)}" target="_blank" rel="noopener">console</a>` : "";
   $("runtime").innerHTML = rows.map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(v)}</dd>`).join("");
 }
 
