@@ -527,10 +527,17 @@ class _RequestHandler(socketserver.BaseRequestHandler):
         if response.status >= 400 and connection.their_state is not h11.DONE:
             headers.append(("Connection", "close"))  # the rest of the request is unread
         try:
+            answer = h11.Response(status_code=response.status, headers=headers, reason=_reason(response.status))
+        except h11.LocalProtocolError:
+            # A header no HTTP message can carry (a line break in a value, a status under 200):
+            # API Gateway's "Malformed Lambda proxy response".
+            body = b'{"message": "Internal server error"}'
+            answer = h11.Response(status_code=502, reason=b"Bad Gateway", headers=[
+                ("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        try:
             if connection.our_state is not h11.SEND_RESPONSE and connection.our_state is not h11.IDLE:
                 return  # h11 can no longer answer on this connection
-            data = connection.send(h11.Response(status_code=response.status, headers=headers,
-                                                reason=_reason(response.status)))
+            data = connection.send(answer)
             if not head:
                 data += connection.send(h11.Data(data=body))
             data += connection.send(h11.EndOfMessage())

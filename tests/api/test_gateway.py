@@ -288,3 +288,16 @@ def test_a_body_over_the_limit_gets_413_before_it_is_read(echo_gateway):
                   + b"x" * 65536)
     assert answer.startswith("HTTP/1.1 413 "), answer
     assert seen == []
+
+
+@pytest.mark.parametrize("result", [
+    {"statusCode": 200, "headers": {"X-Note": "a\r\nSet-Cookie: session=stolen"}, "body": "{}"},
+    {"statusCode": 200, "headers": {"Bad Name": "x"}, "body": "{}"},
+    {"statusCode": 99, "body": "{}"},
+], ids=["line-break-in-value", "space-in-name", "status-99"])
+def test_a_lambda_answer_no_http_message_can_carry_is_a_502(result):
+    # API Gateway: "Malformed Lambda proxy response"; never a header written as given
+    with LocalGateway(lambda event, context: result) as gateway:
+        answer = _raw(gateway, b"GET /x HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+    assert answer.startswith("HTTP/1.1 502 ") and "Set-Cookie" not in answer, answer
+    assert answer.endswith('{"message": "Internal server error"}'), answer
