@@ -13,7 +13,12 @@ here, on the moto path, and neither is needed on DynamoDB Local:
   250 tasks is three transactions of up to 100 items: on a table of a few thousand tasks that
   deep copy dominated everything (a 2,000-task demo ran at about 4 tasks/s). The patch keeps
   moto's code and semantics and only changes what is backed up: a deep copy of each item the
-  transaction names (or "absent"); on any error those items are put back. Nothing else can
+  transaction names (or "absent"); on any error those items are put back, and the records
+  the undone writes added to the tables' streams are dropped. (moto applies the items after a
+  failed condition before it cancels, and each applied item adds a stream record; its own
+  rollback restores the copied table, stream included. Left in, the records of a cancelled
+  transaction were counted by the batch follower: a completion that put a follow-up whose key
+  existed counted its parent finished twice, "total 1 / finished 2 / open -1".) Nothing else can
   change in between, because requests are serialised.
 
 Nothing here is used on AWS.
@@ -89,6 +94,18 @@ def _restore(saved: list[tuple[Any, Any, Any, Any]]) -> None:
                 table.items[hash_value][range_value] = item
 
 
+def _stream_ends(saved: list[tuple[Any, Any, Any, Any]]) -> list[tuple[list[Any], int]]:
+    """(records, how many) of the stream shard of each table named, before the transaction."""
+    shards = {id(table.stream_shard): table.stream_shard for table, *_ in saved
+              if getattr(table, "stream_shard", None) is not None}
+    return [(shard.items, len(shard.items)) for shard in shards.values()]
+
+
+def _drop_records_after(ends: list[tuple[list[Any], int]]) -> None:
+    for records, length in ends:
+        del records[length:]
+
+
 def speed_up_transactions() -> None:
     """Patch moto's DynamoDB backend in this process (idempotent)."""
     global _APPLIED
@@ -102,10 +119,12 @@ def speed_up_transactions() -> None:
     @functools.wraps(original)
     def transact_write_items(self: Any, transact_items: list[dict[str, Any]]) -> None:
         saved = _named_items(self, transact_items)
+        ends = _stream_ends(saved)
         try:
             return original(self, transact_items)
         except BaseException:
             _restore(saved)
+            _drop_records_after(ends)  # the undone writes' stream records: DynamoDB emits none
             raise
 
     models.copy = _CopyWithoutTables(Table)  # type: ignore[assignment]
