@@ -125,7 +125,7 @@ def test_starts_of_one_key_never_pass_the_rate_under_racing_workers(make_setting
             if not open_keys:
                 return
             for key in open_keys:
-                report = process_task(key, owner, settings, time.monotonic() + 30)
+                report = process_task(key, owner, settings, time.monotonic() + 120)
                 with _guard:
                     outcomes[report.outcome] += 1
             time.sleep(0.02)
@@ -147,7 +147,9 @@ def test_starts_of_one_key_never_pass_the_rate_under_racing_workers(make_setting
     # Nothing failed or was lost on the way. (Whether any waited by giving its claim back, or only
     # in the thread, is the load's to decide: a loaded machine spaces these workers' attempts by
     # itself; the tests below defer for certain.)
-    assert set(outcomes) <= {TaskOutcome.FINISHED, TaskOutcome.NOT_CLAIMED, TaskOutcome.DEFERRED}, outcomes
+    # (SKIPPED: a claim that used up its invocation's time on a crawling machine, given back unstarted.)
+    assert set(outcomes) <= {TaskOutcome.FINISHED, TaskOutcome.NOT_CLAIMED, TaskOutcome.DEFERRED,
+                             TaskOutcome.SKIPPED}, outcomes
     assert {int(lifecycle.get_task(key).attempts) for key in limited} == {1}  # waiting costs no attempt
     assert "test-rated" not in stamped  # a task of no rate group takes no token
 
