@@ -122,9 +122,9 @@ def runtime_env(**overrides: str) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
-def start_runtime(tmp_path_factory) -> Iterator:
-    """Start local runtimes (``start_runtime("--no-demo", COWORKER_X="1")``); all stopped at the end."""
+@contextlib.contextmanager
+def _runtimes(tmp_path_factory) -> Iterator:
+    """A ``start(*args, **env)`` for local runtimes; every one started is stopped on leaving."""
     started: list[LocalRuntimeProcess] = []
 
     def start(*args: str, **env: str) -> LocalRuntimeProcess:
@@ -146,10 +146,26 @@ def start_runtime(tmp_path_factory) -> Iterator:
         raise failures[0]
 
 
+@pytest.fixture
+def start_runtime(tmp_path_factory) -> Iterator:
+    """Start local runtimes (``start_runtime("--no-demo", COWORKER_X="1")``); all stopped at the
+    end of the test (an idle runtime still ticks, with its database and workers: left running
+    to the end of the module, a file's runtimes took a core between them)."""
+    with _runtimes(tmp_path_factory) as start:
+        yield start
+
+
 @pytest.fixture(scope="module")
-def runtime(start_runtime) -> LocalRuntimeProcess:
+def start_module_runtime(tmp_path_factory) -> Iterator:
+    """Start local runtimes shared by the tests of a module; all stopped at the end of the module."""
+    with _runtimes(tmp_path_factory) as start:
+        yield start
+
+
+@pytest.fixture(scope="module")
+def runtime(start_module_runtime) -> LocalRuntimeProcess:
     """One runtime with no demo, shared by the tests of a module."""
-    return start_runtime("--no-demo")
+    return start_module_runtime("--no-demo")
 
 
 @pytest.fixture

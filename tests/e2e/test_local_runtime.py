@@ -82,10 +82,10 @@ def _claimed_invocation(runtime, key: str) -> dict | None:
 
 
 @pytest.fixture(scope="module")
-def long_runtime(start_runtime):
+def long_runtime(start_module_runtime):
     """A runtime whose workers may run a task for 40 s (the shared one's end at 8 s): its victims
     run long enough to be still running when a kill lands on a loaded machine."""
-    return start_runtime("--no-demo", COWORKER_WORKER_TIMEOUT_SECONDS="40")
+    return start_module_runtime("--no-demo", COWORKER_WORKER_TIMEOUT_SECONDS="40")
 
 
 def test_a_killed_worker_process_loses_its_task_to_another_after_the_lock_expires(long_runtime):
