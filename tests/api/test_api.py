@@ -372,7 +372,7 @@ def test_batch_progress_follows_the_tasks_and_redrive(api):
         "batch_id": "run-1", "total": 7, "finished": 0, "ignored": 0, "open": 7, "done": False,
         "state": "running", "failure_reason": None, "failed_at": None, "tolerated_failure_percent": None,
         "tolerated_failure_count": None, "created_at": None, "updated_at": None, "counted_through": None,
-        "callbacks": [], "fired": []}
+        "callbacks": [], "fired": [], "completed_at": None}
 
     _run_all(api.settings)
     progress = api.counted_batch("run-1")[1]

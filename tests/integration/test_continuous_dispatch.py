@@ -428,6 +428,13 @@ def test_supervisor_skips_missed_beats_after_an_overrun(settings, monkeypatch):
     assert starts == [0.0, 3.0, 4.0]  # beats at 1 and 2 were missed, the phase is kept
 
 
+def _lease_holder() -> str | None:
+    try:
+        return LeaseModel.get(layout.COORDINATOR_LEASE, consistent_read=True).holder
+    except LeaseModel.DoesNotExist:
+        return None
+
+
 def test_only_one_supervisor_holds_the_lease(make_settings):
     settings = make_settings(tick_seconds=0.2, idle_exit=False)  # supervising an empty table
     first = dispatch.Supervisor(settings, InProcessInvoker(settings), holder="first")
@@ -435,13 +442,19 @@ def test_only_one_supervisor_holds_the_lease(make_settings):
     stop = threading.Event()
     running = threading.Thread(target=first.run, args=(lambda: 60.0, stop))
     running.start()
-    time.sleep(0.5)
+    wait_until(lambda: _lease_holder() == "first", what="the first supervisor to take the lease")
     end = time.monotonic() + 1.0
     assert second.run(lambda: end - time.monotonic()) == []  # waited, never got the lease
     stop.set()
     running.join()
-    end = time.monotonic() + 0.5
-    assert second.run(lambda: end - time.monotonic()) != []  # released on the way out: taken
+    assert _lease_holder() is None  # released on the way out
+    ticks: list = []
+    for _ in range(60):  # (each run may end before its first tick on a loaded machine)
+        end = time.monotonic() + 0.5
+        ticks = second.run(lambda end=end: end - time.monotonic())
+        if ticks:
+            break
+    assert ticks != []  # taken
     assert LeaseModel.get(layout.COORDINATOR_LEASE).holder is None
 
 

@@ -153,7 +153,7 @@ def test_of_concurrent_claimers_in_separate_processes_exactly_one_wins(settings)
                  for _ in range(4)]
     for p in processes:
         p.start()
-    results = [queue.get(timeout=60) for _ in processes]
+    results = [queue.get(timeout=600) for _ in processes]  # (a guard: processes start slowly when loaded)
     for p in processes:
         p.join(timeout=30)
     won = [key for result in results for key in result]

@@ -4,6 +4,7 @@ type's limit is lifted, or given back because the gate kept changing while it tr
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from datetime import timedelta
 
@@ -12,18 +13,31 @@ from coworker.data import index
 from coworker.data.models import TaskStatus, utcnow
 from coworker.engine import control, gates, lifecycle, submit
 from coworker.engine.gates import Entry
+from coworker.engine.handlers import TaskContext, task_handler
 from coworker.engine.outcomes import TaskOutcome
 from coworker.engine.tasks import TaskSpec
 from coworker.engine.worker import run_batch
-
-from tests.integration import test_concurrency  # registers the test-limited handlers
 
 pytestmark = pytest.mark.both_backends
 
 NEWER = 30  # due tasks put after the waiter
 
 
-def _put(settings, key: str, ago: float, ckey: str | None = None, type_: str = "test-limited") -> None:
+@task_handler("test-woken-limited")
+def _limited(payload, context: TaskContext) -> dict:
+    return {"ok": True}
+
+
+def _enter(key: str, owner: str, settings):
+    """Claim ``key`` and enter its gates: the claim with its groups, and the entry."""
+    claim = lifecycle.claim(key, owner, settings)
+    assert claim is not None
+    groups = gates.groups_of(claim.task, control.read().limits)
+    entry = gates.enter(claim, groups)
+    return dataclasses.replace(claim, groups=groups), entry
+
+
+def _put(settings, key: str, ago: float, ckey: str | None = None, type_: str = "test-woken-limited") -> None:
     spec = TaskSpec(key=key, type=type_, payload={"group": ckey or type_}, concurrency_key=ckey,
                     concurrency_limit=1 if ckey else None)
     submit.put_task(spec, settings, now=utcnow() - timedelta(seconds=ago))
@@ -43,7 +57,7 @@ def test_a_waiter_woken_by_a_leaving_holder_is_first_in_the_queue(make_settings)
     settings = make_settings()
     _put(settings, "holder", ago=120, ckey="site")
     _put(settings, "waiter", ago=100, ckey="site")
-    holder, entry = test_concurrency._enter("holder", "w1", settings)
+    holder, entry = _enter("holder", "w1", settings)
     assert entry is Entry.ENTERED
     assert [r.outcome for r in run_batch(["waiter"], "w2", settings, time.monotonic() + 30)] == [
         TaskOutcome.BLOCKED]
@@ -62,14 +76,14 @@ def test_waiters_let_go_when_a_type_limit_is_lifted_are_first_in_the_queue(make_
     _put(settings, "holder", ago=120)
     _put(settings, "waiter-a", ago=110)
     _put(settings, "waiter-b", ago=100)
-    assert control.set_limit("test-limited", 1)
-    holder, entry = test_concurrency._enter("holder", "w1", settings)
+    assert control.set_limit("test-woken-limited", 1)
+    holder, entry = _enter("holder", "w1", settings)
     assert entry is Entry.ENTERED
     assert [r.outcome for r in run_batch(["waiter-a", "waiter-b"], "w2", settings, time.monotonic() + 30)] == [
         TaskOutcome.BLOCKED, TaskOutcome.BLOCKED]
     _put_newer(settings)
 
-    assert control.set_limit("test-limited", None)
+    assert control.set_limit("test-woken-limited", None)
     later = utcnow() + timedelta(seconds=gates.SWEEP_INTERVAL_SECONDS + 1)
     assert gates.sweep(control.read().limits, now=later) == 2
 
@@ -82,7 +96,7 @@ def test_a_waiter_given_back_because_the_gate_kept_changing_keeps_its_place(make
     settings = make_settings()
     _put(settings, "holder", ago=120, ckey="site")
     _put(settings, "waiter", ago=100, ckey="site")
-    holder, entry = test_concurrency._enter("holder", "w1", settings)
+    holder, entry = _enter("holder", "w1", settings)
     assert entry is Entry.ENTERED
     _put_newer(settings)
     # and a holder that leaves just as the waiter blocks, and takes its place again right after,

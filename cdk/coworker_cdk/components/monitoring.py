@@ -324,6 +324,7 @@ class Monitoring(Construct):
                     m(MetricName.SLOT_TAKEN_OVER),
                     m(MetricName.PARKED),
                     m(MetricName.RELEASED),
+                    m(MetricName.SLOT_UPKEEP_FAILED),
                 ],
                 [m(MetricName.FEED_PAGES)],
             ),
