@@ -13,19 +13,16 @@ that started it dies, even by SIGKILL, so no Java process is left behind.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import os
 import re
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
-import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
+from coworker_local.child_server import ChildServer
 from coworker_local.database import FAKE_CREDENTIALS, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -88,15 +85,6 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to SIGTERM it when its parent dies (any way)."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
 # A local server for one developer, a test process or a runtime, not a fleet: the quick
 # compiler alone (no C2) and the serial collector start it in about a quarter of the time and
 # run it on about half the CPU (measured: 3.4 s and 7 CPU-s against 13 s and 17 CPU-s for a
@@ -105,7 +93,7 @@ def _die_with_parent() -> None:
 JVM_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 
 
-class DynamoDBLocal:
+class DynamoDBLocal(ChildServer):
     """A DynamoDB Local server on ``host:port``: in memory, or persisted under ``data_dir``.
 
     ``-sharedDb`` makes every client see the same tables whatever its credentials and region (the
@@ -113,27 +101,22 @@ class DynamoDBLocal:
     """
 
     name = "dynamodb-local"
+    label = "DynamoDB Local"
+    start_error = DatabaseStartError
 
     def __init__(self, port: int | None = None, host: str = "127.0.0.1", data_dir: Path | None = None,
                  log: IO[bytes] | None = None) -> None:
+        super().__init__(log)
         for key, value in FAKE_CREDENTIALS.items():
             os.environ.setdefault(key, value)
         self.host = host
         self._port_given = port is not None
         self.port = port or free_port(host)
         self.data_dir = Path(data_dir) if data_dir is not None else None
-        self._log = log
-        self._process: subprocess.Popen[bytes] | None = None
-        self._output: IO[bytes] | None = None
-        self._exited_early = False
 
     @property
     def endpoint(self) -> str:
         return f"http://{self.host}:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process else None
 
     def describe(self) -> str:
         where = f"data in {self.data_dir}" if self.data_dir else "in memory"
@@ -168,25 +151,14 @@ class DynamoDBLocal:
         raise AssertionError("unreachable")
 
     def _start_once(self, timeout: float) -> DynamoDBLocal:
-        self._exited_early = False
         command = self.command()
         if self.data_dir is not None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._output = self._log or tempfile.TemporaryFile(prefix="dynamodb-local-")
-        self._process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=self._output, stderr=subprocess.STDOUT,
-            cwd=self.data_dir or tempfile.gettempdir(),
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
-        )
-        atexit.register(self.stop)
-        try:
-            self._wait_until_ready(timeout)
-        except BaseException:
-            self.stop()
-            raise
+        self._launch(command, self._answers(), timeout, cwd=self.data_dir or tempfile.gettempdir())
         return self
 
-    def _wait_until_ready(self, timeout: float) -> None:
+    def _answers(self) -> Callable[[], bool]:
+        """Whether the server answers a request (one that fails fast while it is not listening)."""
         import boto3
         from botocore.config import Config
 
@@ -195,46 +167,12 @@ class DynamoDBLocal:
             aws_access_key_id="local", aws_secret_access_key="local",
             config=Config(connect_timeout=1, read_timeout=5, retries={"max_attempts": 0}),
         )
-        end = time.monotonic() + timeout
-        assert self._process is not None
-        while True:
-            if self._process.poll() is not None:
-                self._exited_early = True
-                raise DatabaseStartError(
-                    f"DynamoDB Local exited with code {self._process.returncode}:\n{self._tail()}")
+
+        def answers() -> bool:
             try:
                 client.list_tables(Limit=1)
-                return
             except Exception:  # noqa: BLE001 - not listening yet
-                if time.monotonic() > end:
-                    raise DatabaseStartError(
-                        f"DynamoDB Local did not answer on {self.endpoint} within {timeout:.0f} s:\n"
-                        f"{self._tail()}") from None
-                time.sleep(0.1)
+                return False
+            return True
 
-    def _tail(self, size: int = 4000) -> str:
-        if self._output is None or self._log is not None:
-            return "(output in the log file)"
-        self._output.seek(0)
-        return self._output.read().decode(errors="replace")[-size:]
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the server (SIGTERM, then SIGKILL); idempotent."""
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        if self._output is not None and self._log is None:
-            self._output.close()
-        self._output = None
-        atexit.unregister(self.stop)
-
-    def __enter__(self) -> DynamoDBLocal:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
+        return answers
