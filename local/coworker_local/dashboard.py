@@ -132,7 +132,11 @@ def recent_failures(limit: int) -> list[dict[str, Any]]:
     listed = [task for status in (TaskStatus.FAILED, TaskStatus.IGNORED)
               for task in itertools.islice(index.MergedRead(status.value, want=limit, forward=False), limit)]
     listed.sort(key=lambda task: task.updated_at or datetime.min.replace(tzinfo=UTC), reverse=True)
-    listed = listed[:limit]
+    # A task that moved from failed to ignored between the two reads is listed once, as it is now.
+    newest: dict[str, TaskModel] = {}
+    for task in listed:
+        newest.setdefault(task.key, task)
+    listed = list(newest.values())[:limit]
     errors = {task.key: task.errors for task in TaskModel.batch_get(
         [task.key for task in listed], attributes_to_get=["key", "errors"])} if listed else {}
     items = []
