@@ -184,11 +184,13 @@ class Deployment:
         code, body = self.call("GET", f"/tasks/{key.replace('/', '%2F')}")
         return body["status"] if code == 200 else None
 
-    def wait(self, condition: Callable[[], bool], what: str, *, supervise: bool = True) -> None:
+    def wait(self, condition: Callable[[], bool], what: str, *, supervise: bool = True,
+             describe: Callable[[], Any] | None = None) -> None:
         """Wait for ``condition``, with a coordinator run between looks; a denied request or a
         failed function ends the wait at once, with what went wrong. Bounded by both a number of
         runs and a time (a run with nothing to do ends after one tick, so runs alone would make
-        a loaded machine's slow cold start look like a failure); neither is a budget of the code."""
+        a loaded machine's slow cold start look like a failure); neither is a budget of the code.
+        A wait that ends unmet says what ``describe`` finds then, and which tasks are running."""
         runs, started, last = 0, time.monotonic(), None
         while runs < WAIT_RUNS or time.monotonic() - started < WAIT_SECONDS:
             if self.problems():
@@ -200,7 +202,10 @@ class Deployment:
             else:
                 time.sleep(0.5)
             runs += 1
-        raise AssertionError(f"never happened after {runs} coordinator runs: {what}; the last run: {last}")
+        found = describe() if describe is not None else None
+        running = self.call("GET", "/tasks?status=running")[1]
+        raise AssertionError(f"never happened after {runs} coordinator runs: {what}; the last run: {last}; "
+                             f"found: {found}; running: {running}")
 
     def workers_idle(self) -> bool:
         return not self.pools["worker"].busy
@@ -287,7 +292,8 @@ def run_lifecycle(deployment: Deployment) -> None:
             return True
         return False
 
-    deployment.wait(rated_one_at_a_time, "one rate-limited task run, the other waiting")
+    deployment.wait(rated_one_at_a_time, "one rate-limited task run, the other waiting",
+                    describe=lambda: [deployment.call("GET", f"/tasks/rated-{n}")[1] for n in (1, 2)])
     for path in ("/rate-limits", "/rate-limits/key:rehearsal-api"):
         assert deployment.call("GET", path)[0] == 200, path
     assert deployment.call("POST", "/tasks/doomed/retry")[0] == 200
