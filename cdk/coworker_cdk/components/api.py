@@ -110,6 +110,9 @@ class TaskApi(Construct):
         api = apigw.RestApi(
             self,
             "RestApi",
+            # The API's metrics go by this name (ApiName): the deployment's own, coworker-<stack name>
+            # like its metrics' service, so no other stack's API shares its alarm and graphs.
+            rest_api_name=config.service_name,
             description="Coworker task API",
             endpoint_types=[apigw.EndpointType.REGIONAL],
             # Access and execution logs need the account-wide API Gateway CloudWatch role; this
