@@ -53,5 +53,7 @@ class CoworkerStack(Stack):
             )
         CfnOutput(self, "TableName", value=system.tasks.table.table_name, description="DynamoDB task table")
         CfnOutput(self, "DashboardUrl", value=system.dashboard_url, description="CloudWatch dashboard")
+        CfnOutput(self, "AlarmTopicArn", value=system.monitoring.topic.topic_arn,
+                  description="SNS topic every alarm notifies (ALARM and OK): subscribe e-mail, PagerDuty, Chatbot")
         CfnOutput(self, "WorkerFunctionName", value=system.processing.worker.function.function_name)
         CfnOutput(self, "DeadLetterQueueUrl", value=system.processing.dead_letter_queue.queue_url)

@@ -653,8 +653,8 @@ def test_without_a_notification_target_synth_warns_that_alarms_notify_nobody(syn
     artifact = assembly.get_stack_by_name(stack.stack_name)
     assert [w for w in warnings(artifact) if "alarms notify nobody" in w and "alarmEmail" in w]
     template = Template.from_json(artifact.template)
-    assert not resources(template, "AWS::SNS::Topic")
-    assert all("AlarmActions" not in alarm for alarm in alarms_by_id(template).values())
+    (topic_id,) = resources(template, "AWS::SNS::Topic")  # the stack's own, for someone to subscribe to
+    assert all(alarm["AlarmActions"] == [{"Ref": topic_id}] for alarm in alarms_by_id(template).values())
     assert not [w for w in warnings(synthesized[1]) if "notify nobody" in w]  # an e-mail is set there
 
 

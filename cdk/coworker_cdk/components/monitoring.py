@@ -3,18 +3,21 @@
 The functions publish EMF metrics in namespace ``Coworker`` with the single dimension
 ``service`` (POWERTOOLS_SERVICE_NAME: the same for every function of one deployment, and another
 for each deployment), so each metric below is the total over this deployment's functions,
-whichever one emits it, and nothing of another deployment's.
+whichever one emits it, and nothing of another deployment's. The API's metrics are its stage's
+(ApiName and Stage): TaskApi names the REST API after the deployment too.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import Annotations, Duration
+from aws_cdk import Annotations, ArnFormat, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
@@ -31,8 +34,10 @@ _ALARM_PERIOD = Duration.minutes(c.ALARM_PERIOD_MINUTES)
 
 
 class Monitoring(Construct):
-    """One dashboard, its alarms, and an SNS topic they notify when an e-mail or a topic is given
-    (without one, synth and deploy print a warning: alarms that notify nobody go unseen)."""
+    """One dashboard, its alarms, and the SNS topic every alarm notifies when it fires and when it
+    is OK again: the team's own (``alarmTopic``) or one of the stack's, encrypted, which
+    ``alarmEmail`` subscribes an address to (without either, synth and deploy print a warning:
+    alarms that notify nobody go unseen)."""
 
     def __init__(
         self,
@@ -55,15 +60,17 @@ class Monitoring(Construct):
         self.alarms = self._build_alarms(coordinator, dead_letter_queue, worker, rest_api)
         if runners:  # the container runner: the coordinator's RunTask calls
             self.alarms.append(self._runner_alarm())
-        if self.topic is not None:
-            for alarm in self.alarms:
-                alarm.add_alarm_action(cw_actions.SnsAction(self.topic))
-        else:
+        for alarm in self.alarms:
+            self.notify(alarm)
+        if not (config.alarm_email or config.alarm_topic_arn):
             Annotations.of(self).add_warning_v2(
                 "coworker:alarms-notify-nobody",
-                "Coworker's alarms notify nobody: no alarmEmail or alarmTopic is set. Deploy with "
-                "-c alarmEmail=you@example.com (and confirm the e-mail AWS sends) or -c alarmTopic=<SNS "
-                "topic ARN>; docs/operations.md says how.",
+                "Coworker's alarms notify nobody yet: the stack's alarm topic has no subscriber (no alarmEmail "
+                "or alarmTopic is set). Deploy with -c alarmEmail=you@example.com (and confirm the e-mail AWS "
+                "sends), or -c alarmTopic=<ARN of your SNS topic>, or subscribe to the AlarmTopicArn output "
+                "(aws sns subscribe --topic-arn <AlarmTopicArn> --protocol email --notification-endpoint "
+                "you@example.com; PagerDuty or AWS Chatbot alike) and acknowledge this warning; "
+                "docs/operations.md, Getting notified, says how.",
             )
         self.dashboard = self._build_dashboard(coordinator, worker, api_handler, rest_api, dead_letter_queue)
         if runners:
@@ -109,13 +116,45 @@ class Monitoring(Construct):
         )
 
     # --- notifications and alarms ------------------------------------------------------------
-    def _build_topic(self, config: StackConfig) -> sns.ITopic | None:
+    def notify(self, alarm: cloudwatch.Alarm) -> None:
+        """Send the alarm's changes to the alarm topic both ways: into ALARM and back to OK."""
+        action = cw_actions.SnsAction(self.topic)
+        alarm.add_alarm_action(action)
+        alarm.add_ok_action(action)
+
+    def _build_topic(self, config: StackConfig) -> sns.ITopic:
+        """The team's topic (``alarmTopic``) as it is, or one of the stack's; ``alarmEmail``
+        subscribes to whichever it is."""
         if config.alarm_topic_arn:
-            return sns.Topic.from_topic_arn(self, "AlarmTopic", config.alarm_topic_arn)
-        if not config.alarm_email:
-            return None
-        topic = sns.Topic(self, "AlarmTopic", display_name="Coworker alarms", enforce_ssl=True)
-        topic.add_subscription(subscriptions.EmailSubscription(config.alarm_email))
+            topic = sns.Topic.from_topic_arn(self, "AlarmTopic", config.alarm_topic_arn)
+        else:
+            topic = self._own_topic()
+        if config.alarm_email:
+            topic.add_subscription(subscriptions.EmailSubscription(config.alarm_email))
+        return topic
+
+    def _own_topic(self) -> sns.Topic:
+        # Encrypted with a key of the stack's: CloudWatch cannot publish to a topic under the
+        # AWS-managed key (aws/sns), whose policy does not let it use the key and cannot be edited.
+        key = kms.Key(
+            self, "AlarmTopicKey", description="Encrypts Coworker's alarm topic (CloudWatch alarms publish to it)",
+            enable_key_rotation=True,
+            # The topic is its only user and holds no message at rest for long: it goes with the stack.
+            removal_policy=RemovalPolicy.DESTROY, pending_window=Duration.days(7),
+        )
+        cloudwatch_service = iam.ServicePrincipal("cloudwatch.amazonaws.com")
+        key.add_to_resource_policy(iam.PolicyStatement(
+            sid="CloudWatchAlarmsPublishToTheTopic", principals=[cloudwatch_service],
+            actions=["kms:Decrypt", "kms:GenerateDataKey*"], resources=["*"],
+        ))
+        topic = sns.Topic(self, "AlarmTopic", display_name="Coworker alarms", enforce_ssl=True, master_key=key)
+        # The topic's policy replaces SNS's default one: the alarms of this account may publish.
+        topic.add_to_resource_policy(iam.PolicyStatement(
+            sid="CloudWatchAlarmsPublish", principals=[cloudwatch_service], actions=["sns:Publish"],
+            resources=[topic.topic_arn],
+            conditions={"ArnLike": {"aws:SourceArn": Stack.of(self).format_arn(
+                service="cloudwatch", resource="alarm", resource_name="*", arn_format=ArnFormat.COLON_RESOURCE_NAME)}},
+        ))
         return topic
 
     def _ignored_share(self, period: Duration) -> cloudwatch.MathExpression:
@@ -219,7 +258,7 @@ class Monitoring(Construct):
             ),
             alarm(
                 "ApiServerErrorsAlarm",
-                rest_api.metric_server_error(period=_ALARM_PERIOD, statistic=cloudwatch.Stats.SUM),
+                rest_api.deployment_stage.metric_server_error(period=_ALARM_PERIOD, statistic=cloudwatch.Stats.SUM),
                 f"The task API answered {c.API_5XX_ALARM_COUNT} or more 5xx in "
                 f"{c.ALARM_PERIOD_MINUTES} minutes: DynamoDB or the object store refused or failed (503, "
                 "clients re-send), or the API function failed (502/500): its logs say why.",
@@ -275,6 +314,7 @@ class Monitoring(Construct):
 
         m = self.task_metric
         maximum = cloudwatch.Stats.MAXIMUM
+        api_stage = rest_api.deployment_stage  # its ApiName is the stack's own (TaskApi), and its stage
         dashboard = cloudwatch.Dashboard(self, "Dashboard", default_interval=Duration.hours(3))
         dashboard.add_widgets(
             graph(
@@ -362,11 +402,11 @@ class Monitoring(Construct):
             graph(
                 "API requests",
                 [
-                    rest_api.metric_count(period=_MINUTE),
-                    rest_api.metric_client_error(period=_MINUTE),
-                    rest_api.metric_server_error(period=_MINUTE),
+                    api_stage.metric_count(period=_MINUTE),
+                    api_stage.metric_client_error(period=_MINUTE),
+                    api_stage.metric_server_error(period=_MINUTE),
                 ],
-                [rest_api.metric_latency(period=_MINUTE, statistic=cloudwatch.Stats.p(90))],
+                [api_stage.metric_latency(period=_MINUTE, statistic=cloudwatch.Stats.p(90))],
             ),
         )
         dashboard.add_widgets(
