@@ -37,7 +37,7 @@ _SETTINGS_CONTEXT: dict[str, str] = {
     c.CTX_RESERVATION_SECONDS: "reservation_seconds",
     c.CTX_TICK_SECONDS: "tick_seconds",
     c.CTX_SUPERVISE_SECONDS: "supervise_seconds",
-    c.CTX_DISPATCH_ON_SUBMIT: "dispatch_on_submit",  # a bool: pydantic reads "true" / "false"
+    c.CTX_DISPATCH_ON_SUBMIT: "dispatch_on_submit",  # a bool: read by _flag, as every boolean option
     c.CTX_RETENTION_DAYS: "retention_days",
     c.CTX_HANDLER_MODULES: "handler_modules",
     c.CTX_EXAMPLE_HANDLERS: "example_handlers",
@@ -65,6 +65,7 @@ _DEPLOY_CONTEXT: dict[str, str] = {
     c.CTX_API_RATE_LIMIT: "api_rate_limit",
     c.CTX_API_BURST_LIMIT: "api_burst_limit",
     c.CTX_API_CLOUDWATCH_ROLE: "api_cloudwatch_role",
+    c.CTX_API_LOGS: "api_logs",
     c.CTX_ALARM_EMAIL: "alarm_email",
     c.CTX_ALARM_TOPIC: "alarm_topic_arn",
     c.CTX_SILENCE_ALARM_MINUTES: "coordinator_silence_alarm_minutes",
@@ -83,6 +84,11 @@ _DEPLOY_CONTEXT: dict[str, str] = {
     c.CTX_RUNNER_PUBLIC_IP: "runner_public_ip",
 }
 CONTEXT_OPTIONS: dict[str, str] = {**_SETTINGS_CONTEXT, **_DEPLOY_CONTEXT}
+_CONTEXT_KEY: dict[str, str] = {name: key for key, name in CONTEXT_OPTIONS.items()}
+# The words a boolean option takes, from the command line (-c key=value) or cdk.json; any other
+# value is refused: read as false, a misspelled "ture" would deploy the option off.
+TRUE_WORDS = ("true", "yes", "on", "1")
+FALSE_WORDS = ("false", "no", "off", "0")
 # Every option TaskSystem takes, by name.
 OPTION_NAMES: frozenset[str] = frozenset(CONTEXT_OPTIONS.values())
 # Options that configure the container runner: refused in a deployment that has none (max_runners
@@ -150,6 +156,8 @@ class StackConfig:
     coordinator_silence_alarm_minutes: int = c.DEFAULT_SILENCE_ALARM_MINUTES
     oldest_task_alarm_seconds: int = c.DEFAULT_OLDEST_TASK_ALARM_SECONDS
     ignored_alarm_percent: int = c.DEFAULT_IGNORED_ALARM_PERCENT
+    # The stage's access and execution logs: both need the account's API Gateway CloudWatch role.
+    api_logs: bool = True
     handlers_dir: Path | None = None  # your handlers package, bundled into the worker
     results_bucket: bool = True  # an S3 bucket for results too large for the record
     api_auth: str = c.API_AUTH_KEY  # how API callers authenticate: an API key, or IAM (SigV4)
@@ -291,6 +299,8 @@ class StackConfig:
             return _whole(options, name, default, minimum)
 
         schedule_minutes = number("schedule_minutes", c.DEFAULT_SCHEDULE_MINUTES)
+        assert schedule_minutes is not None
+        _refuse_overlapping_runs(settings.supervise_seconds, schedule_minutes)
         # The coordinator is silent between runs when the schedule leaves a gap: the alarm waits longer.
         gap_minutes = max(0, math.ceil(schedule_minutes - settings.supervise_seconds / 60))
         silence_floor = gap_minutes + 2
@@ -301,6 +311,7 @@ class StackConfig:
             raise ConfigurationError(f"option ignored_alarm_percent must be 1-100, not {ignored_percent}")
         removal = choice("removal_policy", c.REMOVAL_RETAIN, (c.REMOVAL_RETAIN, c.REMOVAL_DESTROY))
         deps = choice("layer_dependencies", c.LAYER_DEPS_INSTALL, (c.LAYER_DEPS_INSTALL, c.LAYER_DEPS_SKIP))
+        cloudwatch_role = _bool(options, "api_cloudwatch_role", True)
         return cls(
             settings=settings,
             destroy_on_removal=removal == c.REMOVAL_DESTROY,
@@ -313,16 +324,17 @@ class StackConfig:
             log_level=str(options.get("log_level") or c.DEFAULT_LOG_LEVEL).upper(),
             api_rate_limit=number("api_rate_limit", c.DEFAULT_API_RATE_LIMIT),
             api_burst_limit=number("api_burst_limit", c.DEFAULT_API_BURST_LIMIT),
-            api_cloudwatch_role=_as_bool(options.get("api_cloudwatch_role", True)),
+            api_cloudwatch_role=cloudwatch_role,
+            api_logs=_api_logs(options, cloudwatch_role),
             alarm_email=options.get("alarm_email"),
             alarm_topic_arn=options.get("alarm_topic_arn"),
             coordinator_silence_alarm_minutes=silence,
             oldest_task_alarm_seconds=number("oldest_task_alarm_seconds", c.DEFAULT_OLDEST_TASK_ALARM_SECONDS),
             ignored_alarm_percent=ignored_percent,
             handlers_dir=handlers_dir,
-            results_bucket=_as_bool(options.get("results_bucket", True)),
+            results_bucket=_bool(options, "results_bucket", True),
             api_auth=choice("api_auth", c.API_AUTH_KEY, (c.API_AUTH_KEY, c.API_AUTH_IAM)),
-            legacy_status_index=_as_bool(options.get("legacy_status_index", False)),
+            legacy_status_index=_bool(options, "legacy_status_index", False),
             warm_write_units=number("warm_write_units", None, c.MIN_WARM_WRITE_UNITS),
             warm_read_units=number("warm_read_units", None, c.MIN_WARM_READ_UNITS),
             lambda_concurrency_quota=number("lambda_concurrency_quota", c.DEFAULT_LAMBDA_CONCURRENCY_QUOTA),
@@ -347,6 +359,9 @@ def _settings_from_options(options: dict[str, Any]) -> Settings:
     """The library settings among ``options``; an invalid one is reported by its option name and
     context key, with pydantic's reason."""
     values = {field: options[field] for field in _SETTINGS_CONTEXT.values() if options.get(field) is not None}
+    # A boolean setting takes the words every boolean option takes (pydantic's own list is longer).
+    values.update({field: _flag(options, field) for field in values
+                   if Settings.model_fields[field].annotation is bool})
     # A deployment runs the example task types (a crawl that spawns, tasks that always fail) only
     # when asked to: anyone who may call its API could otherwise start them.
     values.setdefault("example_handlers", False)
@@ -450,16 +465,63 @@ def _whole(options: dict[str, Any], name: str, default: int | None, minimum: int
 
 
 def _flag(options: dict[str, Any], name: str) -> bool | None:
-    """Option ``name`` as true or false, or ``None`` when unset (a word that is neither is refused)."""
+    """Option ``name`` as true or false, or ``None`` when unset: the one reader of every boolean
+    option. A value that is none of :data:`TRUE_WORDS` and :data:`FALSE_WORDS` is refused."""
     value = options.get(name)
     if value is None or isinstance(value, bool):
         return value
     word = str(value).strip().lower()
-    if word in ("true", "1", "yes", "on"):
+    if word in TRUE_WORDS:
         return True
-    if word in ("false", "0", "no", "off"):
+    if word in FALSE_WORDS:
         return False
-    raise ConfigurationError(f"option {name} must be true or false, not {value!r}")
+    raise ConfigurationError(
+        f"option {name} must be true or false, not {value!r} (context {_CONTEXT_KEY[name]}): it takes "
+        f"{', '.join(TRUE_WORDS)} (true) or {', '.join(FALSE_WORDS)} (false), in any case")
+
+
+def _bool(options: dict[str, Any], name: str, default: bool) -> bool:
+    """Option ``name`` as true or false (:func:`_flag`), ``default`` when unset."""
+    value = _flag(options, name)
+    return default if value is None else value
+
+
+def _api_logs(options: dict[str, Any], cloudwatch_role: bool) -> bool:
+    """Whether the API stage writes access and execution logs. API Gateway writes them only in an
+    account (and region) whose settings name a CloudWatch role, else the stage's create fails and
+    the stack rolls back: without the role the stack makes (api_cloudwatch_role false) the deployer
+    must say which holds, since the synth cannot look at the account."""
+    logs = _flag(options, "api_logs")
+    if logs is None and not cloudwatch_role:
+        raise ConfigurationError(
+            f"option api_cloudwatch_role (context {c.CTX_API_CLOUDWATCH_ROLE}) is false, so the stack leaves the "
+            "account's API Gateway CloudWatch role alone, and the stage's access and execution logs need one (without "
+            "it the stage's create fails and the stack rolls back): say which holds with api_logs (context "
+            f"{c.CTX_API_LOGS}): true if the account already has the role (`aws apigateway get-account` shows a "
+            "cloudwatchRoleArn), false to deploy the API without API Gateway logs; or leave "
+            f"{c.CTX_API_CLOUDWATCH_ROLE} unset and the stack sets the role")
+    return True if logs is None else logs
+
+
+def _refuse_overlapping_runs(supervise_seconds: float, schedule_minutes: int) -> None:
+    """A coordinator run must be over by the next scheduled one. Only one runs at a time (reserved
+    concurrency 1, COORDINATOR_RESERVED_CONCURRENCY), so an event that finds a run still
+    supervising is throttled; Lambda keeps it MIN_EVENT_AGE_SECONDS, then drops it into the
+    dead-letter queue, whose alarm fires. A run that ends as the next event arrives (the default,
+    60 s every minute) hands over within that time; one that supervises past the next event makes
+    every run later than the one before until events are dropped. Idle exit does not help: a busy
+    deployment supervises for the whole window."""
+    period = schedule_minutes * 60
+    if supervise_seconds <= period:
+        return
+    runs = math.ceil(supervise_seconds / period)  # scheduled events during one run
+    raise ConfigurationError(
+        f"option supervise_seconds (context {c.CTX_SUPERVISE_SECONDS}) is {supervise_seconds:g}, longer than the "
+        f"{period} s between scheduled coordinator runs (schedule_minutes, context {c.CTX_SCHEDULE_MINUTES}, is "
+        f"{schedule_minutes}): the coordinator runs one at a time, so up to {runs - 1} of every {runs} scheduled "
+        f"runs would find the last one still supervising and be throttled into the dead-letter queue; set "
+        f"{c.CTX_SUPERVISE_SECONDS} to at most {period} ({c.CTX_SCHEDULE_MINUTES} x 60), or "
+        f"{c.CTX_SCHEDULE_MINUTES} to at least {runs}")
 
 
 def _ids(options: dict[str, Any], name: str, pattern: re.Pattern[str]) -> tuple[str, ...]:
@@ -517,9 +579,3 @@ def _refuse_unknown_context(context: dict[str, Any]) -> None:
 def _did_you_mean(name: str) -> str:
     close = difflib.get_close_matches(name, OPTION_NAMES, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _as_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    return str(value).strip().lower() in ("1", "true", "yes", "on")

@@ -781,8 +781,10 @@ def test_context_strings_from_the_command_line_are_accepted() -> None:
         batchSize="3",
         removalPolicy="destroy",
         apiCloudWatchRole="false",
+        apiLogs="true",  # the account has the role already
         dispatchOnSubmit="false",
         superviseSeconds="300",
+        scheduleMinutes="5",  # a run a schedule's interval: runs never overlap
         reservationSeconds="120",
         heartbeatSeconds="5",
     )
@@ -809,7 +811,7 @@ def test_worker_reserved_concurrency_is_the_number_of_worker_slots(max_concurren
     [(60, 90), (59.5, 90), (1, 31), (840, 870)],
 )
 def test_coordinator_timeout_covers_its_supervision_plus_slack(supervise, timeout) -> None:
-    cfg = config(superviseSeconds=supervise)
+    cfg = config(superviseSeconds=supervise, scheduleMinutes=math.ceil(supervise / 60))  # runs may not overlap
     assert cfg.coordinator_timeout_seconds == timeout <= c.LAMBDA_MAX_TIMEOUT_SECONDS
 
 
@@ -882,7 +884,7 @@ def test_a_misspelled_context_key_fails_the_synth_with_the_key_it_meant() -> Non
 
 
 def test_the_stack_synthesizes_without_the_api_gateway_cloudwatch_role(synthesize) -> None:
-    stack, assembly = synthesize({"apiCloudWatchRole": "false"})
+    stack, assembly = synthesize({"apiCloudWatchRole": "false", "apiLogs": "true"})  # the account has one
     resources = assembly.get_stack_by_name(stack.stack_name).template["Resources"]
     assert not [body for body in resources.values() if body["Type"] == "AWS::ApiGateway::Account"]
 

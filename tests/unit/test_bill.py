@@ -122,6 +122,15 @@ def test_an_idle_month_prices_one_run_a_minute_and_the_metrics_it_sends(bill, me
     assert busy.total > idle.total
 
 
+def test_every_scheduled_coordinator_run_is_traced(bill, measured):
+    # Lambda's tracing keeps the first request of each second (and 5 % of the rest): a run a minute
+    # is always the first of its second, so the idle month pays for every run's trace, not 5 %.
+    idle = bill.coordinator_idle(measured)
+    assert idle.lines["X-Ray"] == pytest.approx(bill.p.COORDINATOR_RUNS_A_MONTH * bill.p.XRAY_TRACE)  # $0.22
+    hours = 17 / 60  # a job's 17 minutes of supervision: 17 runs
+    assert bill.coordinator_busy(measured, hours).lines["X-Ray"] == pytest.approx(17 * bill.p.XRAY_TRACE)
+
+
 def test_a_payload_on_the_record_adds_its_measured_units_to_each_write_and_beat(bill, measured):
     import dataclasses
 

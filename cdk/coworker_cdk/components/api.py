@@ -57,9 +57,10 @@ class TaskApi(Construct):
         self._removal_policy = removal_policy
         self._results_bucket = results_bucket
         self.handler = self._build_handler(table, layer, functions_dir / c.API_DIR_NAME, worker)
-        self.access_logs = logs.LogGroup(
-            self, "AccessLogs", retention=LOG_RETENTION, removal_policy=removal_policy
-        )
+        # API Gateway writes the stage's logs only in an account whose settings name a CloudWatch
+        # role (apiCloudWatchRole sets it); without one the deployer turns them off (apiLogs=false).
+        self.access_logs = (logs.LogGroup(self, "AccessLogs", retention=LOG_RETENTION, removal_policy=removal_policy)
+                            if config.api_logs else None)
         self.rest_api = self._build_rest_api(self.handler.function)
         self.api_key: apigw.IApiKey | None = None
         self.usage_plan: apigw.UsagePlan | None = None
@@ -124,7 +125,8 @@ class TaskApi(Construct):
             deploy_options=apigw.StageOptions(
                 stage_name=c.API_STAGE_NAME,
                 tracing_enabled=True,
-                access_log_destination=apigw.LogGroupLogDestination(self.access_logs),
+                access_log_destination=(apigw.LogGroupLogDestination(self.access_logs) if self.access_logs
+                                        else None),
                 access_log_format=apigw.AccessLogFormat.json_with_standard_fields(
                     caller=True,
                     http_method=True,
@@ -135,8 +137,8 @@ class TaskApi(Construct):
                     response_length=True,
                     status=True,
                     user=True,
-                ),
-                logging_level=apigw.MethodLoggingLevel.ERROR,
+                ) if self.access_logs else None,
+                logging_level=apigw.MethodLoggingLevel.ERROR if config.api_logs else apigw.MethodLoggingLevel.OFF,
                 data_trace_enabled=False,
                 metrics_enabled=True,
                 throttling_rate_limit=config.api_rate_limit,
@@ -153,12 +155,13 @@ class TaskApi(Construct):
         integration = apigw.LambdaIntegration(function, proxy=True)
         api.root.add_method("ANY", integration, request_validator=validator)
         api.root.add_resource("{proxy+}").add_method("ANY", integration, request_validator=validator)
-        # API Gateway writes execution logs to a group of this name, which it would create itself,
-        # kept for ever: made here first (the stage waits for it), with the stack's retention.
-        execution_logs = logs.LogGroup(
-            self, "ExecutionLogs", retention=LOG_RETENTION, removal_policy=self._removal_policy,
-            log_group_name=f"API-Gateway-Execution-Logs_{api.rest_api_id}/{c.API_STAGE_NAME}")
-        api.deployment_stage.node.add_dependency(execution_logs)
+        if config.api_logs:
+            # API Gateway writes execution logs to a group of this name, which it would create itself,
+            # kept for ever: made here first (the stage waits for it), with the stack's retention.
+            execution_logs = logs.LogGroup(
+                self, "ExecutionLogs", retention=LOG_RETENTION, removal_policy=self._removal_policy,
+                log_group_name=f"API-Gateway-Execution-Logs_{api.rest_api_id}/{c.API_STAGE_NAME}")
+            api.deployment_stage.node.add_dependency(execution_logs)
         return api
 
     def _build_invoke_policy(self) -> iam.ManagedPolicy:
