@@ -9,6 +9,7 @@ request's needs and a role's statements meet in one vocabulary whatever the depl
 from __future__ import annotations
 
 import fnmatch
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,9 @@ from coworker.data import layout
 ROLES = ("api", "coordinator", "worker")  # the functions' roles
 RUNNER = "runner"  # the container runner's task role, when the stack has one
 ECS_TASKS = "ecs-tasks.amazonaws.com"  # the service RunTask passes the runner's roles to
+# An event bus named in the stack's own account and region, as the template renders its ARN
+# (``Stack.format_arn``: partition, region and account are pseudo-parameter references).
+EVENT_BUS_IN_STACK = "arn:AWS::Partition:events:AWS::Region:AWS::AccountId:event-bus/"
 # The functions' descriptions in the template name their role.
 DESCRIPTION_PREFIX = {"api": "Coworker API", "coordinator": "Coworker coordinator", "worker": "Coworker worker"}
 _TRANSACTION_ACTIONS = {"Put": "PutItem", "Update": "UpdateItem", "Delete": "DeleteItem",
@@ -48,9 +52,29 @@ def render(value: Any) -> str:
 
 @dataclass
 class Grants:
-    """The Allow statements of one role: (action patterns, resource patterns, conditions)."""
+    """The Allow statements of one role: (action patterns, resource patterns, conditions). What
+    this module cannot read as such is kept apart, never allowing a request: managed policies not
+    in the template (an AWS managed policy, by its ARN) and statements written with ``NotAction``
+    or ``NotResource``."""
 
     statements: list[tuple[list[str], list[str], list[Condition]]] = field(default_factory=list)
+    managed: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)
+
+    def granted(self) -> set[tuple[str, str]]:
+        """Each (action, resource) a statement names, as written (wildcards kept, conditions aside)."""
+        return {(action, resource) for actions, resources, _ in self.statements
+                for action in actions for resource in resources}
+
+    def add(self, statement: dict[str, Any]) -> None:
+        """One statement of a policy attached to the role (a Deny only narrows: left out)."""
+        if statement.get("Effect", "Allow") != "Allow":
+            return
+        if "Action" not in statement or "Resource" not in statement:  # NotAction, NotResource
+            self.unreadable.append(json.dumps(statement, sort_keys=True, default=str))
+            return
+        self.statements.append(([str(a) for a in _as_list(statement["Action"])],
+                                [render(r) for r in _as_list(statement["Resource"])], _conditions(statement)))
 
     def allow(self, action: str, resource: str, context: Mapping[str, Sequence[str]] | None = None) -> bool:
         """Whether a statement allows ``action`` on ``resource`` to a request carrying the
@@ -131,8 +155,11 @@ def runner_role(template: dict[str, Any]) -> str | None:
 
 
 def role_grants(template: dict[str, Any]) -> dict[str, Grants]:
-    """Each function's role's Allow statements, from the policies attached to it; with a container
-    runner, its task role's too (as :data:`RUNNER`)."""
+    """Each function's role's Allow statements, wherever the template attaches them: a policy
+    naming the role (``AWS::IAM::Policy``, ``AWS::IAM::ManagedPolicy``), the role's own inline
+    ``Policies``, and the template's managed policies its ``ManagedPolicyArns`` name (any other
+    ARN there is kept in :attr:`Grants.managed`); with a container runner, its task role's too
+    (as :data:`RUNNER`)."""
     role_of = {function["Properties"]["Role"]["Fn::GetAtt"][0]: role
                for role, function in functions_of(template).items()}
     assert sorted(role_of.values()) == sorted(ROLES)
@@ -140,18 +167,28 @@ def role_grants(template: dict[str, Any]) -> dict[str, Grants]:
     if task_role is not None:
         role_of[task_role] = RUNNER
     grants = {role: Grants() for role in role_of.values()}
-    for body in template["Resources"].values():
-        if body["Type"] != "AWS::IAM::Policy":
-            continue
-        for role_ref in body["Properties"]["Roles"]:
-            role = role_of.get(role_ref["Ref"])
-            if role is None:
-                continue
-            for statement in body["Properties"]["PolicyDocument"]["Statement"]:
-                if statement.get("Effect", "Allow") == "Allow":
-                    grants[role].statements.append(([str(a) for a in _as_list(statement["Action"])],
-                                                    [render(r) for r in _as_list(statement["Resource"])],
-                                                    _conditions(statement)))
+    resources = template["Resources"]
+
+    def attach(role: str, document: dict[str, Any]) -> None:
+        for statement in _as_list(document["Statement"]):
+            grants[role].add(statement)
+
+    for logical, body in resources.items():
+        properties = body.get("Properties", {})
+        if body["Type"] in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"):
+            for role_ref in properties.get("Roles", []):
+                role = role_of.get(role_ref.get("Ref", "") if isinstance(role_ref, dict) else role_ref)
+                if role is not None:
+                    attach(role, properties["PolicyDocument"])
+        elif body["Type"] == "AWS::IAM::Role" and logical in role_of:
+            for policy in properties.get("Policies", []):
+                attach(role_of[logical], policy["PolicyDocument"])
+            for arn in properties.get("ManagedPolicyArns", []):
+                named = resources.get(arn.get("Ref", "") if isinstance(arn, dict) else "", {})
+                if named.get("Type") == "AWS::IAM::ManagedPolicy":
+                    attach(role_of[logical], named["Properties"]["PolicyDocument"])
+                else:
+                    grants[role_of[logical]].managed.append(render(arn))
     return grants
 
 
@@ -238,6 +275,8 @@ def needs(service: str, operation: str, params: dict[str, Any], to: Targets) -> 
     roles that definition hands to ECS (those its overrides name instead, if any). A RunTask
     request names its task definition and cluster as the template does: the rehearsal deploys the
     runner's ECS names as the template renders them (there is no ECS behind them to name others).
+    EventBridge's PutEvents needs ``events:PutEvents`` on the bus of each entry (a name is a bus
+    of the stack's account and region).
     """
     if service == "dynamodb":
         if operation == "TransactWriteItems":
@@ -257,6 +296,9 @@ def needs(service: str, operation: str, params: dict[str, Any], to: Targets) -> 
         passed = (overrides.get("taskRoleArn") or definition.task_role,
                   overrides.get("executionRoleArn") or definition.execution_role)
         return [("ecs:RunTask", named), *(("iam:PassRole", role) for role in passed if role)]
+    if service == "events" and operation == "PutEvents":
+        buses = sorted({entry.get("EventBusName") or "default" for entry in params["Entries"]})
+        return [("events:PutEvents", bus if bus.startswith("arn:") else EVENT_BUS_IN_STACK + bus) for bus in buses]
     raise AssertionError(f"a call this test does not know the grant of: {service}.{operation}")
 
 
