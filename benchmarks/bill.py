@@ -1130,6 +1130,7 @@ def monitoring() -> Bill:
     return Bill("alarms and dashboard", {
         f"{p.STACK_ALARM_METRICS} alarm metrics": p.STACK_ALARM_METRICS * p.CLOUDWATCH_ALARM_METRIC_MONTH,
         "dashboard (beyond the account's first three)": p.STACK_DASHBOARDS * p.CLOUDWATCH_DASHBOARD_MONTH,
+        "the alarm topic's KMS key": p.STACK_KMS_KEYS * p.KMS_KEY_MONTH,
     })
 
 

@@ -48,14 +48,16 @@ CLOUDWATCH_LOGS_GB = 0.50  # ingestion
 CLOUDWATCH_METRIC_MONTH = 0.30  # a custom metric (first 10,000), prorated by the hours it is sent
 CLOUDWATCH_ALARM_METRIC_MONTH = 0.10  # a standard-resolution alarm, per metric it reads
 CLOUDWATCH_DASHBOARD_MONTH = 3.00  # beyond the account's first three
+KMS_KEY_MONTH = 1.00  # a customer managed key (aws.amazon.com/kms/pricing); its requests here are few
 XRAY_TRACE = 5.00 / 1e6  # traces recorded
 XRAY_SAMPLED = 0.05  # the default sampling rule keeps about 5% (plus 1 per second)
 
 # Coworker's stack as `cdk deploy` makes it (tests/infra/test_stack.py checks these against the
 # synthesized template): the metrics its alarms read (the throttle alarm reads 4, the ignored
-# share 2), its dashboard, the coordinator's memory and schedule.
+# share 2), its dashboard, its KMS keys (the alarm topic's), the coordinator's memory and schedule.
 STACK_ALARM_METRICS = 12
 STACK_DASHBOARDS = 1
+STACK_KMS_KEYS = 1
 COORDINATOR_MEMORY_GB = 256 / 1024
 COORDINATOR_RUNS_A_MONTH = HOURS_A_MONTH * 60  # EventBridge, once a minute
 

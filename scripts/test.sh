@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh --browser
-exec .venv/bin/python -m pytest -n 2 --dist loadfile -p no:cacheprovider --durations=20 "$@"
+exec .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -p no:cacheprovider --durations=20 "$@"

@@ -38,10 +38,42 @@ from coworker_local.dynamodb_local import unavailable_reason  # noqa: E402
 
 _table_numbers = itertools.count()
 
+# The files that take longest, longest first (from a whole run's per-test times, 2026-11-29).
+# ``scripts/test.sh`` hands files out to its workers in collection order (loadfile, without
+# xdist's reordering by test count), so these start first and the short files fill the end: no
+# worker is left alone on a long file while the other has finished.
+LONGEST_FILES_FIRST = (
+    "tests/rehearsal/test_on_the_wire.py",
+    "tests/e2e/test_local_runtime.py",
+    "tests/cli/test_cli.py",
+    "tests/integration/test_follow_ups.py",
+    "tests/integration/test_coordinator.py",
+    "tests/integration/test_rate_limits.py",
+    "tests/integration/test_concurrency.py",
+    "tests/integration/test_continuous_dispatch.py",
+    "tests/api/test_api.py",
+    "tests/integration/test_container_runner.py",
+    "tests/fuzz/test_api_fuzz.py",
+    "tests/integration/test_lifecycle.py",
+    "tests/rehearsal/test_grants.py",
+    "tests/api/test_batch_counters.py",
+    "tests/integration/test_follow_up_batch_counts.py",
+    "tests/integration/test_time_limits.py",
+    "tests/rehearsal/test_fresh_app.py",
+    "tests/e2e/test_dashboard_browser.py",
+    "tests/integration/test_sharded_index.py",
+    "tests/integration/test_coordinator_cost.py",
+)
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "both_backends: run once on DynamoDB Local and once on moto")
     config.addinivalue_line("markers", "dynamodb_local: needs DynamoDB Local (real capacity figures)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: number for number, path in enumerate(LONGEST_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # (stable: the rest keep their order)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

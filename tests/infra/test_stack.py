@@ -913,6 +913,7 @@ def test_the_bill_prices_the_stack_cdk_deploy_makes(default_template: Template, 
                         if "Metrics" in alarm["Properties"] else 1 for alarm in alarms)
     assert alarm_metrics == prices.STACK_ALARM_METRICS
     assert len(resources(default_template, "AWS::CloudWatch::Dashboard")) == prices.STACK_DASHBOARDS
+    assert len(resources(default_template, "AWS::KMS::Key")) == prices.STACK_KMS_KEYS
     assert default_functions["coordinator"]["MemorySize"] / 1024 == prices.COORDINATOR_MEMORY_GB
     (rule,) = resources(default_template, "AWS::Events::Rule").values()
     assert rule["Properties"]["ScheduleExpression"] == "rate(1 minute)"

@@ -17,8 +17,6 @@ from coworker.errors import BatchFailedError
 
 from tests.support.doubles import Api, RecordingInvoker
 
-pytestmark = pytest.mark.both_backends
-
 
 def _put_batch(settings, batch_id, specs, tolerance=None) -> None:
     now = utcnow() - timedelta(seconds=30)

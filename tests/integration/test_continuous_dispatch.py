@@ -22,7 +22,9 @@ from coworker.engine.worker import WorkerRequest, run_invocation
 
 from tests.support.waits import wait_until
 
-pytestmark = pytest.mark.both_backends
+# The tests of the lifecycle contract (expired locks, killed or stalled workers, the supervisor's
+# lease) run on DynamoDB Local and on moto (``both_backends``); the rest on DynamoDB Local, the
+# default: the same code over the same writes, whose backends' differences those tests find.
 
 _release = threading.Event()
 _handler_saw_lost = threading.Event()
@@ -276,6 +278,7 @@ def test_a_feeding_worker_ends_when_nothing_is_due(make_settings):
     assert first is None and feeder.pages == 1
 
 
+@pytest.mark.both_backends
 def test_heartbeat_keeps_a_long_task_locked_past_its_lock_lifetime(make_settings):
     settings = make_settings(lock_seconds=3, heartbeat_seconds=0.5)
     _put(settings, ["long"], type_="slow", payload={"seconds": 4.5})
@@ -292,6 +295,7 @@ def test_heartbeat_keeps_a_long_task_locked_past_its_lock_lifetime(make_settings
     assert lifecycle.get_task("long").attempts == 1
 
 
+@pytest.mark.both_backends
 def test_a_heartbeat_that_finds_its_claim_taken_tells_the_handler(make_settings):
     settings = make_settings(lock_seconds=3, heartbeat_seconds=0.3)
     _handler_saw_lost.clear()
@@ -312,6 +316,7 @@ def test_a_heartbeat_that_finds_its_claim_taken_tells_the_handler(make_settings)
     assert task.status == "ignored" and task.errors[-1].kind == "cancelled"
 
 
+@pytest.mark.both_backends
 def test_a_stalled_worker_loses_its_lock_and_cannot_overwrite_the_newer_attempt(make_settings):
     settings = make_settings(lock_seconds=3, heartbeat_seconds=1)
     _put(settings, ["k"])
@@ -435,6 +440,7 @@ def _lease_holder() -> str | None:
         return None
 
 
+@pytest.mark.both_backends
 def test_only_one_supervisor_holds_the_lease(make_settings):
     settings = make_settings(tick_seconds=0.2, idle_exit=False)  # supervising an empty table
     first = dispatch.Supervisor(settings, InProcessInvoker(settings), holder="first")

@@ -23,8 +23,9 @@ from coworker.observability import MetricName, metrics
 from tests.support.doubles import RecordingInvoker
 from tests.support.waits import wait_until
 
-# Part of the lifecycle contract (expired locks, killed workers): runs on DynamoDB Local and on moto.
-pytestmark = pytest.mark.both_backends
+# The tests of the lifecycle contract (expired locks, killed or stalled workers, the supervisor's
+# lease) run on DynamoDB Local and on moto (``both_backends``); the rest on DynamoDB Local, the
+# default: the same code over the same writes, whose backends' differences those tests find.
 
 
 def _put_many(settings, count, prefix="t", type_="quick", now=None, **kw):
@@ -153,6 +154,7 @@ def test_dispatching_the_same_task_twice_is_harmless(settings):
     assert second is None
 
 
+@pytest.mark.both_backends
 def test_expired_lock_is_handed_out_again_and_the_lost_attempt_counted(settings):
     past = utcnow() - timedelta(seconds=settings.effective_lock_seconds + 5)
     submit.put_task(TaskSpec(key="k", type="quick"), settings, now=past)
@@ -166,6 +168,7 @@ def test_expired_lock_is_handed_out_again_and_the_lost_attempt_counted(settings)
     assert [(int(e.attempt), e.kind) for e in task.errors] == [(1, "worker_lost")]
 
 
+@pytest.mark.both_backends
 def test_lost_on_the_last_attempt_becomes_ignored_with_worker_lost(settings):
     past = utcnow() - timedelta(seconds=settings.effective_lock_seconds + 5)
     submit.put_task(TaskSpec(key="k", type="quick", max_attempts=1), settings, now=past)
@@ -221,6 +224,7 @@ def _rescued(payload: dict, context: TaskContext) -> dict:
     return {"attempt": context.attempt}
 
 
+@pytest.mark.both_backends
 @pytest.mark.slow
 def test_killed_worker_process_task_is_completed_by_another_after_lock_expiry(make_settings, tmp_path):
     settings = make_settings(worker_timeout_seconds=600, lock_seconds=5)

@@ -329,6 +329,23 @@ def run_lifecycle(deployment: Deployment) -> None:
                        "read": ["many", "spawner"]}, summary
 
 
+def run_smoke(deployment: Deployment) -> None:
+    """The shortest walk through every function (the whole lifecycle is :func:`run_lifecycle`'s):
+    a batch put through the API, run by workers it started, one task putting a follow-up, and the
+    batch counted by the coordinator, whose callback reads the tasks' results."""
+    deployment.supervise()  # the first run after the deploy
+    code, body = deployment.call("POST", "/tasks", {"tasks": [
+        {"key": "spawner", "type": "r-spawn", "payload": {"blob_bytes": 100}},
+        {"key": "plain", "type": "r-quick"},
+    ], "batch_id": "smoke",
+        "callbacks": {"complete": {"type": "r-callback", "payload": {"keys": ["spawner", "plain"]}}}})
+    assert code == 201, body
+    for key in ("spawner", "spawner/child", "plain", "smoke~complete"):
+        deployment.wait(lambda key=key: deployment.status(key) == "finished", f"{key} finished")
+    summary = deployment.call("GET", "/tasks/smoke~complete/result")[1]
+    assert summary == {"event": "complete", "finished": 3, "rows": 2_000, "read": ["plain", "spawner"]}, summary
+
+
 @contextmanager
 def deployed(template: dict[str, Any], assembly_dir: Path, make_settings: Callable[..., Any], logs: Path,
              layer: Path | None = None) -> Iterator[Deployment]:

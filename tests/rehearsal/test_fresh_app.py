@@ -1,7 +1,7 @@
 """A team's own CDK app, in a folder of its own: the construct installed as a package (the built
 wheel, not this checkout), three lines of Python, the team's handlers package with a compiled
 dependency. It synthesizes, its assets hold what Lambda's arm64 Python needs, and its stack runs
-the rehearsal's lifecycle with each function's own role.
+a batch through each function with its own role (the whole lifecycle: test_on_the_wire).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.rehearsal.rehearse import FAST, deployed, run_lifecycle, write_rehearsal_handlers
+from tests.rehearsal.rehearse import FAST, deployed, run_smoke, write_rehearsal_handlers
 from tests.rehearsal.template import asset_dir, functions_of, layer_dir
 
 pytest.importorskip("aws_cdk")
@@ -110,7 +110,7 @@ def test_a_fresh_app_installs_the_construct_synthesizes_its_handlers_and_rehears
     library_only = tmp_path / "layer"
     shutil.copytree(layer / "python" / "coworker", library_only / "python" / "coworker")
     with deployed(template, out, make_settings, tmp_path, layer=library_only) as deployment:
-        run_lifecycle(deployment)
+        run_smoke(deployment)  # (the lifecycle's every step runs in test_on_the_wire, from this checkout)
 
         # Then nothing was denied, every function started and none failed
         assert not deployment.problems(), "\n".join(deployment.problems())
