@@ -534,10 +534,19 @@ def cmd_limit(client: ApiClient, args: argparse.Namespace, out: TextIO, err: Tex
     return EXIT_OK
 
 
+# Where a group's limit comes from, as the API's ``source`` names it, in a line's words.
+_RATE_SOURCES = {"last start": "carried by the task that started last; none is set",
+                 "lifted": "the limit set was lifted"}
+
+
 def _rate_line(entry: dict[str, Any]) -> str:
+    source = _RATE_SOURCES.get(entry["source"], entry["source"])
     if entry["limit"] is None:
-        return f"{entry['group']}: not limited"
-    line = (f"{entry['group']}: {entry['limit']} per {entry['interval_seconds']:g} s ({entry['source']}), "
+        line = f"{entry['group']}: not limited" + (f" ({source})" if entry["source"] == "lifted" else "")
+        if entry.get("booked_until"):
+            line += f", waiters booked until {entry['booked_until']}"
+        return line
+    line = (f"{entry['group']}: {entry['limit']} per {entry['interval_seconds']:g} s ({source}), "
             f"{entry['started_in_interval']} started in the last interval")
     if entry.get("next_free_at"):
         line += f", next start {entry['next_free_at']}"

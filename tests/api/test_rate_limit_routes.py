@@ -110,3 +110,41 @@ def test_the_number_of_limits_set_is_bounded(settings, monkeypatch):
     assert status == 409 and answer["error"] == "too_many_rate_limits" and "lift one" in answer["message"]
     assert api.call("PUT", "/rate-limits/key:a", {"limit": 3})[0] == 200  # changing one that is set is fine
     assert set(control.read().rate_limits) == {"key:a", "key:b"}
+
+
+def test_a_lifted_limit_is_shown_lifted_and_a_carried_one_as_carried_not_set(settings):
+    # (issue 52, item 4: a lifted limit was shown as the last start's, still in force)
+    api = Api(settings)
+
+    def run(key, **rate):
+        assert api.call("POST", "/tasks", {"key": key, "type": "quick", "rate_key": "site-a", **rate})[0] == 201
+        assert process_task(key, "w", settings, time.monotonic() + 30).outcome is TaskOutcome.FINISHED
+
+    def shown():
+        status, answer, _ = api.call("GET", "/rate-limits/key:site-a")
+        assert status == 200, answer
+        return answer["limit"], answer["interval_seconds"], answer["source"]
+
+    # Given a limit set for a key, and a task of the key started under it
+    assert api.call("PUT", "/rate-limits/key:site-a", {"limit": 5})[0] == 200
+    run("s1", rate_limit=3, rate_interval_seconds=0.5)  # the limit set wins over the one it carries
+    assert shown() == (5, 1.0, "set")
+    # When the limit is lifted, the answer and the group say so: nothing limits its tasks now
+    status, answer, _ = api.call("PUT", "/rate-limits/key:site-a", {"limit": None})
+    assert status == 200 and answer["changed"] is True
+    assert (answer["limit"], answer["interval_seconds"], answer["source"]) == (None, None, "lifted")
+    assert shown() == (None, None, "lifted")
+    assert api.call("GET", "/rate-limits")[1]["limits"] == []
+    # A task that carries its own limit starts under it: shown as carried, not set
+    run("c1", rate_limit=3, rate_interval_seconds=0.5)
+    assert shown() == (3, 0.5, "last start")
+    # Set and lifted again after a start under the limit set: lifted, not the carried one of before
+    assert api.call("PUT", "/rate-limits/key:site-a", {"limit": 5})[0] == 200
+    run("s2")
+    assert api.call("PUT", "/rate-limits/key:site-a", {"limit": None})[1]["source"] == "lifted"
+    assert shown() == (None, None, "lifted")
+    # A type's limit lifted after its tasks started is lifted too
+    assert api.call("PUT", "/rate-limits/type:quick", {"limit": 5})[0] == 200
+    run("t1")
+    assert api.call("PUT", "/rate-limits/type:quick", {"limit": None})[1]["source"] == "lifted"
+    assert api.call("GET", "/rate-limits/type:quick")[1]["source"] == "lifted"

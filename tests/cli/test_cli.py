@@ -346,8 +346,10 @@ def test_rate_limits_set_listed_lifted_and_carried_by_a_submitted_task(served):
     assert result.returncode == 2 and "LIMIT must be a whole number or 'none'" in result.stderr
     result = served.run("rate", "example.com", "5")
     assert result.returncode == 1 and "key:<rate key> or type:<task type>" in result.stderr
+    assert served.run("submit", "--type", "quick", "--key", "r0", "--rate-key", "example.com").returncode == 0
+    served.work()  # a start under the limit set: lifting it leaves none in force (issue 52, item 4)
     result = served.run("rate", "key:example.com", "none")
-    assert (result.returncode, result.stdout) == (0, "key:example.com: not limited\n")
+    assert (result.returncode, result.stdout) == (0, "key:example.com: not limited (the limit set was lifted)\n")
     assert served.run("rates").stdout.startswith("no rate limit is set")
 
     result = served.run("submit", "--type", "quick", "--key", "r1", "--rate-key", "api.example.com",
@@ -355,6 +357,9 @@ def test_rate_limits_set_listed_lifted_and_carried_by_a_submitted_task(served):
     assert result.returncode == 0, result.stderr
     record = json.loads(served.run("status", "r1", "--json").stdout)
     assert (record["rate_key"], record["rate_limit"], record["rate_interval_seconds"]) == ("api.example.com", 3, 0.5)
+    served.work()
+    assert served.run("rate", "key:api.example.com").stdout.startswith(
+        "key:api.example.com: 3 per 0.5 s (carried by the task that started last; none is set), ")
 
 
 def test_a_reader_that_goes_away_stops_the_output_quietly(served):

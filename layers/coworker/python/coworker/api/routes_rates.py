@@ -3,7 +3,11 @@ lift a group's limit.
 
 A group is ``key:<rate key>`` (tasks that carry that ``rate_key``) or ``type:<task type>``. The
 control item (:mod:`coworker.engine.control`) keeps the limits set here; each group's start log
-(:mod:`coworker.engine.rates`) says how many started lately and when the next may.
+(:mod:`coworker.engine.rates`) says how many started lately and when the next may, and the limit
+its last start's task carried, if it did. So a group's ``source`` is ``set`` (in the control
+record), ``last start`` (none set: the limit the task that started last carried), ``lifted``
+(none set or carried: its last start ran under a limit set here and lifted since; its tasks now
+start unlimited) or ``none``.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ def router(services: Services) -> APIGatewayRouter:
         name = checked_group(group)
         view = control.read(consistent=True)
         answer = rate_out(name, view)
-        if answer.source == "none":
+        if answer.source == NO_SOURCE:
             raise RateGroupNotFoundError(f"no rate limit is set for {name!r} and none of its tasks has started")
         return answer
 
@@ -62,7 +66,7 @@ def router(services: Services) -> APIGatewayRouter:
         changed = control.set_rate(name, rate)
         logger.info("rate limit set", extra={"rate_group": name, "limit": body.limit,
                                              "interval_seconds": body.interval_seconds, "changed": changed})
-        return rate_out(name, control.read(consistent=True), changed)
+        return rate_out(name, control.read(consistent=True), changed, lifted=changed and rate is None)
 
     return routes
 
@@ -85,14 +89,18 @@ def checked_group(raw: str) -> str:
                           f"not {name[:80]!r}")
 
 
+SET, CARRIED, LIFTED, NO_SOURCE = "set", "last start", "lifted", "none"
+
+
 def rate_out(group: str, view: control.ControlView, changed: bool | None = None,
-             state: rates.RateState | None = None) -> RateLimitOut:
+             state: rates.RateState | None = None, lifted: bool = False) -> RateLimitOut:
     """What the API shows of a rate group: the limit in force and what its log says (read here
-    unless given)."""
+    unless given). ``lifted``: this request lifted the limit set (the log may not know it yet)."""
     set_here = view.rate_limits.get(group)
-    state = state or rates.state(group, set_here)
-    source = "set" if set_here is not None else "last start" if state.rate is not None else "none"
+    state = state or rates.states({group: set_here})[group]
     rate = state.rate
+    source = (SET if set_here is not None else CARRIED if state.carried
+              else LIFTED if state.logged or lifted else NO_SOURCE)
     return RateLimitOut(group=group, limit=rate.limit if rate else None,
                         interval_seconds=rate.interval_seconds if rate else None, source=source,
                         started_in_interval=state.started_in_interval, next_free_at=iso_utc(state.next_free_at),

@@ -8,7 +8,9 @@ A task belongs to up to two rate groups:
 * its **type**, ``type:<type>``, when a rate is set for the type in the control record.
 
 Each group has a *start log*, one item ``gate#rate:<group>`` in the task table: its last N start
-times (epoch ms, non-decreasing) and a version.
+times (epoch ms, non-decreasing) and a version, and the limit of its last start when that start's
+task carried it (a limit set through the API lives in the control record only: kept in the log,
+it would outlive its lifting and be shown as still in force).
 
 **Taking a token** (after the claim and the concurrency places, just before the handler starts;
 :func:`admit`): the start is stamped ``t = max(now + lead, last start)`` and written, on the
@@ -55,10 +57,12 @@ from datetime import UTC, datetime
 
 from pynamodb.exceptions import DoesNotExist
 from pynamodb.expressions.condition import Condition
+from pynamodb.expressions.update import Action
 
 from coworker.data import writes
 from coworker.data.layout import RATE_GATE_PREFIX
 from coworker.data.models import RateGateModel, TaskModel, utcnow
+from coworker.engine import control
 from coworker.engine.control import Rate
 from coworker.observability import logger
 
@@ -84,6 +88,7 @@ class RateGroup:
 
     name: str  # "key:<rate key>" or "type:<type>"
     rate: Rate
+    carried: bool = False  # the rate is the one the task carries for its key (none is set for the group)
 
     @property
     def gate_key(self) -> str:
@@ -106,9 +111,11 @@ def groups_of(task: TaskModel, rate_limits: Mapping[str, Rate]) -> tuple[RateGro
     if type_rate is not None:
         groups.append(RateGroup(TYPE_GROUP + task.task_type, type_rate))
     if task.rate_key:
-        rate = rate_limits.get(KEY_GROUP + task.rate_key) or task_rate(task)
+        rate = rate_limits.get(KEY_GROUP + task.rate_key)
         if rate is not None:
             groups.append(RateGroup(KEY_GROUP + task.rate_key, rate))
+        elif (carried := task_rate(task)) is not None:
+            groups.append(RateGroup(KEY_GROUP + task.rate_key, carried, carried=True))
     return tuple(groups)
 
 
@@ -216,6 +223,14 @@ def _version_is(version: int) -> Condition:
     return (RateGateModel.version == version) if version else RateGateModel.version.does_not_exist()
 
 
+def _limit_shown(group: RateGroup) -> list[Action]:
+    """What a start writes of its limit in the log: the limit its task carried, or none (a limit
+    set through the API is read from the control record, and may be lifted there)."""
+    if group.carried:
+        return [RateGateModel.limit.set(group.rate.limit), RateGateModel.interval_ms.set(group.rate.interval_ms)]
+    return [RateGateModel.limit.remove(), RateGateModel.interval_ms.remove()]
+
+
 def _take(group: RateGroup, floor_ms: int, wait_ms: int, waiter: bool) -> Token | int:
     """Take a start token in ``group`` stamped at or after ``floor_ms`` (or up to ``wait_ms``
     later, when the next token frees by then): the token, or when (epoch ms) the next one frees.
@@ -238,8 +253,7 @@ def _take(group: RateGroup, floor_ms: int, wait_ms: int, waiter: bool) -> Token 
             log, fresh = _read(group), True  # what this process saw may be old: look again
             continue
         starts = [*log.starts, stamp][-rate.limit:]
-        actions = [RateGateModel.starts.set(starts), RateGateModel.version.set(log.version + 1),
-                   RateGateModel.limit.set(rate.limit), RateGateModel.interval_ms.set(rate.interval_ms)]
+        actions = [RateGateModel.starts.set(starts), RateGateModel.version.set(log.version + 1), *_limit_shown(group)]
         sent = time.monotonic()
         if writes.update(RateGateModel(group.gate_key), actions, _version_is(log.version),
                          f"take a start of {group.name!r}", refresh=False):
@@ -372,40 +386,48 @@ def _book(group: RateGroup, free_ms: int, spacing: int) -> datetime:
 
 @dataclasses.dataclass(frozen=True)
 class RateState:
-    """What one group's log says at a moment: its rate, the starts in the last interval, and
-    when the next start is allowed."""
+    """What one group's log says at a moment: the limit in force, the starts in the last
+    interval, when the next start is allowed, and until when waiters are booked."""
 
-    rate: Rate | None
+    rate: Rate | None  # the limit set for the group, else the one its last start's task carried
     started_in_interval: int
     next_free_at: datetime | None
     booked_until: datetime | None
+    carried: bool = False  # ``rate`` is the one the last start's task carried (none is set)
+    logged: bool = False  # the group has a start log: some start of it ran under a limit
 
 
 def states(groups: Mapping[str, Rate | None], now: datetime | None = None) -> dict[str, RateState]:
     """The state of each group's log (one BatchGetItem per 100 groups, consistent), by group
-    name; a group's ``rate`` defaults to its last start's."""
+    name, under the limit set for it (``None``: none is set; then the one its last start's task
+    carried, if it did)."""
     now_ms = epoch_ms(now or utcnow())
     keys = [RATE_GATE_PREFIX + name for name in groups]
     items = {item.key: item for item in RateGateModel.batch_get(keys, consistent_read=True)} if keys else {}
     return {name: _state_of(items.get(RATE_GATE_PREFIX + name), rate, now_ms) for name, rate in groups.items()}
 
 
-def state(group_name: str, rate: Rate | None = None, now: datetime | None = None) -> RateState:
-    """The state of ``group_name``'s log (one consistent read); ``rate`` defaults to the last
-    start's."""
-    return _state_of(read_log(group_name), rate, epoch_ms(now or utcnow()))
+def state(group_name: str, now: datetime | None = None) -> RateState:
+    """The state of ``group_name``'s log under the limit in force (the control record's, else the
+    one its last start's task carried): two consistent reads."""
+    return _state_of(read_log(group_name), control.read(consistent=True).rate_limits.get(group_name),
+                     epoch_ms(now or utcnow()))
 
 
 def _state_of(item: RateGateModel | None, rate: Rate | None, now_ms: int) -> RateState:
     if item is None:
         return RateState(rate, 0, None, None)
-    if rate is None and item.limit is not None and item.interval_ms is not None:
+    booked = int(item.booked_until) if item.booked_until is not None else None
+    booked_until = from_epoch_ms(booked) if booked is not None and booked > now_ms else None
+    # A start under a limit set through the API leaves none in the log: a limit found there was
+    # carried by the last start's task (and a log without one, nothing set, means it was lifted).
+    carried = rate is None and item.limit is not None and item.interval_ms is not None
+    if carried:
         rate = Rate(int(item.limit), int(item.interval_ms))
-    starts = [int(s) for s in item.starts or ()]
     if rate is None:
-        return RateState(None, 0, None, None)
+        return RateState(None, 0, None, booked_until, logged=True)
+    starts = [int(s) for s in item.starts or ()]
     recent = sum(1 for s in starts if s > now_ms - rate.interval_ms)
     free = free_at(starts, rate)
-    booked = int(item.booked_until) if item.booked_until is not None else None
-    return RateState(rate, recent, from_epoch_ms(free) if free > now_ms else None,
-                     from_epoch_ms(booked) if booked is not None and booked > now_ms else None)
+    return RateState(rate, recent, from_epoch_ms(free) if free > now_ms else None, booked_until,
+                     carried=carried, logged=True)
