@@ -262,7 +262,7 @@ def test_rate_limit_a_key_from_the_dashboard_and_lift_it(browser, runtime):
 
     page.locator(f"{row} button[data-verb='lift']").click()
     page.locator(row).wait_for(state="detached", timeout=30_000)
-    assert runtime.get(f"/rate-limits/{group}").json()["source"] == "lifted"  # its tasks ran under the limit set, lifted since
+    assert runtime.get(f"/rate-limits/{group}").json()["source"] == "lifted"  # ran under the limit set, lifted since
     assert not errors, errors
     page.close()
 

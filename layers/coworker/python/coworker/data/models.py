@@ -444,7 +444,7 @@ class RateGateModel(Model):
     # The group's last starts (epoch ms, non-decreasing), at most its limit of them.
     starts: ListAttribute[int] = ListAttribute(of=NumberAttribute, null=True)  # type: ignore[arg-type]  # the stubs want the element's type
     version = NumberAttribute(null=True)  # one more on every change of ``starts``
-    limit = NumberAttribute(null=True)  # the limit and interval the last start's task carried (absent under a limit set)
+    limit = NumberAttribute(null=True)  # what the last start's task carried (none under a limit set)
     interval_ms = NumberAttribute(null=True)
     # Tasks turned away are given a start time from here on, spaced interval / limit apart.
     booked_until = NumberAttribute(null=True)
