@@ -25,7 +25,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.error import HTTPError, URLError
 from urllib.parse import urlencode
@@ -126,6 +126,18 @@ class ApiClient:
                 self._sleep(resend_delay(max(1, stalled), exc.retry_after))
                 if resend is not None:
                     body = resend(body, self._calls.stored)
+
+    def pages(self, path: str, field: str, query: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+        """Every entry of a listing route's ``field`` (``GET /schedules``: ``schedules``), one
+        page after another as its ``cursor`` leads (each cursor reads on strictly after the last
+        entry it gave, so the pages end)."""
+        query = dict(query or {})
+        while True:
+            page = self.request("GET", path, query=query)
+            yield from page[field]
+            if not page.get("cursor"):
+                return
+            query["cursor"] = page["cursor"]
 
     @property
     def stored_before_resend(self) -> set[str]:

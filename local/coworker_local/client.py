@@ -45,6 +45,9 @@ CHUNK_BYTES = 5 * 1024 * 1024
 # API Gateway and Lambda more), and the most it allows.
 SUBMIT_PARALLEL = 4
 MAX_SUBMIT_PARALLEL = 32
+# Entries asked for per page of a listing: the API's largest pages (coworker.api.models).
+SCHEDULE_PAGE = 100
+TYPE_PAGE = 100
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +253,18 @@ class Coworker:
 
     def retry(self, key: str) -> Task:
         return Task.of(self.api.request("POST", f"/tasks/{_path(key)}/retry"))
+
+    # -- listings (each follows its cursor to the end) -------------------------------------
+
+    def schedules(self) -> Iterator[dict[str, Any]]:
+        """Every schedule, as ``GET /schedules`` answers each (active ones by next occurrence,
+        then paused ones), a page at a time. A schedule that fires or is paused or resumed
+        meanwhile may come twice or not at all."""
+        return self.api.pages("/schedules", "schedules", {"limit": SCHEDULE_PAGE})
+
+    def types(self) -> Iterator[dict[str, Any]]:
+        """Every task type registered, paused, held or limited, by name, a page at a time."""
+        return self.api.pages("/types", "types", {"limit": TYPE_PAGE})
 
     def cancel(self, key: str) -> Task:
         return Task.of(self.api.request("POST", f"/tasks/{_path(key)}/cancel"))

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from urllib.parse import quote
 
 from coworker_local.api_client import ApiClient, ApiError, Unreachable
-from coworker_local.client import Coworker, SubmitStopped, Submitted
+from coworker_local.client import SCHEDULE_PAGE, TYPE_PAGE, Coworker, SubmitStopped, Submitted
 
 # What one POST /tasks may carry: the API's batch limit, and under Lambda's 6 MB request limit.
 
@@ -325,7 +325,7 @@ def _out_of_queue_notes(client: ApiClient, task_type: str | None) -> list[str]:
     """What waits outside the status index, and so is not listed: tasks of paused types (held)
     and tasks waiting for a concurrency place (blocked)."""
     notes = []
-    for entry in client.request("GET", "/types")["types"]:
+    for entry in client.pages("/types", "types", {"limit": TYPE_PAGE}):
         name = entry["type"]
         if task_type is not None and name != task_type:
             continue
@@ -495,11 +495,11 @@ def _type_line(entry: dict[str, Any]) -> str:
 
 
 def cmd_types(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    answer = client.request("GET", "/types")
+    types = list(client.pages("/types", "types", {"limit": TYPE_PAGE}))  # every page
     if args.json:
-        _print_json(answer, out)
+        _print_json({"types": types}, out)
     else:
-        out.writelines(_type_line(entry) + "\n" for entry in answer["types"])
+        out.writelines(_type_line(entry) + "\n" for entry in types)
     return EXIT_OK
 
 
@@ -588,13 +588,14 @@ def _schedule_line(entry: dict[str, Any]) -> str:
 
 
 def cmd_schedules(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    answer = client.request("GET", "/schedules")
+    # Every page, by name; a schedule that fired while the pages were read (and so moved on in
+    # the listing's order) is shown once, as last read.
+    found = {entry["name"]: entry for entry in client.pages("/schedules", "schedules", {"limit": SCHEDULE_PAGE})}
+    schedules = [found[name] for name in sorted(found)]
     if args.json:
-        _print_json(answer, out)
+        _print_json({"schedules": schedules}, out)
     else:
-        out.writelines(_schedule_line(entry) + "\n" for entry in answer["schedules"])
-        if answer["truncated"]:
-            out.write("(more schedules exist than one listing shows)\n")
+        out.writelines(_schedule_line(entry) + "\n" for entry in schedules)
     return EXIT_OK
 
 

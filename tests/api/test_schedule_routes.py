@@ -38,7 +38,7 @@ def test_a_schedule_through_the_api(settings):
                          ("POST", "/schedules/nightly/pause"), ("POST", "/schedules/nightly/resume")):
         status, answer, _ = api.call(method, path)
         assert status == 404 and answer["error"] == "schedule_not_found", (method, path, answer)
-    assert api.call("GET", "/schedules")[1] == {"schedules": [], "truncated": False}
+    assert api.call("GET", "/schedules")[1] == {"schedules": [], "cursor": None, "truncated": False}
 
 
 @pytest.mark.parametrize(("path", "body", "status", "says"), [

@@ -41,6 +41,26 @@ async function getJSON(path) {
   return response.json();
 }
 
+// A listing route answers a page at a time: follow its cursor to the end, so that the panel shows
+// every entry. An entry read twice (a schedule that fired while the pages were read moves on in
+// the listing's order) is shown once, as last read.
+async function getAllPages(path, field, keyOf) {
+  const entries = new Map();
+  let answer = null;
+  let cursor = null;
+  do {
+    const separator = path.includes("?") ? "&" : "?";
+    answer = await getJSON(cursor ? `${path}${separator}cursor=${encodeURIComponent(cursor)}` : path);
+    for (const entry of answer[field] || []) entries.set(keyOf(entry), entry);
+    cursor = answer.cursor;
+  } while (cursor);
+  return {...answer, [field]: [...entries.values()], cursor: null};
+}
+
+const allTypes = () => getAllPages("/types?limit=100", "types", t => t.type);
+const allSchedules = () => getAllPages("/schedules?limit=100", "schedules", s => s.name)
+  .then(answer => ({...answer, schedules: answer.schedules.sort((a, b) => a.name < b.name ? -1 : a.name > b.name ? 1 : 0)}));
+
 // ---- counts -------------------------------------------------------------------------------
 
 function renderCounts(stats, info) {
@@ -325,7 +345,7 @@ $("types").addEventListener("click", async event => {
       await sendJSON("POST", `${path}/${button.dataset.verb}`, {});
     }
     $("error-banner").style.display = "none";
-    renderTypes(await getJSON("/types"), true);
+    renderTypes(await allTypes(), true);
   } catch (error) {
     $("error-banner").style.display = "block";
     $("error-banner").textContent = error.message;
@@ -419,7 +439,7 @@ $("schedules").addEventListener("click", async event => {
       await sendJSON("POST", `${path}/${button.dataset.verb}`, {});
     }
     $("error-banner").style.display = "none";
-    renderSchedules(await getJSON("/schedules"));
+    renderSchedules(await allSchedules());
   } catch (error) {
     $("error-banner").style.display = "block";
     $("error-banner").textContent = error.message;
@@ -555,8 +575,8 @@ async function refresh() {
   await Promise.allSettled([
     info.then(answer => { renderBacklog(answer); renderRuntime(answer); drawChart(answer ? answer.series : []); }),
     Promise.all([stats, info]).then(([counts, answer]) => renderCounts(counts, answer)),
-    getJSON("/types").then(answer => renderTypes(answer)).catch(noted),
-    getJSON("/schedules").then(renderSchedules).catch(noted),
+    allTypes().then(answer => renderTypes(answer)).catch(noted),
+    allSchedules().then(renderSchedules).catch(noted),
     getJSON("/rate-limits").then(renderRates).catch(noted),
     getJSON("/local/events").then(renderEvents).catch(noted),
     // the batches panel shows the failures' batches too: it follows that panel's answer

@@ -103,6 +103,11 @@ class CursorCodec:
         return value["k"]
 
 
+def bad_cursor() -> BadRequestError:
+    """The refusal of a cursor that is signed but names no position of the listing it is for."""
+    return BadRequestError(_BAD_CURSOR)
+
+
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).decode().rstrip("=")
 

@@ -48,6 +48,26 @@ MAX_REDRIVE_PER_REQUEST = 200
 # API Gateway takes about 10 KB of request line and headers in all.
 MAX_CURSOR_CHARS = 4096
 
+# Lambda refuses a function's answer above 6 MB (6,291,456 bytes), and the answer carries the
+# body as a JSON string, escaped once more: every quote and backslash of the body doubles. The
+# body is ASCII (the serializer escapes the rest), so the answer is at most twice the body.
+LAMBDA_RESPONSE_BYTES = 6 * 1024 * 1024
+# GET /schedules pages. A schedule's task is at most MAX_TEMPLATE_BYTES (16,384) of JSON as
+# stored, written again as the same bytes; its other fields (name 80, expression 200, time zone
+# 64 characters of ASCII, a task key of 101, six times, counters and field names) are under
+# 1,024 bytes. So a schedule is at most 17,408 bytes of body, 34,816 of answer, and a page of
+# MAX_SCHEDULE_PAGE (100) at most 3,481,600 bytes: 55% of the 6 MB (the default page, 28%).
+# tests/api/test_listing_pages.py builds that page and measures it.
+DEFAULT_SCHEDULE_PAGE = 50
+MAX_SCHEDULE_PAGE = 100
+MAX_SCHEDULE_FIELD_BYTES = 1024
+# GET /types pages. A type's answer is its name (at most MAX_TYPE_CHARS (128) characters: 14
+# bytes of answer each at worst, an escaped pair of UTF-16 surrogates) and about 500 bytes of
+# fields: under 2.5 KB, so the bound on a page is its cost -- a paused or limited type reads up
+# to 1,000 index entries to count its held or blocked tasks -- not its size.
+DEFAULT_TYPE_PAGE = 50
+MAX_TYPE_PAGE = 100
+
 
 class IndexedStatus(enum.StrEnum):
     """Statuses a listing can ask for; ``finished`` is accepted only to explain why it cannot be listed."""
@@ -448,6 +468,8 @@ class RateLimitsOut(BaseModel):
 class TypesOut(BaseModel):
     types: list[TypeOut]
     note: str
+    cursor: str | None = Field(None, description="Pass as ?cursor= for the next page of types; null when there "
+                                                 "is no more.")
 
 
 class RedriveOut(BaseModel):
@@ -517,5 +539,8 @@ class ScheduleOut(BaseModel):
 
 
 class SchedulesOut(BaseModel):
-    schedules: list[ScheduleOut]
-    truncated: bool = Field(description="More schedules exist than one listing shows (1,000).")
+    schedules: list[ScheduleOut] = Field(description="Active schedules by next occurrence, then paused ones by "
+                                                     "when they were paused.")
+    cursor: str | None = Field(None, description="Pass as ?cursor= for the next page; null when there is no more.")
+    truncated: bool = Field(description="More schedules follow (cursor is not null); kept for clients written "
+                                        "before the listing paged.")

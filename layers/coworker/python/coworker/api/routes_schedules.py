@@ -9,11 +9,19 @@ from typing import Annotated, Any
 from urllib.parse import unquote
 
 from aws_lambda_powertools.event_handler import Response, content_types
-from aws_lambda_powertools.event_handler.openapi.params import Body
+from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.event_handler.router import APIGatewayRouter
 
+from coworker.api.cursors import bad_cursor
 from coworker.api.errors import ERROR_RESPONSES, BadRequestError, responses
-from coworker.api.models import ScheduleIn, ScheduleOut, SchedulesOut
+from coworker.api.models import (
+    DEFAULT_SCHEDULE_PAGE,
+    MAX_CURSOR_CHARS,
+    MAX_SCHEDULE_PAGE,
+    ScheduleIn,
+    ScheduleOut,
+    SchedulesOut,
+)
 from coworker.api.routes_tasks import check_tasks
 from coworker.api.services import Services
 from coworker.engine import schedules
@@ -24,6 +32,10 @@ PUT_RESPONSES: dict[int, Any] = {
     200: {"description": "The schedule, replaced", "content": _SCHEDULE_ANSWER},
     **ERROR_RESPONSES,
 }
+
+
+# What a GET /schedules cursor belongs to: a cursor of another listing is refused.
+LISTING = ("schedules",)
 
 
 def router(services: Services) -> APIGatewayRouter:
@@ -45,11 +57,22 @@ def router(services: Services) -> APIGatewayRouter:
         return Response(status_code=201 if created else 200, content_type=content_types.APPLICATION_JSON,
                         body=out(schedule, created=created))
 
-    @routes.get("/schedules", summary="List the schedules", tags=["schedules"],
-                responses=responses("Every schedule, by name"))
-    def list_schedules() -> SchedulesOut:
-        found, truncated = schedules.list_all()
-        return SchedulesOut(schedules=[out(schedule) for schedule in found], truncated=truncated)
+    @routes.get("/schedules", summary="List the schedules, a page at a time", tags=["schedules"],
+                responses=responses("A page of schedules: active ones by next occurrence, then paused ones"))
+    def list_schedules(
+        limit: Annotated[int, Query(ge=1, le=MAX_SCHEDULE_PAGE, description="Schedules per page.")]
+        = DEFAULT_SCHEDULE_PAGE,
+        cursor: Annotated[str | None, Query(description="From the previous page.", max_length=MAX_CURSOR_CHARS)]
+        = None,
+    ) -> SchedulesOut:
+        start = services.cursors.decode(cursor, LISTING)
+        try:
+            found, position = schedules.list_page(limit, start)
+        except ValueError:  # signed by us, but not a position of this listing
+            raise bad_cursor() from None
+        following = services.cursors.encode(position, LISTING)
+        return SchedulesOut(schedules=[out(schedule) for schedule in found], cursor=following,
+                            truncated=following is not None)
 
     @routes.get("/schedules/<name>", summary="Read a schedule", tags=["schedules"], responses=responses("The schedule"))
     def read_schedule(name: str) -> ScheduleOut:

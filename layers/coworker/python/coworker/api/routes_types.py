@@ -11,11 +11,12 @@ import dataclasses
 from typing import Annotated
 from urllib.parse import unquote
 
-from aws_lambda_powertools.event_handler.openapi.params import Body
+from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.event_handler.router import APIGatewayRouter
 
+from coworker.api.cursors import bad_cursor
 from coworker.api.errors import TaskTypeNotFoundError, responses
-from coworker.api.models import LimitIn, TypeOut, TypesOut
+from coworker.api.models import DEFAULT_TYPE_PAGE, MAX_CURSOR_CHARS, MAX_TYPE_PAGE, LimitIn, TypeOut, TypesOut
 from coworker.api.services import Services
 from coworker.config import Settings
 from coworker.engine import control, durations, gates, handlers, runners
@@ -23,6 +24,8 @@ from coworker.observability import logger
 
 # Held tasks counted per type in GET /types (a count reads the held partitions).
 HELD_COUNT_CAP = 1000
+# What a GET /types cursor belongs to: a cursor of another listing is refused.
+LISTING = ("types",)
 
 
 def router(services: Services) -> APIGatewayRouter:
@@ -30,12 +33,24 @@ def router(services: Services) -> APIGatewayRouter:
     routes = APIGatewayRouter()
     settings = services.settings
 
-    @routes.get("/types", summary="Task types: registered, paused, held", tags=["types"],
-                responses=responses("Every registered, paused or held task type"))
-    def list_types() -> TypesOut:
+    @routes.get("/types", summary="Task types: registered, paused, held, limited; a page at a time",
+                tags=["types"], responses=responses("A page of the registered, paused, held or limited task "
+                                                    "types, by name"))
+    def list_types(
+        limit: Annotated[int, Query(ge=1, le=MAX_TYPE_PAGE, description="Types per page.")] = DEFAULT_TYPE_PAGE,
+        cursor: Annotated[str | None, Query(description="From the previous page.", max_length=MAX_CURSOR_CHARS)]
+        = None,
+    ) -> TypesOut:
+        after = services.cursors.decode(cursor, LISTING)
+        if after is not None and not (isinstance(after, str) and after):
+            raise bad_cursor()  # signed by us, but not a type name
         view = control.read(consistent=True)
-        listed = control.types_listed(view, handlers.registered_types())
-        return TypesOut(types=[type_out(t, view, settings) for t in listed],
+        # Limits set through the API have no count cap (the control item's 400 KB is the only
+        # bound), so the types are paged, by name, from just after the previous page's last.
+        listed = [t for t in control.types_listed(view, handlers.registered_types()) if after is None or t > after]
+        page = listed[:limit]
+        following = services.cursors.encode(page[-1], LISTING) if len(listed) > limit else None
+        return TypesOut(types=[type_out(t, view, settings) for t in page], cursor=following,
                         note=f"a pause stops new claims within COWORKER_CONTROL_CACHE_SECONDS "
                              f"({settings.control_cache_seconds:g} s); running tasks finish")
 

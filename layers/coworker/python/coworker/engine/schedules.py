@@ -59,7 +59,7 @@ PAUSED = layout.SCHEDULES_PAUSED_PARTITION
 MISSED_POLICIES = ("once", "skip")
 # An occurrence later than this counts as missed (``missed="skip"`` does not run it).
 MISSED_AFTER_SECONDS = 300
-# Schedules one tick looks at, and that a listing shows.
+# Schedules one tick looks at, and that list_all shows (the API pages: see list_page).
 MAX_DUE_PER_TICK = 100
 MAX_LISTED = 1000
 # The task a schedule puts is kept on its item, payload included.
@@ -340,18 +340,61 @@ def set_paused(name: str, paused: bool, now: datetime | None = None) -> tuple[Sc
     return Schedule.of(item), True  # as written: the update returned the whole item
 
 
-def list_all() -> tuple[list[Schedule], bool]:
-    """Every schedule (active and paused), by name, at most ``MAX_LISTED``: ``(schedules, truncated)``."""
-    keys: list[str] = []
+# The index partitions a listing walks, in this order; a position names one by its place here.
+_LISTED = (ACTIVE, PAUSED)
+
+
+def list_page(limit: int, after: Any = None) -> tuple[list[Schedule], list[Any] | None]:
+    """Up to ``limit`` schedules in the index's order -- the active ones by next occurrence, then
+    the paused ones by when they were paused -- from just after ``after``, the position a previous
+    page ended at (``None``: from the start). Returns ``(schedules, position)``, ``position``
+    being where the next page starts, ``None`` when no schedule is left after this page.
+
+    One index query per partition (keys only, ``limit + 1`` entries: the one more says whether a
+    next page exists) and one batch read of the page's items. ``ValueError`` for a position this
+    function did not make. A schedule that fires, is paused or resumed while someone pages moves
+    in the index: it may then be listed twice, or not at all.
+    """
+    first, start = _start_of(after)
+    entries: list[tuple[int, ScheduleModel]] = []
     with _storage("list the schedules"):
-        for partition in (ACTIVE, PAUSED):
-            for entry in ScheduleModel.schedule_index.query(partition, limit=MAX_LISTED + 1 - len(keys)):
-                keys.append(entry.key)
-            if len(keys) > MAX_LISTED:
+        for number in range(first, len(_LISTED)):
+            entries.extend((number, entry) for entry in ScheduleModel.schedule_index.query(
+                _LISTED[number], limit=limit + 1 - len(entries), last_evaluated_key=start if number == first else None))
+            if len(entries) > limit:
                 break
-        items = list(ScheduleModel.batch_get(keys[:MAX_LISTED]))
-    truncated = len(keys) > MAX_LISTED
-    return sorted((Schedule.of(item) for item in items), key=lambda s: s.name), truncated
+        more = len(entries) > limit
+        entries = entries[:limit]
+        keys = [entry.key for _, entry in entries]
+        found = {item.key: item for item in ScheduleModel.batch_get(keys)} if keys else {}
+    page = [Schedule.of(found[key]) for key in keys if key in found]  # deleted meanwhile: left out
+    if not more:
+        return page, None
+    number, last = entries[-1]
+    name = last.key.removeprefix(layout.SCHEDULE_KEY_PREFIX)
+    return page, [number, name, ScheduleModel.due_at.serialize(last.due_at)]
+
+
+def _start_of(after: Any) -> tuple[int, dict[str, dict[str, str]] | None]:
+    """The partition a page starts in, and the index key it starts after (``None``: its start)."""
+    if after is None:
+        return 0, None
+    if not (isinstance(after, list) and len(after) == 3 and after[0] in range(len(_LISTED))
+            and not isinstance(after[0], bool) and isinstance(after[1], str) and name_problem(after[1]) is None
+            and isinstance(after[2], str) and len(after[2]) <= 64):
+        raise ValueError("not a position of the schedule listing")
+    number, name, due = after
+    ScheduleModel.due_at.deserialize(due)  # ValueError if it is not a time as the index keeps it
+    return number, {layout.PARTITION_KEY: {"S": _item_key(name)},
+                    layout.STATUS_INDEX_PARTITION_KEY: {"S": _LISTED[number]},
+                    layout.STATUS_INDEX_SORT_KEY: {"S": due}}
+
+
+def list_all() -> tuple[list[Schedule], bool]:
+    """The first ``MAX_LISTED`` schedules, by name: ``(schedules, truncated)`` (for tests and
+    scripts; the API pages with :func:`list_page`)."""
+    page, more = list_page(MAX_LISTED)
+    return sorted(page, key=lambda s: s.name), more is not None
 
 
 @dataclasses.dataclass(frozen=True)
