@@ -62,6 +62,7 @@ _DEPLOY_CONTEXT: dict[str, str] = {
     c.CTX_API_MEMORY: "api_memory_mb",
     c.CTX_SCHEDULE_MINUTES: "schedule_minutes",
     c.CTX_LOG_LEVEL: "log_level",
+    c.CTX_LOG_RETENTION_DAYS: "log_retention_days",
     c.CTX_API_RATE_LIMIT: "api_rate_limit",
     c.CTX_API_BURST_LIMIT: "api_burst_limit",
     c.CTX_API_CLOUDWATCH_ROLE: "api_cloudwatch_role",
@@ -165,6 +166,7 @@ class StackConfig:
     warm_write_units: int | None = None  # pre-warmed throughput of the table and its index
     warm_read_units: int | None = None
     lambda_concurrency_quota: int = c.DEFAULT_LAMBDA_CONCURRENCY_QUOTA  # the account's, as the deployer says
+    log_retention_days: int = c.DEFAULT_LOG_RETENTION_DAYS  # of every log group the stack makes
     # The container runner, when the deployment has one (container types, or container_runner=true);
     # its task types are the settings' container_types.
     runner: RunnerConfig | None = None
@@ -338,6 +340,7 @@ class StackConfig:
             warm_write_units=number("warm_write_units", None, c.MIN_WARM_WRITE_UNITS),
             warm_read_units=number("warm_read_units", None, c.MIN_WARM_READ_UNITS),
             lambda_concurrency_quota=number("lambda_concurrency_quota", c.DEFAULT_LAMBDA_CONCURRENCY_QUOTA),
+            log_retention_days=_log_retention_days(options),
             runner=runner,
         )._within_quota()
 
@@ -365,6 +368,8 @@ def _settings_from_options(options: dict[str, Any]) -> Settings:
     # A deployment runs the example task types (a crawl that spawns, tasks that always fail) only
     # when asked to: anyone who may call its API could otherwise start them.
     values.setdefault("example_handlers", False)
+    # A deployment's finished tasks expire by default (c.DEFAULT_RETENTION_DAYS); 0 keeps them.
+    values.setdefault("retention_days", c.DEFAULT_RETENTION_DAYS)
     try:
         return Settings.model_validate(values)
     except ValidationError as exc:
@@ -484,6 +489,17 @@ def _bool(options: dict[str, Any], name: str, default: bool) -> bool:
     """Option ``name`` as true or false (:func:`_flag`), ``default`` when unset."""
     value = _flag(options, name)
     return default if value is None else value
+
+
+def _log_retention_days(options: dict[str, Any]) -> int:
+    """Option log_retention_days: one of the retention periods CloudWatch Logs allows."""
+    days = _whole(options, "log_retention_days", c.DEFAULT_LOG_RETENTION_DAYS, 0)
+    if days not in c.LOG_RETENTION_DAYS:
+        raise ConfigurationError(
+            f"option log_retention_days (context {c.CTX_LOG_RETENTION_DAYS}) is {days}, which CloudWatch Logs does "
+            f"not allow: it keeps log events {', '.join(map(str, c.LOG_RETENTION_DAYS))} days (the stack keeps "
+            "none for ever: 3653 is ten years)")
+    return days
 
 
 def _api_logs(options: dict[str, Any], cloudwatch_role: bool) -> bool:

@@ -78,7 +78,8 @@ CTX_RESERVATION_SECONDS: Final = "reservationSeconds"
 CTX_TICK_SECONDS: Final = "tickSeconds"
 CTX_SUPERVISE_SECONDS: Final = "superviseSeconds"
 CTX_DISPATCH_ON_SUBMIT: Final = "dispatchOnSubmit"  # "true" | "false"
-CTX_RETENTION_DAYS: Final = "retentionDays"
+CTX_RETENTION_DAYS: Final = "retentionDays"  # days a finished task is kept; 0 keeps it
+CTX_LOG_RETENTION_DAYS: Final = "logRetentionDays"
 CTX_HANDLER_MODULES: Final = "handlerModules"
 CTX_HANDLERS_DIR: Final = "handlersDir"  # a path, or "examples" for the example task types only
 CTX_EXAMPLE_HANDLERS: Final = "exampleHandlers"  # "true" | "false"
@@ -134,6 +135,15 @@ DEFAULT_SCHEDULE_MINUTES: Final = 1
 DEFAULT_LOG_LEVEL: Final = "INFO"
 DEFAULT_API_RATE_LIMIT: Final = 50  # requests per second, steady
 DEFAULT_API_BURST_LIMIT: Final = 100
+# A deployment deletes a finished task's record (TTL) this long after it finished, and its large
+# result with it (results bucket): a quarter, long enough to read results, look back at a month's
+# runs and dedupe re-sent keys, while storage and PITR stop growing with every task ever run. The
+# library's own default (local runs) stays 0, keep for ever; retentionDays=0 says it here.
+DEFAULT_RETENTION_DAYS: Final = 90
+# Days every log group of the stack keeps its events, and the values CloudWatch Logs allows.
+DEFAULT_LOG_RETENTION_DAYS: Final = 30
+LOG_RETENTION_DAYS: Final = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192,
+                             2557, 2922, 3288, 3653)
 
 API_TIMEOUT_SECONDS: Final = 29  # API Gateway's integration limit
 # Slack added to a coordinator invocation beyond its supervision time (supervise_seconds); the

@@ -15,14 +15,13 @@ from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 from coworker.data import layout
 
 from coworker_cdk import constants as c
 from coworker_cdk.bundling import function_code
-from coworker_cdk.components.function import LOG_RETENTION, CoworkerFunction
+from coworker_cdk.components.function import CoworkerFunction, log_group
 from coworker_cdk.components.grants import grant_delete_items, grant_invoke, grant_table
 from coworker_cdk.components.results import PAYLOAD_PREFIX, RESULT_PREFIX, grant_objects
 from coworker_cdk.config import StackConfig
@@ -59,8 +58,8 @@ class TaskApi(Construct):
         self.handler = self._build_handler(table, layer, functions_dir / c.API_DIR_NAME, worker)
         # API Gateway writes the stage's logs only in an account whose settings name a CloudWatch
         # role (apiCloudWatchRole sets it); without one the deployer turns them off (apiLogs=false).
-        self.access_logs = (logs.LogGroup(self, "AccessLogs", retention=LOG_RETENTION, removal_policy=removal_policy)
-                            if config.api_logs else None)
+        self.access_logs = (log_group(self, "AccessLogs", retention_days=config.log_retention_days,
+                                      removal_policy=removal_policy) if config.api_logs else None)
         self.rest_api = self._build_rest_api(self.handler.function)
         self.api_key: apigw.IApiKey | None = None
         self.usage_plan: apigw.UsagePlan | None = None
@@ -96,6 +95,7 @@ class TaskApi(Construct):
             timeout_seconds=c.API_TIMEOUT_SECONDS,
             memory_mb=self._config.api_memory_mb,
             removal_policy=self._removal_policy,
+            log_retention_days=self._config.log_retention_days,
             description="Coworker API: submit, list and inspect tasks",
         )
         grant_table(table, handler.function, API_TABLE_ACTIONS)
@@ -158,8 +158,8 @@ class TaskApi(Construct):
         if config.api_logs:
             # API Gateway writes execution logs to a group of this name, which it would create itself,
             # kept for ever: made here first (the stage waits for it), with the stack's retention.
-            execution_logs = logs.LogGroup(
-                self, "ExecutionLogs", retention=LOG_RETENTION, removal_policy=self._removal_policy,
+            execution_logs = log_group(
+                self, "ExecutionLogs", retention_days=config.log_retention_days, removal_policy=self._removal_policy,
                 log_group_name=f"API-Gateway-Execution-Logs_{api.rest_api_id}/{c.API_STAGE_NAME}")
             api.deployment_stage.node.add_dependency(execution_logs)
         return api

@@ -14,7 +14,24 @@ from coworker_cdk import constants as c
 
 RUNTIME = lambda_.Runtime.PYTHON_3_13  # must match constants.PYTHON_VERSION (layer wheels)
 ARCHITECTURE = lambda_.Architecture.ARM_64  # must match constants.PIP_PLATFORMS
-LOG_RETENTION = logs.RetentionDays.ONE_MONTH
+_DAYS = logs.RetentionDays
+# CloudWatch Logs' retention periods by days (option logRetentionDays takes only these).
+LOG_RETENTION: dict[int, logs.RetentionDays] = {
+    1: _DAYS.ONE_DAY, 3: _DAYS.THREE_DAYS, 5: _DAYS.FIVE_DAYS, 7: _DAYS.ONE_WEEK, 14: _DAYS.TWO_WEEKS,
+    30: _DAYS.ONE_MONTH, 60: _DAYS.TWO_MONTHS, 90: _DAYS.THREE_MONTHS, 120: _DAYS.FOUR_MONTHS,
+    150: _DAYS.FIVE_MONTHS, 180: _DAYS.SIX_MONTHS, 365: _DAYS.ONE_YEAR, 400: _DAYS.THIRTEEN_MONTHS,
+    545: _DAYS.EIGHTEEN_MONTHS, 731: _DAYS.TWO_YEARS, 1096: _DAYS.THREE_YEARS, 1827: _DAYS.FIVE_YEARS,
+    2192: _DAYS.SIX_YEARS, 2557: _DAYS.SEVEN_YEARS, 2922: _DAYS.EIGHT_YEARS, 3288: _DAYS.NINE_YEARS,
+    3653: _DAYS.TEN_YEARS,
+}
+assert tuple(LOG_RETENTION) == c.LOG_RETENTION_DAYS
+
+
+def log_group(scope: Construct, construct_id: str, *, retention_days: int, removal_policy: RemovalPolicy,
+              log_group_name: str | None = None) -> logs.LogGroup:
+    """A log group of the stack, keeping its events ``retention_days`` (option logRetentionDays)."""
+    return logs.LogGroup(scope, construct_id, retention=LOG_RETENTION[retention_days],
+                         removal_policy=removal_policy, log_group_name=log_group_name)
 
 
 class CoworkerFunction(Construct):
@@ -32,12 +49,13 @@ class CoworkerFunction(Construct):
         timeout_seconds: int,
         memory_mb: int,
         removal_policy: RemovalPolicy,
+        log_retention_days: int,
         description: str,
         reserved_concurrency: int | None = None,
         code: lambda_.Code | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
-        self.log_group = self._build_log_group(removal_policy)
+        self.log_group = log_group(self, "Logs", retention_days=log_retention_days, removal_policy=removal_policy)
         # A role of its own with no managed policy: AWSLambdaBasicExecutionRole would let it
         # create and write any log group in the account; it writes only to its own.
         self.role = iam.Role(self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
@@ -47,9 +65,6 @@ class CoworkerFunction(Construct):
         self.function = self._build_function(
             code, layer, environment, timeout_seconds, memory_mb, description, reserved_concurrency
         )
-
-    def _build_log_group(self, removal_policy: RemovalPolicy) -> logs.LogGroup:
-        return logs.LogGroup(self, "Logs", retention=LOG_RETENTION, removal_policy=removal_policy)
 
     def _build_function(
         self,

@@ -131,6 +131,7 @@ class Processing(Construct):
             timeout_seconds=config.settings.worker_timeout_seconds,
             memory_mb=config.worker_memory_mb,
             removal_policy=self._removal_policy,
+            log_retention_days=config.log_retention_days,
             description="Coworker worker: runs a batch of claimed tasks",
             # Exactly the library's worker slots, ceil(max_concurrency / batch_size): each
             # invocation holds one slot, so this is the hard ceiling of tasks in flight.
@@ -162,6 +163,7 @@ class Processing(Construct):
             timeout_seconds=config.coordinator_timeout_seconds,
             memory_mb=config.coordinator_memory_mb,
             removal_policy=self._removal_policy,
+            log_retention_days=config.log_retention_days,
             description="Coworker coordinator: supervises dispatch of due tasks to workers",
             reserved_concurrency=c.COORDINATOR_RESERVED_CONCURRENCY,
         )

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import math
+
 from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
+from coworker.engine import offload
 
 # Object prefixes (coworker.engine.offload.RESULT_PREFIX / PAYLOAD_PREFIX); grants are limited to them.
 RESULT_PREFIX = "results/"
 PAYLOAD_PREFIX = "payloads/"
+# A result object outlives its task's TTL by this much: DynamoDB deletes an expired record
+# "typically within a few days", not at once, and the record points at the object until then.
+RESULT_EXPIRY_MARGIN_DAYS = 7
 
 
 def grant_objects(bucket: s3.IBucket, grantee: iam.IGrantable, action: str, prefix: str) -> None:
@@ -20,7 +26,14 @@ def grant_objects(bucket: s3.IBucket, grantee: iam.IGrantable, action: str, pref
 
 
 class ResultsBucket(Construct):
-    """A private, encrypted, TLS-only bucket; objects expire with their tasks when the tasks do.
+    """A private, encrypted, TLS-only bucket; results expire after their tasks when the tasks do.
+
+    Results: a finished task's record is deleted (TTL) ``retention_days`` after it finished; its
+    result, written just before, sits under its own prefix (:func:`coworker.engine.offload.result_prefix`)
+    and expires RESULT_EXPIRY_MARGIN_DAYS later. Payloads never expire: a task's record points at
+    its payload from its put, however long it waits (``run_at`` has no limit, a paused type holds
+    its tasks, an ignored task is kept, without TTL, until it is redriven), so no object age is
+    safe for them.
 
     It is retained when the stack is deleted (a bucket with objects cannot be deleted by
     CloudFormation): empty and delete it by hand if you want it gone.
@@ -29,10 +42,10 @@ class ResultsBucket(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, retention_days: float) -> None:
         super().__init__(scope, construct_id)
         lifecycle = []
-        if retention_days:
-            # A finished task is deleted by TTL after retention_days; its result goes a day later.
-            lifecycle.append(s3.LifecycleRule(prefix=RESULT_PREFIX,
-                                              expiration=Duration.days(int(retention_days) + 1)))
+        if retention_days:  # 0 keeps finished tasks, and so their results, for ever
+            days = math.ceil(retention_days) + RESULT_EXPIRY_MARGIN_DAYS
+            lifecycle.append(s3.LifecycleRule(id="ExpireResults", prefix=offload.result_prefix(retention_days),
+                                              expiration=Duration.days(days)))
         lifecycle.append(s3.LifecycleRule(abort_incomplete_multipart_upload_after=Duration.days(1)))
         self.bucket = s3.Bucket(
             self,

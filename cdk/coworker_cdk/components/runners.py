@@ -22,13 +22,12 @@ from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 from coworker.config import Settings
 
 from coworker_cdk import constants as c
-from coworker_cdk.components.function import LOG_RETENTION
+from coworker_cdk.components.function import log_group
 from coworker_cdk.components.processing import grant_worker_access
 from coworker_cdk.config import RunnerConfig, StackConfig
 from coworker_cdk.runner_image import RunnerImageContext
@@ -70,7 +69,8 @@ class ContainerRunner(Construct):
         self.cluster_resource: ecs.CfnCluster | None = None  # the cluster built, without runner_cluster
         self.subnets, self.security_groups = self._build_network(removal_policy)
         self.cluster = self._build_cluster()
-        self.log_group = logs.LogGroup(self, "Logs", retention=LOG_RETENTION, removal_policy=removal_policy)
+        self.log_group = log_group(self, "Logs", retention_days=config.log_retention_days,
+                                   removal_policy=removal_policy)
         # Exactly what the worker's code calls (no logs: the container's output goes through the
         # execution role's awslogs driver; no X-Ray: there is no daemon beside it).
         self.task_role = iam.Role(self, "TaskRole", assumed_by=iam.ServicePrincipal(ECS_TASKS),
@@ -103,7 +103,8 @@ class ContainerRunner(Construct):
             groups = [ec2.SecurityGroup.from_security_group_id(self, f"SecurityGroup{i}", group_id, mutable=False)
                       for i, group_id in enumerate(runner.security_groups)]
             return subnets, groups
-        flow_logs = logs.LogGroup(self, "FlowLogs", retention=LOG_RETENTION, removal_policy=removal_policy)
+        flow_logs = log_group(self, "FlowLogs", retention_days=self._config.log_retention_days,
+                              removal_policy=removal_policy)
         self.vpc = ec2.Vpc(
             self,
             "Vpc",

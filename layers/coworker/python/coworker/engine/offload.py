@@ -14,7 +14,9 @@ and a preview; the result is never dropped without a word.
 
 Objects are named ``results/<sha256 of the key>/<attempt>-<owner>.json``: every attempt writes its
 own object, so a stale attempt can never overwrite the result of a newer one, and only the attempt
-that records ``finished`` (fenced) points the record at its object.
+that records ``finished`` (fenced) points the record at its object. Where finished tasks expire
+(``retention_days``), results go under ``results/kept-<days>d/`` instead (:func:`result_prefix`),
+which the results bucket expires some days after the records that point to them.
 
 **Payloads.** A payload larger than ``inline_payload_bytes`` (counted as DynamoDB stores it) is
 written to ``payloads/<sha256 of the key>/<sha256 of the payload>.json`` before the task is put,
@@ -29,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import threading
 from pathlib import Path
 from typing import Any, Protocol
@@ -170,11 +173,25 @@ def store_for(settings: Settings) -> ObjectStore | None:
         return _stores[cache_key]
 
 
-def object_name(key: str, attempt: int, owner: str) -> str:
+def result_prefix(retention_days: float) -> str:
+    """Where the results of tasks kept ``retention_days`` after they finish go: ``results/`` when
+    they are kept for ever (0), else ``results/kept-<days>d/`` (whole days, rounded up).
+
+    The results bucket expires objects under the second prefix only, a few days after their
+    records' TTL. A prefix per retention keeps that rule off every object whose record was
+    written under another one: results of a deployment that kept its tasks for ever (the
+    default before retention was), or longer, are never removed while their records remain.
+    """
+    if not retention_days:
+        return RESULT_PREFIX
+    return f"{RESULT_PREFIX}kept-{math.ceil(retention_days)}d/"
+
+
+def object_name(key: str, attempt: int, owner: str, retention_days: float = 0) -> str:
     """Where one attempt's result goes (task keys may hold any character: hash them)."""
     digest = hashlib.sha256(key.encode()).hexdigest()
     safe_owner = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in owner)[:64]
-    return f"{RESULT_PREFIX}{digest}/{attempt}-{safe_owner}.json"
+    return f"{result_prefix(retention_days)}{digest}/{attempt}-{safe_owner}.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,7 +227,7 @@ def prepare_result(result: Any, settings: Settings, store: ObjectStore | None, *
         return PreparedResult(inline={
             "note": f"result of {len(body)} bytes not kept: over COWORKER_MAX_RESULT_BYTES "
                     f"({settings.max_result_bytes})", "preview": preview})
-    uri = store.put(object_name(key, attempt, owner), body)
+    uri = store.put(object_name(key, attempt, owner, settings.retention_days), body)
     return PreparedResult(stored=StoredObject(uri=uri, bytes=len(body), sha256=hashlib.sha256(body).hexdigest()))
 
 
