@@ -32,7 +32,7 @@ OpenAPI document is served at ``GET /openapi.json`` and Swagger UI at ``GET /doc
     GET  /stats                    counts by status, bounded
     routes_schedules
     PUT  /schedules/{name}         create or replace a recurring schedule (cron or rate)
-    GET  /schedules                every schedule, by name
+    GET  /schedules                a page of schedules (limit, cursor): active by next occurrence, then paused
     GET  /schedules/{name}         one schedule: next and last occurrence
     DELETE /schedules/{name}       delete it (the tasks it put stay)
     POST /schedules/{name}/pause   it puts nothing until resumed
