@@ -28,6 +28,14 @@ from tests.support.waits import wait_until
 
 _release = threading.Event()
 _handler_saw_lost = threading.Event()
+_held = threading.Event()
+
+
+@task_handler("test-held-until-released")
+def _held_until_released(payload: dict, context: TaskContext) -> str:
+    """Runs until the test sets ``_held`` (at most 120 s)."""
+    _held.wait(120)
+    return "released"
 
 
 @task_handler("test-wait-for-lost-claim")
@@ -280,17 +288,24 @@ def test_a_feeding_worker_ends_when_nothing_is_due(make_settings):
 
 @pytest.mark.both_backends
 def test_heartbeat_keeps_a_long_task_locked_past_its_lock_lifetime(make_settings):
-    settings = make_settings(lock_seconds=3, heartbeat_seconds=0.5)
-    _put(settings, ["long"], type_="slow", payload={"seconds": 4.5})
+    # 6-s locks, a beat every 0.5 s: a loaded machine may stall a beat for seconds, not for 5.5
+    settings = make_settings(lock_seconds=6, heartbeat_seconds=0.5)
+    _put(settings, ["long"], type_="test-held-until-released")
+    _held.clear()
     result: list = []
     worker = threading.Thread(target=lambda: result.extend(
-        run_invocation(WorkerRequest(("long",)), "a", settings, time.monotonic() + 30)))
+        run_invocation(WorkerRequest(("long",)), "a", settings, time.monotonic() + 120)))
     worker.start()
-    time.sleep(3.5)  # past the original lock lifetime
-    assert lifecycle.claim("long", "b", settings) is None  # still held: no takeover
-    task = lifecycle.get_task("long")
-    assert task.lock_owner == "a" and task.lock_expires_at > utcnow()
-    worker.join()
+    try:
+        wait_until(lambda: lifecycle.get_task("long").status == "processing", "the task claimed")
+        first_expiry = lifecycle.get_task("long").lock_expires_at
+        wait_until(lambda: utcnow() > first_expiry + timedelta(seconds=0.5), "past the lock first seen")
+        assert lifecycle.claim("long", "b", settings) is None  # still held: no takeover
+        task = lifecycle.get_task("long")
+        assert task.lock_owner == "a" and task.lock_expires_at > first_expiry  # its beats extended it
+    finally:
+        _held.set()
+        worker.join()
     assert [r.outcome for r in result] == [TaskOutcome.FINISHED]
     assert lifecycle.get_task("long").attempts == 1
 

@@ -203,7 +203,7 @@ class Deployment:
                 time.sleep(0.5)
             runs += 1
         found = describe() if describe is not None else None
-        running = self.call("GET", "/tasks?status=running")[1]
+        running = self.call("GET", "/tasks?status=processing")[1]
         raise AssertionError(f"never happened after {runs} coordinator runs: {what}; the last run: {last}; "
                              f"found: {found}; running: {running}")
 
