@@ -13,7 +13,7 @@ from datetime import timedelta
 import botocore.client
 import pytest
 from coworker.data import writes
-from coworker.data.models import BatchModel, TaskModel, TaskStatus, utcnow
+from coworker.data.models import BatchModel, ErrorKind, TaskModel, TaskStatus, utcnow
 from coworker.engine import batches, gates, lifecycle, progress, submit
 from coworker.engine.handlers import TaskContext, task_handler
 from coworker.engine.heartbeat import Heartbeat
@@ -217,11 +217,18 @@ def test_under_slow_writes_no_task_runs_twice_at_once_and_none_past_its_deadline
             assert start < handler_deadline, f"{key} started past its deadline"
             assert end <= handler_deadline or told, f"{key} ran past its deadline and was not told"
     # Every task finished, or was never started: a worker that could not fit it in the time left
-    # (its type's run times, observed meanwhile, plan it) left it due for a fresh invocation.
+    # (its type's run times, observed meanwhile, plan it) left it due for a fresh invocation. Or it
+    # started in time and was still running at the deadline (the type's planned time is a p95 of
+    # runs of 1-4 s, and a loaded machine runs late): told then, its attempt recorded as timed out.
     finished = {r.key for r in reports if r.outcome is TaskOutcome.FINISHED}
     for key in set(keys) - finished:
         task = TaskModel.get(key, consistent_read=True)
-        assert _runs[key] == [] and (task.status, task.lock_owner) == (TaskStatus.TODO.value, None), key
+        if _runs[key]:
+            assert all(told for *_, told in _runs[key]), (key, _runs[key])
+            assert (task.status, task.lock_owner, task.errors[-1].kind) == (
+                TaskStatus.FAILED.value, None, ErrorKind.TIMEOUT.value), (key, task.status, task.errors)
+        else:
+            assert (task.status, task.lock_owner) == (TaskStatus.TODO.value, None), key
     assert finished, "no task finished"
 
 
