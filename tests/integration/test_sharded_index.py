@@ -19,13 +19,16 @@ from tests.support.doubles import Api, RecordingInvoker
 
 
 def _put_spread(settings, count: int, seed: int = 7) -> list[str]:
-    """``count`` due tasks with distinct, shuffled due times; their keys, oldest due first."""
+    """``count`` due tasks with distinct, shuffled due times; their keys, oldest due first.
+
+    A task's due time is its creation less its priority, so the priorities lie a minute apart:
+    the puts' own time (however slow the machine) cannot reorder them."""
     rng = random.Random(seed)
     offsets = rng.sample(range(3600), count)
     keys = []
     for i, offset in enumerate(offsets):
         key = f"task-{i:04d}"
-        submit.put_task(TaskSpec(key=key, type="quick", run_at=None, priority=7200 - offset), settings)
+        submit.put_task(TaskSpec(key=key, type="quick", run_at=None, priority=60 * (3600 - offset)), settings)
         keys.append((offset, key))
     return [key for _, key in sorted(keys)]
 

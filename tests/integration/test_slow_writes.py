@@ -218,15 +218,20 @@ def test_under_slow_writes_no_task_runs_twice_at_once_and_none_past_its_deadline
             assert end <= handler_deadline or told, f"{key} ran past its deadline and was not told"
     # Every task finished, or was never started: a worker that could not fit it in the time left
     # (its type's run times, observed meanwhile, plan it) left it due for a fresh invocation. Or it
-    # started in time and was still running at the deadline (the type's planned time is a p95 of
-    # runs of 1-4 s, and a loaded machine runs late): told then, its attempt recorded as timed out.
+    # started and was told to stop, its attempt recorded as failed with no holder: still running at
+    # the deadline (the type's planned time is a p95 of runs of 1-4 s, and a loaded machine runs
+    # late), recorded as timed out; or its worker's lock extensions landed too late to keep the
+    # lock (two slow writes in a row outlast a 4-s lock), its result discarded as a system error.
     finished = {r.key for r in reports if r.outcome is TaskOutcome.FINISHED}
     for key in set(keys) - finished:
         task = TaskModel.get(key, consistent_read=True)
         if _runs[key]:
             assert all(told for *_, told in _runs[key]), (key, _runs[key])
-            assert (task.status, task.lock_owner, task.errors[-1].kind) == (
-                TaskStatus.FAILED.value, None, ErrorKind.TIMEOUT.value), (key, task.status, task.errors)
+            last = task.errors[-1]
+            assert (task.status, task.lock_owner) == (TaskStatus.FAILED.value, None), (key, task.status)
+            assert last.kind == ErrorKind.TIMEOUT.value or (
+                last.kind == ErrorKind.SYSTEM.value and "could not keep the task's lock" in last.message), (
+                key, task.errors)
         else:
             assert (task.status, task.lock_owner) == (TaskStatus.TODO.value, None), key
     assert finished, "no task finished"
