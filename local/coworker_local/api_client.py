@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.error import HTTPError, URLError
-from urllib.parse import urlencode
-from urllib.request import Request, urlopen
+from urllib.parse import urlencode, urljoin
+from urllib.request import HTTPRedirectHandler, Request, build_opener, urlopen
 
 TIMEOUT_SECONDS = 60
 # Answers the API says to re-send, and how: at most RESEND_ATTEMPTS re-sends in a row, the delay
@@ -43,6 +43,20 @@ RESEND_ATTEMPTS = 6
 MAX_SENDS = 100
 FIRST_DELAY_SECONDS = 1.0
 MAX_DELAY_SECONDS = 20.0
+# A redirect the client follows itself (GET /tasks/{key}/result answers 303 to a presigned link
+# for a large result): without the API's credentials, which the link's host must not get (and
+# S3 refuses a presigned request that also carries an Authorization header).
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+class _Unfollowed(HTTPRedirectHandler):
+    """Redirects are answers, not followed by urllib (which would send every header on)."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_opener = build_opener(_Unfollowed)
 
 
 def resend_delay(attempt: int, retry_after: str | None = None) -> float:
@@ -158,9 +172,13 @@ class ApiClient:
             headers = self._signed(method, url, data, headers)
         try:
             request = Request(url, data=data, headers=headers, method=method)
-            with urlopen(request, timeout=TIMEOUT_SECONDS) as reply:
+            with _opener.open(request, timeout=TIMEOUT_SECONDS) as reply:
                 return _parse(reply.read())
         except HTTPError as exc:
+            location = exc.headers.get("Location") if exc.headers else None
+            if exc.code in REDIRECTS and method == "GET" and location:
+                exc.close()
+                return self._follow(urljoin(url, location))
             answer = _parse(exc.read())
             retry_after = exc.headers.get("Retry-After") if exc.headers else None
             if isinstance(answer, dict) and "message" in answer:
@@ -171,6 +189,23 @@ class ApiClient:
             raise Unreachable(f"cannot reach the API at {self.url}: {exc.reason}") from None
         except TimeoutError:
             raise Unreachable(f"the API at {self.url} did not answer within {TIMEOUT_SECONDS} s") from None
+
+    def _follow(self, location: str) -> Any:
+        """The JSON at a link the API redirected a GET to (a presigned result), fetched without the
+        API's credentials; its errors are reported as the API's would be."""
+        request = Request(location, headers={"Accept": "application/json", "User-Agent": "coworker-cli"})
+        try:
+            with urlopen(request, timeout=TIMEOUT_SECONDS) as reply:
+                return _parse(reply.read())
+        except HTTPError as exc:
+            shown = location.split("?")[0][:200]
+            raise ApiError(exc.code, f"HTTP {exc.code} {exc.reason} from {shown}, where the API's redirect "
+                                     "led (a presigned link holds for an hour: ask the API again)") from None
+        except URLError as exc:
+            raise Unreachable(f"cannot reach {location.split('?')[0][:200]}, where the API's redirect led: "
+                              f"{exc.reason}") from None
+        except TimeoutError:
+            raise Unreachable(f"{location.split('?')[0][:200]} did not answer within {TIMEOUT_SECONDS} s") from None
 
     def _signed(self, method: str, url: str, data: bytes | None, headers: dict[str, str]) -> dict[str, str]:
         import botocore.session

@@ -53,6 +53,10 @@ class RateGroupNotFoundError(CoworkerError):
     """No rate limit is set for the group and none of its tasks has started."""
 
 
+class ResultTooLargeError(CoworkerError):
+    """A task's result is too large for an answer of the API, and its store gives no link to it."""
+
+
 # The one mapping from domain errors to HTTP answers: (status, short error name).
 ERROR_STATUS: dict[type[CoworkerError], tuple[HTTPStatus, str]] = {
     TaskNotFoundError: (HTTPStatus.NOT_FOUND, "task_not_found"),
@@ -66,6 +70,7 @@ ERROR_STATUS: dict[type[CoworkerError], tuple[HTTPStatus, str]] = {
     TooManyPausedTypesError: (HTTPStatus.CONFLICT, "too_many_paused_types"),
     TooManyRateLimitsError: (HTTPStatus.CONFLICT, "too_many_rate_limits"),
     PayloadTooLargeError: (HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "payload_too_large"),
+    ResultTooLargeError: (HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "result_too_large"),
     BadRequestError: (HTTPStatus.BAD_REQUEST, "bad_request"),
     StorageError: (HTTPStatus.SERVICE_UNAVAILABLE, "storage_unavailable"),
     ConfigurationError: (HTTPStatus.INTERNAL_SERVER_ERROR, "configuration_error"),

@@ -243,6 +243,13 @@ class ErrorOut(BaseModel):
                           "Re-send the same request (puts are idempotent by key) to store the rest.")
 
 
+class ResultLinkOut(BaseModel):
+    """The body of a 303 from GET /tasks/{key}/result: where to fetch a result too large to answer."""
+
+    location: str = Field(description="The presigned link (also the Location header), valid for an hour.")
+    bytes: int = Field(description="The result's size, as JSON.")
+
+
 class ResultRefOut(BaseModel):
     """Where a large result is kept."""
 

@@ -23,17 +23,26 @@ from pydantic import BaseModel
 
 from coworker.api import bulk
 from coworker.api.cursors import CursorCodec, read_index, start_state
-from coworker.api.errors import ERROR_RESPONSES, BadRequestError, TaskStateConflictError, responses
+from coworker.api.errors import (
+    ERROR_RESPONSES,
+    BadRequestError,
+    ResultTooLargeError,
+    TaskStateConflictError,
+    responses,
+)
 from coworker.api.models import (
     DEFAULT_PAGE_SIZE,
+    LAMBDA_RESPONSE_BYTES,
     MAX_CURSOR_CHARS,
     MAX_PAGE_SIZE,
     BatchIn,
     BulkIn,
     BulkOut,
+    ErrorOut,
     IndexedStatus,
     Order,
     PutResult,
+    ResultLinkOut,
     Submission,
     SubmitBatchOut,
     SubmitTaskOut,
@@ -52,9 +61,16 @@ from coworker.engine.tasks import NewTask, key_problem
 from coworker.errors import TaskNotFoundError
 from coworker.observability import logger
 
-# Larger stored results are answered with a redirect to their presigned link where there is one:
-# a Lambda response holds at most 6 MB, and base64 or escaping can grow a body.
-MAX_RESULT_RESPONSE_BYTES = 4 * 1024 * 1024
+# A result answered as the body must fit in Lambda's answer (6 MB), with room for the status and
+# headers. The answer carries the body as a JSON string, escaped once more, and a stored result
+# (JSON written with ensure_ascii=False) can grow up to threefold there: "é" (2 bytes) becomes
+# "\u00e9" (6), an astral character (4 bytes) "\ud83d\ude00" (12), a quote in a string (2: \")
+# 4. The answer's JSON is the Lambda runtime's; runtimes before 3.12 escape every non-ASCII character.
+RESULT_ANSWER_BYTES = LAMBDA_RESPONSE_BYTES - 64 * 1024
+# Stored results above this size are answered with a redirect (303) to their presigned link
+# without being read, where there is one: no result up to it can outgrow the answer. One is
+# always answered the same way, whatever characters it holds.
+MAX_RESULT_RESPONSE_BYTES = RESULT_ANSWER_BYTES // 3
 FINISHED_NOT_LISTED = (
     "finished tasks leave the status index (that keeps the coordinator's queries and the index "
     "small), so they cannot be listed: read one with GET /tasks/{key}, or a batch's finished "
@@ -74,8 +90,14 @@ RESULT_RESPONSES: dict[int, Any] = {
     **ERROR_RESPONSES,
     200: {"description": "The result: the JSON value the handler returned",
           "content": {"application/json": {"schema": {}}}},
-    303: {"description": "The result is larger than an API response may be: "
-                         "fetch it from the presigned link in Location"},
+    303: {"description": "The result is kept in the result store and is larger than an answer of the API "
+                         f"carries whatever it holds (over {MAX_RESULT_RESPONSE_BYTES:,} bytes of JSON): fetch it "
+                         "from the presigned link in Location (also in the body, with its size), without the "
+                         "API's credentials",
+          "content": {"application/json": {"model": ResultLinkOut}}},
+    413: {"description": "The result is too large for an answer of the API (Lambda's 6 MB) and there is no "
+                         "link to it (no results bucket): the message says where it is kept",
+          "content": {"application/json": {"model": ErrorOut}}},
 }
 
 
@@ -237,22 +259,30 @@ def task_record(key: str, settings: Settings) -> TaskOut:
 
 
 def result_response(key: str, settings: Settings) -> Response[Any]:
-    """A finished task's result as the body (409 before it finishes), or a redirect to its link
-    when it is too large for a response."""
+    """A finished task's result as the body (409 before it finishes), or, when it is too large for
+    an answer (:data:`MAX_RESULT_RESPONSE_BYTES`), a redirect (303) to its presigned link; 413
+    when it does not fit and there is no link (a folder store)."""
     task = lifecycle.get_task(key)
     if task.status != TaskStatus.FINISHED.value:
         raise TaskStateConflictError(f"task {task.key!r} is {task.status}: only a finished task has a result")
-    if task.result_ref is None:
+    if task.result_ref is None:  # on the record: at most COWORKER_INLINE_RESULT_BYTES (64 KB)
         return Response(status_code=200, content_type=content_types.APPLICATION_JSON,
                         body=json.dumps(task.result))
     store = offload.store_for(settings)
     size = int(task.result_ref.get("bytes", 0))
     link = store.link(task.result_ref["uri"]) if store is not None else None
-    if size > MAX_RESULT_RESPONSE_BYTES and link:
+    if link and size > MAX_RESULT_RESPONSE_BYTES:
         return Response(status_code=303, content_type=content_types.APPLICATION_JSON, headers={"Location": link},
-                        body=json.dumps({"location": link, "bytes": size}))
-    return Response(status_code=200, content_type=content_types.APPLICATION_JSON,
-                    body=offload.read(task.result_ref, store).decode())
+                        body=ResultLinkOut(location=link, bytes=size))
+    if size <= RESULT_ANSWER_BYTES:  # above it, no body fits whatever it holds: not read
+        body = offload.read(task.result_ref, store).decode()
+        if len(json.dumps(body)) <= RESULT_ANSWER_BYTES:  # the body as the answer carries it
+            return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=body)
+    raise ResultTooLargeError(
+        f"the result of task {task.key!r} is {size:,} bytes of JSON, more than an answer of the API carries "
+        f"(Lambda's 6 MB, where escaping may triple it), and the result store ({task.result_ref['uri'][:300]}) "
+        "gives no link to it: read it from the store, or run with a results bucket, where this route answers "
+        "303 with a presigned link")
 
 
 # -- list --------------------------------------------------------------------------------------
