@@ -48,6 +48,7 @@ MAX_SUBMIT_PARALLEL = 32
 # Entries asked for per page of a listing: the API's largest pages (coworker.api.models).
 SCHEDULE_PAGE = 100
 TYPE_PAGE = 100
+RATE_PAGE = 100
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,6 +266,11 @@ class Coworker:
     def types(self) -> Iterator[dict[str, Any]]:
         """Every task type registered, paused, held or limited, by name, a page at a time."""
         return self.api.pages("/types", "types", {"limit": TYPE_PAGE})
+
+    def rate_limits(self) -> Iterator[dict[str, Any]]:
+        """Every rate limit set through the API or CLI, by group, with its recent starts, a page at
+        a time (a group whose tasks carry their own limit: ``GET /rate-limits/key:<key>``)."""
+        return self.api.pages("/rate-limits", "limits", {"limit": RATE_PAGE})
 
     def cancel(self, key: str) -> Task:
         return Task.of(self.api.request("POST", f"/tasks/{_path(key)}/cancel"))

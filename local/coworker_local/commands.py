@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from urllib.parse import quote
 
 from coworker_local.api_client import ApiClient, ApiError, Unreachable
-from coworker_local.client import SCHEDULE_PAGE, TYPE_PAGE, Coworker, SubmitStopped, Submitted
+from coworker_local.client import RATE_PAGE, SCHEDULE_PAGE, TYPE_PAGE, Coworker, SubmitStopped, Submitted
 
 # What one POST /tasks may carry: the API's batch limit, and under Lambda's 6 MB request limit.
 
@@ -556,12 +556,12 @@ def _rate_line(entry: dict[str, Any]) -> str:
 
 
 def cmd_rates(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    answer = client.request("GET", "/rate-limits")
+    limits = list(client.pages("/rate-limits", "limits", {"limit": RATE_PAGE}))  # every page, by group
     if args.json:
-        _print_json(answer, out)
+        _print_json({"limits": limits}, out)
     else:
-        out.writelines(_rate_line(entry) + "\n" for entry in answer["limits"])
-        if not answer["limits"]:
+        out.writelines(_rate_line(entry) + "\n" for entry in limits)
+        if not limits:
             out.write("no rate limit is set (tasks may carry their own: coworker rate key:KEY shows one)\n")
     return EXIT_OK
 

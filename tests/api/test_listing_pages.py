@@ -1,7 +1,8 @@
 """Every listing route pages, and no page can outgrow a Lambda answer (6 MB).
 
-GET /schedules and GET /types page with ``limit`` and an opaque ``cursor`` (the task listing's
-signed cursors); the CLI, the Python client and the dashboard follow the cursor to the end. The
+GET /schedules, GET /types and GET /rate-limits page with ``limit`` and an opaque ``cursor`` (the
+task listing's signed cursors); the CLI, the Python client and the dashboard follow the cursor to
+the end. Every GET route that answers a list takes a bounded ``limit`` and a ``cursor``. The
 largest page of each listing route is built from the models' limits and measured as the Lambda
 answer that would carry it.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+import pytest
 from coworker.engine import control, schedules
 from coworker.engine.tasks import NewTask
 
@@ -111,6 +113,110 @@ def test_types_page_through_more_types_than_one_answer_holds(settings):
     assert [entry["type"] for page in found for entry in page] == names  # by name, each once
 
 
+# -- GET /rate-limits ----------------------------------------------------------------------------
+
+def set_rate_limits(count: int) -> list[str]:
+    groups = [f"key:tenant-{number:02d}" for number in range(count)]
+    for number, group in enumerate(groups):
+        control.set_rate(group, control.Rate(number + 1, 1000))
+    return groups
+
+
+def test_rate_limits_page_through_more_groups_than_one_answer_holds(settings):
+    from coworker.engine import rates
+
+    api = Api(settings)
+    groups = set_rate_limits(7)
+    control._cache.invalidate()
+    read: list[int] = []
+    states = rates.states
+
+    def counted(groups_of_page, now=None):
+        read.append(len(groups_of_page))
+        return states(groups_of_page, now)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rates, "states", counted)
+        found = pages(api, "/rate-limits", "limits", limit=3)
+
+    assert [len(page) for page in found] == [3, 3, 1]
+    assert [entry["group"] for page in found for entry in page] == groups  # by name, each once
+    assert [entry["limit"] for page in found for entry in page] == list(range(1, 8))
+    assert read == [3, 3, 1]  # each page reads its own groups' logs, in one read
+    every = api.call("GET", "/rate-limits?limit=7")[1]
+    assert (len(every["limits"]), every["cursor"]) == (7, None)
+
+
+def test_the_cli_and_the_client_show_every_rate_limit_across_pages(settings, monkeypatch):
+    import io
+    from argparse import Namespace
+
+    from coworker.api.app import create_app
+    from coworker_local import client as client_module
+    from coworker_local import commands
+    from coworker_local.api_client import ApiClient
+    from coworker_local.client import Coworker
+    from coworker_local.gateway import LocalGateway
+
+    groups = set_rate_limits(5)
+    monkeypatch.setattr(client_module, "RATE_PAGE", 2)
+    monkeypatch.setattr(commands, "RATE_PAGE", 2)
+    app = create_app(settings)
+    asked: list[str] = []
+
+    def handler(event, context):
+        asked.append(f"{event['path']}?{'&'.join(sorted(event.get('queryStringParameters') or {}))}")
+        return app.resolve(event, context)
+
+    with LocalGateway(handler) as gateway:
+        client = ApiClient(gateway.url)
+        out = io.StringIO()
+        assert commands.cmd_rates(client, Namespace(json=True), out, io.StringIO()) == 0
+        assert [entry["group"] for entry in json.loads(out.getvalue())["limits"]] == groups
+        out = io.StringIO()
+        assert commands.cmd_rates(client, Namespace(json=False), out, io.StringIO()) == 0
+        assert [line.split(": ")[0] for line in out.getvalue().splitlines()] == groups
+        assert [entry["group"] for entry in Coworker(api=client).rate_limits()] == groups
+    # three times three pages of 2, 2 and 1: each after the first with the previous page's cursor
+    assert asked.count("/rate-limits?cursor&limit") == 6 and asked.count("/rate-limits?limit") == 3, asked
+
+
+# -- every listing route pages --------------------------------------------------------------------
+
+def listing_routes(document: dict) -> dict[str, dict]:
+    """The GET routes of the OpenAPI document whose success answers a list (a property of array
+    type), by path: each is a listing, however it is named. Routes of one item (a path parameter)
+    are not: their lists are the item's, bounded by its record (DynamoDB's 400 KB)."""
+    schemas = document["components"]["schemas"]
+    found = {}
+    for path, operations in document["paths"].items():
+        operation = operations.get("get")
+        if operation is None or "{" in path:
+            continue
+        schema = operation["responses"]["200"].get("content", {}).get("application/json", {}).get("schema", {})
+        schema = schemas[schema["$ref"].rsplit("/", 1)[-1]] if "$ref" in schema else schema
+        if any(field.get("type") == "array" for field in schema.get("properties", {}).values()):
+            found[path] = operation
+    return found
+
+
+def test_every_listing_route_takes_a_bounded_limit_and_a_cursor(settings):
+    from coworker.api.models import MAX_CURSOR_CHARS
+
+    document = Api(settings).call("GET", "/openapi.json")[1]
+
+    listings = listing_routes(document)
+
+    assert set(listings) == {"/tasks", "/types", "/rate-limits", "/schedules"}
+    for path, operation in listings.items():
+        parameters = {p["name"]: p["schema"] for p in operation.get("parameters", []) if p["in"] == "query"}
+        limit = parameters["limit"]
+        limit = next((part for part in limit.get("anyOf", []) if "maximum" in part), limit)
+        assert limit["minimum"] == 1 and limit["maximum"] <= 500 and limit["default"] <= limit["maximum"], path
+        cursor = parameters["cursor"]
+        assert any(part.get("maxLength") == MAX_CURSOR_CHARS for part in [cursor, *cursor.get("anyOf", [])]), path
+
+
 # -- bad limits and cursors ----------------------------------------------------------------------
 
 BAD_QUERIES = [
@@ -122,6 +228,9 @@ BAD_QUERIES = [
     ("/types?limit=0", 422, "query.limit"),
     ("/types?limit=101", 422, "query.limit"),
     ("/types?cursor=not-a-cursor", 400, "cursor is not valid"),
+    ("/rate-limits?limit=0", 422, "query.limit"),
+    ("/rate-limits?limit=101", 422, "query.limit"),
+    ("/rate-limits?cursor=not-a-cursor", 400, "cursor is not valid"),
 ]
 
 
@@ -145,9 +254,11 @@ def test_a_cursor_of_another_listing_or_of_no_position_is_refused(settings):
     of_tasks = api.call("GET", "/tasks?status=todo&limit=1")[1]["cursor"]
     of_schedules = api.call("GET", "/schedules?limit=1")[1]["cursor"]
     of_types = api.call("GET", "/types?limit=1")[1]["cursor"]
-    assert of_tasks and of_schedules and of_types
+    set_rate_limits(2)
+    of_rates = api.call("GET", "/rate-limits?limit=1")[1]["cursor"]
+    assert of_tasks and of_schedules and of_types and of_rates
     for path, cursor in (("/schedules", of_tasks), ("/schedules", of_types), ("/types", of_schedules),
-                         ("/tasks?status=todo", of_schedules)):
+                         ("/tasks?status=todo", of_schedules), ("/rate-limits", of_types), ("/types", of_rates)):
         code, answer, _ = api.call("GET", f"{path}{'&' if '?' in path else '?'}cursor={cursor}")
         assert code == 400 and "belongs to another listing" in answer["message"], (path, answer)
     # Signed by this deployment, yet naming no position of the listing: refused, not misread.
@@ -156,7 +267,8 @@ def test_a_cursor_of_another_listing_or_of_no_position_is_refused(settings):
                                  ("/schedules", ("schedules",), [2, "s000", "2026-01-01T00:00:00.000000+0000"]),
                                  ("/schedules", ("schedules",), [0, "bad name", "2026-01-01T00:00:00.000000+0000"]),
                                  ("/schedules", ("schedules",), [0, "s000", "yesterday"]),
-                                 ("/types", ("types",), 42), ("/types", ("types",), "")):
+                                 ("/types", ("types",), 42), ("/types", ("types",), ""),
+                                 ("/rate-limits", ("rate-limits",), 7), ("/rate-limits", ("rate-limits",), "")):
         code, answer, _ = api.call("GET", f"{path}?cursor={codec.encode(state, listing)}")
         assert code == 400 and "cursor is not valid" in answer["message"], (path, state, answer)
 
@@ -257,7 +369,7 @@ def test_the_largest_page_of_every_listing_route_fits_in_a_lambda_answer():
         "GET /rate-limits": models.RateLimitsOut(limits=[models.RateLimitOut(
             group="key:" + ASTRAL * MAX_CONCURRENCY_KEY_CHARS, limit=BIG, interval_seconds=-1.2345678901234567e-300,
             source="last start", started_in_interval=BIG, next_free_at=LATEST_TEXT, booked_until=LATEST_TEXT,
-            changed=True)] * MAX_RATE_LIMITS, note="n" * 500),
+            changed=True)] * min(MAX_RATE_LIMITS, models.MAX_RATE_PAGE), note="n" * 500, cursor=cursor),
     }
     sizes = {route: lambda_answer(page) for route, page in largest.items()}
     assert all(size < models.LAMBDA_RESPONSE_BYTES for size in sizes.values()), sizes

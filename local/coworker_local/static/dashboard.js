@@ -58,6 +58,7 @@ async function getAllPages(path, field, keyOf) {
 }
 
 const allTypes = () => getAllPages("/types?limit=100", "types", t => t.type);
+const allRates = () => getAllPages("/rate-limits?limit=100", "limits", r => r.group);
 const allSchedules = () => getAllPages("/schedules?limit=100", "schedules", s => s.name)
   .then(answer => ({...answer, schedules: answer.schedules.sort((a, b) => a.name < b.name ? -1 : a.name > b.name ? 1 : 0)}));
 
@@ -376,7 +377,7 @@ async function setRate(group, body) {
   try {
     await sendJSON("PUT", `/rate-limits/${encodeURIComponent(group)}`, body);
     $("error-banner").style.display = "none";
-    renderRates(await getJSON("/rate-limits"));
+    renderRates(await allRates());
   } catch (error) {
     $("error-banner").style.display = "block";
     $("error-banner").textContent = error.message;
@@ -577,7 +578,7 @@ async function refresh() {
     Promise.all([stats, info]).then(([counts, answer]) => renderCounts(counts, answer)),
     allTypes().then(answer => renderTypes(answer)).catch(noted),
     allSchedules().then(renderSchedules).catch(noted),
-    getJSON("/rate-limits").then(renderRates).catch(noted),
+    allRates().then(renderRates).catch(noted),
     getJSON("/local/events").then(renderEvents).catch(noted),
     // the batches panel shows the failures' batches too: it follows that panel's answer
     loadFailures().then(renderFailures).catch(noted).then(() => info).then(renderBatches).catch(noted),

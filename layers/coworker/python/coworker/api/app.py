@@ -22,7 +22,7 @@ OpenAPI document is served at ``GET /openapi.json`` and Swagger UI at ``GET /doc
     POST /types/{type}/resume      let a paused type run again
     PUT  /types/{type}/limit       set or lift how many tasks of a type run at once
     routes_rates
-    GET  /rate-limits              the rate limits set, with recent starts
+    GET  /rate-limits              a page of the rate limits set (limit, cursor), with recent starts
     GET  /rate-limits/{group}      one group (key:<rate key> or type:<type>): limit, starts, waiters
     PUT  /rate-limits/{group}      set or lift how many tasks of a group start per interval
     routes_batches

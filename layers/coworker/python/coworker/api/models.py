@@ -67,6 +67,11 @@ MAX_SCHEDULE_FIELD_BYTES = 1024
 # to 1,000 index entries to count its held or blocked tasks -- not its size.
 DEFAULT_TYPE_PAGE = 50
 MAX_TYPE_PAGE = 100
+# GET /rate-limits pages, by group. At most MAX_RATE_LIMITS (100) are set, each answered in under
+# 8 KB (a group name of 260 characters, 14 bytes of answer each at worst, and its state), so the
+# bound is each page's read: one BatchGetItem of its groups' start logs (100 keys at most).
+DEFAULT_RATE_PAGE = 50
+MAX_RATE_PAGE = 100
 
 
 class IndexedStatus(enum.StrEnum):
@@ -468,8 +473,10 @@ class RateLimitOut(BaseModel):
 
 
 class RateLimitsOut(BaseModel):
-    limits: list[RateLimitOut]
+    limits: list[RateLimitOut] = Field(description="The groups with a limit set, by name.")
     note: str
+    cursor: str | None = Field(None, description="Pass as ?cursor= for the next page of groups; null when there "
+                                                 "is no more.")
 
 
 class TypesOut(BaseModel):

@@ -15,11 +15,19 @@ from __future__ import annotations
 from typing import Annotated
 from urllib.parse import unquote
 
-from aws_lambda_powertools.event_handler.openapi.params import Body
+from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.event_handler.router import APIGatewayRouter
 
+from coworker.api.cursors import bad_cursor
 from coworker.api.errors import BadRequestError, RateGroupNotFoundError, responses
-from coworker.api.models import RateLimitIn, RateLimitOut, RateLimitsOut
+from coworker.api.models import (
+    DEFAULT_RATE_PAGE,
+    MAX_CURSOR_CHARS,
+    MAX_RATE_PAGE,
+    RateLimitIn,
+    RateLimitOut,
+    RateLimitsOut,
+)
 from coworker.api.routes_types import known_type
 from coworker.api.services import Services
 from coworker.data.models import iso_utc
@@ -27,19 +35,35 @@ from coworker.engine import control, rates
 from coworker.engine.tasks import MAX_CONCURRENCY_KEY_CHARS, MAX_TYPE_CHARS, no_control_characters
 from coworker.observability import logger
 
+# What a GET /rate-limits cursor belongs to: a cursor of another listing is refused.
+LISTING = ("rate-limits",)
+
 
 def router(services: Services) -> APIGatewayRouter:
     """The rate limit routes of one app, answering with ``services``."""
     routes = APIGatewayRouter()
     settings = services.settings
 
-    @routes.get("/rate-limits", summary="The rate limits set, with their groups' recent starts",
-                tags=["rate limits"], responses=responses("Every rate limit set through the API or CLI"))
-    def list_rate_limits() -> RateLimitsOut:
+    @routes.get("/rate-limits", summary="The rate limits set, with their groups' recent starts; a page at a time",
+                tags=["rate limits"], responses=responses("A page of the rate limits set through the API or CLI, by "
+                                                          "group"))
+    def list_rate_limits(
+        limit: Annotated[int, Query(ge=1, le=MAX_RATE_PAGE, description="Groups per page.")] = DEFAULT_RATE_PAGE,
+        cursor: Annotated[str | None, Query(description="From the previous page.", max_length=MAX_CURSOR_CHARS)]
+        = None,
+    ) -> RateLimitsOut:
+        after = services.cursors.decode(cursor, LISTING)
+        if after is not None and not (isinstance(after, str) and after):
+            raise bad_cursor()  # signed by us, but not a group name
         view = control.read(consistent=True)
-        found = rates.states(view.rate_limits)  # every set group's log in one read
+        # By name, from just after the previous page's last: a group set or lifted meanwhile
+        # shows or not by where it sorts, and no other moves.
+        listed = [group for group in sorted(view.rate_limits) if after is None or group > after]
+        page = listed[:limit]
+        found = rates.states({group: view.rate_limits[group] for group in page})  # the page's logs, one read
+        following = services.cursors.encode(page[-1], LISTING) if len(listed) > limit else None
         return RateLimitsOut(
-            limits=[rate_out(group, view, state=found[group]) for group in sorted(view.rate_limits)],
+            limits=[rate_out(group, view, state=found[group]) for group in page], cursor=following,
             note="keys whose tasks carry their own rate_limit are not listed: read one with "
                  f"GET /rate-limits/key:<key>. A change reaches claimers within COWORKER_CONTROL_CACHE_SECONDS "
                  f"({settings.control_cache_seconds:g} s)")
