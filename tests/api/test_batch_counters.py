@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 
 import pytest
@@ -200,11 +201,34 @@ def test_the_same_changes_applied_twice_count_once(settings, counted):
     submit.put_task(TaskSpec(key="x", type="quick", batch_id="b1"), settings)
     changes = [progress.Change("b9", sequence, total=1) for sequence in (5, 6, 7)]
     BatchModel("batch#b9").save()
-    assert progress.apply("shard-a", changes) == 3
-    assert progress.apply("shard-a", changes) == 0
-    assert progress.apply("shard-a", [*changes, progress.Change("b9", 8, finished=1)]) == 1
-    assert progress.apply("shard-b", changes[:1]) == 1  # another shard has its own counter
+    assert progress.apply("shard-a", changes).changes == 3
+    assert progress.apply("shard-a", changes).changes == 0
+    assert progress.apply("shard-a", [*changes, progress.Change("b9", 8, finished=1)]).changes == 1
+    assert progress.apply("shard-b", changes[:1]).changes == 1  # another shard has its own counter
     assert counted("b9") == (4, 1, 0, 3, False)
+
+
+def test_counting_out_of_time_stops_between_batches_and_the_rest_is_counted_once_later(settings, counted):
+    changes = [progress.Change(batch, sequence, total=1) for batch, sequence in (("p", 5), ("q", 6), ("p", 7))]
+    for batch in "pq":
+        BatchModel(f"batch#{batch}").save()
+    first = progress.apply("shard-a", changes, deadline=-math.inf)  # out of time from the start
+    assert (first.changes, first.complete) == (2, False)  # the first batch, always: every call counts one
+    rest = progress.apply("shard-a", changes)
+    assert (rest.changes, rest.complete) == (1, True)
+    assert counted("p")[0] == 2 and counted("q")[0] == 1
+
+
+def test_a_pass_out_of_time_between_counter_writes_reads_its_records_again_next_time(settings, counted,
+                                                                                      monkeypatch):
+    _put(settings, "a", batch_id="first")
+    _put(settings, "b", batch_id="second")
+    real = progress.apply
+    monkeypatch.setattr(progress, "apply", lambda shard, changes, now, deadline: real(shard, changes, now, -math.inf))
+    report = progress.follow(settings)  # its time runs out after the first counter write
+    assert (report.changes, report.behind) == (1, True)
+    monkeypatch.setattr(progress, "apply", real)
+    assert counted("first")[0] == counted("second")[0] == 1  # read again: the rest counted, nothing twice
 
 
 def _record(name, old=None, new=None, sequence="100"):

@@ -14,7 +14,7 @@ import botocore.client
 import pytest
 from coworker.data import writes
 from coworker.data.models import BatchModel, ErrorKind, TaskModel, TaskStatus, utcnow
-from coworker.engine import batches, gates, lifecycle, progress, submit
+from coworker.engine import batches, dispatch, gates, lifecycle, progress, submit
 from coworker.engine.handlers import TaskContext, task_handler
 from coworker.engine.heartbeat import Heartbeat
 from coworker.engine.outcomes import TaskOutcome
@@ -22,6 +22,7 @@ from coworker.engine.tasks import TaskSpec
 from coworker.engine.worker import process_task, run_batch
 from coworker.errors import PartialPutError
 
+from tests.support.doubles import RecordingInvoker
 from tests.support.waits import wait_until
 
 # Handler runs as they happened: key -> [(owner's fencing token, start, end, told its claim is lost)].
@@ -341,3 +342,47 @@ def test_re_sending_the_same_batch_reaches_the_tasks_earlier_sends_did_not(make_
         with pytest.raises(PartialPutError):
             submit.put_batch(specs, "parts", settings)
     assert stored() == set(keys), f"after {sends} sends"
+
+
+@pytest.mark.both_backends
+def test_a_counter_write_held_does_not_hold_the_ticks_and_their_dispatch(make_settings, monkeypatch):
+    """Issue 52: a throttled table held the coordinator's tick behind its batch counter writes (1-s
+    ticks took 20-60 s, and due work waited for them). Counting runs beside the ticks now."""
+    # Given a batch task to count, and every write to the batch's counters held until released
+    settings = make_settings(tick_seconds=0.2, idle_exit=False)
+    submit.put_task(TaskSpec(key="counted", type="quick", batch_id="held"), settings)
+    counter_prefix = progress.counter_key("held", "")
+    holding, released = threading.Event(), threading.Event()
+    real_call = botocore.client.BaseClient._make_api_call
+
+    def held_counter_writes(client, operation, params):
+        if operation == "UpdateItem" and params.get("Key", {}).get("key", {}).get("S", "").startswith(counter_prefix):
+            holding.set()
+            released.wait()
+        return real_call(client, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", held_counter_writes)
+    invoker = RecordingInvoker()
+    supervisor = dispatch.Supervisor(settings, invoker)
+    ticks: list[object] = []
+    supervisor.on_tick = lambda report, error: ticks.append(report or error)
+    stop = threading.Event()
+    run = threading.Thread(target=supervisor.run, args=(lambda: 600.0, stop), daemon=True)
+    run.start()
+    try:
+        wait_until(holding.is_set, "the coordinator counts the batch (its counter write held)")
+        ticked = len(ticks)
+
+        # When a task falls due while the counter write is still held
+        submit.put_task(TaskSpec(key="due", type="quick"), settings, now=utcnow() - timedelta(seconds=5))
+
+        # Then the ticks go on and hand it to a worker, with the counter write still held
+        wait_until(lambda: "due" in invoker.keys, "the due task handed out while a counter write is held")
+        assert len(ticks) > ticked and not released.is_set()
+    finally:
+        released.set()
+        stop.set()
+        run.join(timeout=60)
+    # And the held write, once through, counted the task once
+    progress.catch_up(settings)
+    assert batches.get_batch("held").total == 1

@@ -10,7 +10,9 @@ Three paths start workers, all through the same capacity accounting (worker slot
 * **the supervisor** (:class:`Supervisor`): the coordinator ticks every ``tick_seconds`` on a
   fixed cadence within one long invocation, holding a single-flight lease; each tick tops up
   free slots with workers for due work (retries, expired locks, anything the other paths
-  missed), retires tasks lost on their last attempt and reports the backlog.
+  missed), retires tasks lost on their last attempt and reports the backlog. Batch progress is
+  counted beside the ticks, on a thread of its own (:class:`~coworker.engine.progress.CountingLoop`),
+  so a slow counter write never holds a tick's dispatch.
 
 Delivery stays at-least-once: a key may be handed to two workers (the index is eventually
 consistent); the claim, one conditional write, decides.
@@ -287,7 +289,8 @@ class _DueWork:
 @tracer.capture_method
 def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
          memory: HintMemory | None = None, measure_backlog: bool = False,
-         launcher: runners.Launcher | None = None, runner_memory: HintMemory | None = None) -> TickReport:
+         launcher: runners.Launcher | None = None, runner_memory: HintMemory | None = None,
+         counting: progress.CountingLoop | None = None) -> TickReport:
     """One coordinator pass: find free slots and due work, start workers, retire lost tasks.
 
     Reads at most ``worker_slots`` slot entries, the running tasks' index entries (to count them
@@ -298,8 +301,11 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     and handing those out at once. With ``measure_backlog`` it also counts the
     due backlog by status (at most ``backlog_count_cap`` entries each, see :func:`index.backlog`).
     With a ``launcher``, it starts container runners on free runner slots for due container work
-    (:mod:`coworker.engine.runners`); the Lambda workers are never handed such work.
+    (:mod:`coworker.engine.runners`); the Lambda workers are never handed such work. Batch
+    progress is counted by ``counting`` apart from the tick (as the supervisor does), else here,
+    after dispatch.
     """
+    began = time.monotonic()
     now = now or utcnow()
     free = slots.free_slots(settings.worker_slots, settings.worker_slots, now)
     free_threads = sum(settings.slot_threads(slots.slot_number(slot)) for slot in free)
@@ -330,15 +336,17 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     if memory is not None:
         memory.remember(sent)
     runner_requests, busy_runners = _start_runners(settings, launcher, view, now, lost, runner_memory)
-    counted = _count_batch_progress(settings, now)
-    # (the last term reads the index, so it is only asked when everything else is quiet)
+    counted = counting.take() if counting is not None else _count_batch_progress(settings, now)
+    # (the last terms read the index and wait for a counting pass, so they are only asked when
+    # everything else is quiet: nothing is handed out then)
     idle = (settings.idle_exit and not requests and not runner_requests and work.due == 0 and work.reaped == 0
             and running == 0 and not lost
             and len(free) == settings.worker_slots and counted == 0
             and parked == released == cancelled == woken == occurrences.created == fired.created == 0
             and not occurrences.due_soon and not fired.settling
             and not view.stopped_batches and not view.to_release
-            and not index.any_due(now + timedelta(seconds=settings.supervise_seconds)))
+            and not index.any_due(now + timedelta(seconds=settings.supervise_seconds))
+            and (counting is None or counting.quiet(since=began, wait=settings.tick_seconds / 2)))
     report = TickReport(busy_slots=settings.worker_slots - len(free), free_slots=len(free), due=work.due,
                         dispatched=len(sent), invocations=len(requests), reaped=work.reaped,
                         running_tasks=running, parked=parked, released=released, cancelled=cancelled,
@@ -489,9 +497,10 @@ def _fire_batch_callbacks(settings: Settings, now: datetime) -> callbacks.Callba
 
 
 def _count_batch_progress(settings: Settings, now: datetime) -> int:
-    """Count what the table's stream holds for batches (after dispatch, so it never delays a
-    start, and within half a tick, so it never delays the next); a failure is logged and the
-    next tick reads the same records again."""
+    """Count what the table's stream holds for batches, in the tick (for a caller without a
+    :class:`~coworker.engine.progress.CountingLoop`): after dispatch, so it never delays a start,
+    starting no new read or write after half a tick (one under way, however slow, is waited
+    for); a failure is logged and the next tick reads the same records again."""
     try:
         return progress.follow(settings, now, budget_seconds=settings.tick_seconds / 2).changes
     except Exception:  # noqa: BLE001 - counting must not stop dispatch; nothing is lost by waiting
@@ -608,6 +617,8 @@ class Supervisor:
             logger.info("another coordinator holds the lease; this run ends")
             return []
         reports: list[TickReport] = []
+        # Batch progress is counted on a thread of its own: a slow counter write never holds a tick.
+        counting = progress.CountingLoop(settings, settings.tick_seconds, settings.tick_seconds / 2).start()
         try:
             _keep_slots(settings.worker_slots, slots.WORKERS)
             if self.launcher is not None:
@@ -621,7 +632,7 @@ class Supervisor:
                            or self.clock() - self.backlog_measured_at >= settings.backlog_seconds)
                 try:
                     report = tick(settings, self.invoker, memory=self.memory, measure_backlog=measure,
-                                  launcher=self.launcher, runner_memory=self.runner_memory)
+                                  launcher=self.launcher, runner_memory=self.runner_memory, counting=counting)
                     if measure:
                         self.backlog_measured_at = self.clock()
                     reports.append(report)
@@ -642,6 +653,7 @@ class Supervisor:
                     next_at += missed * settings.tick_seconds
                 stop.wait(max(0.0, next_at - self.clock()))
         finally:
+            counting.stop(wait=settings.tick_seconds)
             slots.release(COORDINATOR_LEASE, self.holder)
         return reports
 

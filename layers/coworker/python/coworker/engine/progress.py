@@ -1,8 +1,9 @@
 """Batch progress counted from the table's stream, exactly once per transition.
 
 Every write to the task table appears in its DynamoDB stream (``NEW_AND_OLD_IMAGES``). The
-coordinator follows the stream at each tick (:func:`follow`) and turns each record of a task that
-has a ``batch_id`` into a change of its batch's counts::
+coordinator follows the stream beside its ticks (:class:`CountingLoop`: a pass of :func:`follow`
+every tick, on a thread of its own, so that a slow counter write never holds dispatch) and turns
+each record of a task that has a ``batch_id`` into a change of its batch's counts::
 
     count(image) = total 1, finished 1 if status is finished, ignored 1 if status is ignored
     change       = count(new image) - count(old image)
@@ -155,23 +156,40 @@ def counter_key(batch_id: str, shard_id: str) -> str:
     return f"{batches.batch_key(batch_id)}#{shard_id}"
 
 
-def apply(shard_id: str, changes: Iterable[Change], now: datetime | None = None) -> int:
+@dataclasses.dataclass(frozen=True)
+class Applied:
+    """What one :func:`apply` counted."""
+
+    changes: int  # changes new to their counters, now counted
+    complete: bool = True  # False: it stopped at its deadline with batches left to count
+
+
+def apply(shard_id: str, changes: Iterable[Change], now: datetime | None = None,
+          deadline: float = math.inf) -> Applied:
     """Move the counters of the batches ``changes`` (read in order from one shard) touch,
-    skipping what each counter has counted already; returns how many changes were new."""
+    skipping what each counter has counted already.
+
+    Once ``deadline`` (``time.monotonic()``) has passed it starts no other batch's write (it
+    always makes the first, so that every call counts something): the batches left are counted
+    when their records are read again, and what was counted is skipped then."""
     now = now or utcnow()
     by_batch: dict[str, list[Change]] = defaultdict(list)
     for change in changes:
         by_batch[change.batch_id].append(change)
     if not by_batch:
-        return 0
+        return Applied(0)
     keys = [counter_key(batch_id, shard_id) for batch_id in by_batch]
     try:
         known = {item.key: item for item in BatchModel.batch_get(keys, consistent_read=True)}
     except PynamoDBException as exc:
         raise StorageError(f"could not read batch counters: {exc}") from exc
     applied = 0
+    complete = True
     failing: list[str] = []
-    for batch_id, batch_changes in by_batch.items():
+    for number, (batch_id, batch_changes) in enumerate(by_batch.items()):
+        if number and time.monotonic() >= deadline:
+            complete = False
+            break
         fresh = _count_into(batch_id, shard_id, batch_changes, known.get(counter_key(batch_id, shard_id)), now)
         applied += len(fresh)
         if any(change.failure for change in fresh):
@@ -181,7 +199,7 @@ def apply(shard_id: str, changes: Iterable[Change], now: datetime | None = None)
             batches.stop_if_failing(batch_id)
         except (StorageError, PynamoDBException):  # the next failure counted checks again
             logger.exception("could not check the batch's failure threshold", extra={"batch_id": batch_id})
-    return applied
+    return Applied(applied, complete)
 
 
 def _count_into(batch_id: str, shard_id: str, changes: list[Change], counter: BatchModel | None,
@@ -396,11 +414,18 @@ class StreamFollower:
             report.behind = True
         if changes:
             try:
-                report.changes += apply(shard_id, changes, now)
+                applied = apply(shard_id, changes, now, deadline)
             except Exception:
                 place.iterator, place.ended = None, False  # not counted: the next pass reads them again
                 raise
+            report.changes += applied.changes
             report.batches += len({change.batch_id for change in changes})
+            if not applied.complete:
+                # Out of time with batches left: the next pass reads these records again from the
+                # saved place (each counter skips what it counted), and publishes their events then.
+                place.iterator, place.ended = None, False
+                report.behind = True
+                return
         self._publish(publisher, ignored)
         advanced = last_sequence != place.read_through
         place.read_through = last_sequence
@@ -457,3 +482,83 @@ def catch_up(settings: Settings, passes: int = 100) -> FollowReport:
         if not report.behind:
             break
     return total
+
+
+class CountingLoop:
+    """Batch counting apart from the coordinator's tick: passes of this process's follower on a
+    thread of their own, one every ``interval`` seconds (at once after one that overran), each
+    starting no new read or counter write after ``budget_seconds``.
+
+    The tick never waits for it: a counter write that takes seconds (a throttled table) holds
+    only this thread, while the tick goes on handing out work. A pass cut short by its budget
+    goes on from the saved place at the next; counts stay exactly once (see :func:`apply`).
+    """
+
+    def __init__(self, settings: Settings, interval: float, budget_seconds: float) -> None:
+        self._settings = settings
+        self._interval = interval
+        self._budget = budget_seconds
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._asked = False  # a pass is wanted now (see quiet)
+        self._counted = 0  # changes counted since the last take
+        # The last pass that ended: when it began (monotonic), and whether it counted nothing and
+        # read every shard to its end.
+        self._last: tuple[float, bool] | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> CountingLoop:
+        self._thread = threading.Thread(target=self._run, name="batch-counting", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, wait: float) -> None:
+        """Start no other pass; wait up to ``wait`` seconds for the one under way (a write held
+        longer than that finishes on its own: the counters' conditions keep it exactly once)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=wait)
+
+    def take(self) -> int:
+        """The changes counted since the last call."""
+        with self._cond:
+            counted, self._counted = self._counted, 0
+            return counted
+
+    def quiet(self, since: float, wait: float) -> bool:
+        """Whether a pass begun at or after ``since`` (``time.monotonic()``) counted nothing and
+        read every shard to its end: asks for one at once and waits up to ``wait`` seconds for it
+        (``False`` if none ended by then)."""
+        until = time.monotonic() + wait
+        with self._cond:
+            self._asked = True
+            self._cond.notify_all()
+            while self._last is None or self._last[0] < since:
+                left = until - time.monotonic()
+                if left <= 0 or self._stopping:
+                    return False
+                self._cond.wait(left)
+            return self._last[1]
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        while True:
+            with self._cond:
+                while not (self._stopping or self._asked) and time.monotonic() < next_at:
+                    self._cond.wait(next_at - time.monotonic())
+                if self._stopping:
+                    return
+                self._asked = False
+            began = time.monotonic()
+            try:
+                report: FollowReport | None = follow(self._settings, budget_seconds=self._budget)
+            except Exception:  # noqa: BLE001 - the next pass reads the same records again
+                logger.exception("could not count batch progress from the stream")
+                report = None
+            with self._cond:
+                self._counted += report.changes if report is not None else 0
+                self._last = (began, report is not None and report.changes == 0 and not report.behind)
+                self._cond.notify_all()
+            next_at = max(began + self._interval, next_at + self._interval)
