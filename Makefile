@@ -1,4 +1,4 @@
-.PHONY: test run bench synth lint bill lock
+.PHONY: test run bench synth lint bill lock released-template
 
 test:  ## install what is needed, run every test
 	scripts/test.sh
@@ -23,3 +23,7 @@ lint:  ## ruff on everything; mypy on the production package (the Lambda layer) 
 
 lock:  ## resolve requirements.txt for Lambda's platform into the layer's lock (commit cdk/coworker_cdk/layer.lock)
 	scripts/bootstrap.sh && PYTHONPATH=cdk:layers/coworker/python .venv/bin/python -m coworker_cdk.lock requirements.txt
+
+released-template:  ## snapshot a released commit's template for the upgrade rehearsal: make released-template COMMIT=<sha>
+	@test -n "$(COMMIT)" || { echo "usage: make released-template COMMIT=<released commit>"; exit 2; }
+	scripts/bootstrap.sh && .venv/bin/python scripts/released_template.py $(COMMIT)
