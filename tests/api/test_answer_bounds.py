@@ -11,7 +11,7 @@ import json
 
 import pytest
 from coworker.api import routes_tasks
-from coworker.api.models import LAMBDA_RESPONSE_BYTES
+from coworker.api.models import LAMBDA_RESPONSE_BYTES, ErrorOut, PutResult, SubmitBatchOut
 from coworker.engine import lifecycle, offload, submit
 from coworker.engine.tasks import TaskSpec
 
@@ -141,3 +141,68 @@ def test_the_client_follows_the_redirect_without_the_apis_credentials(store_sett
         assert Coworker(api=client).result("large") == {"rows": list(range(1000))}
 
     assert len(fetched) == 1 and "x-api-key" not in fetched[0] and "authorization" not in fetched[0]
+
+
+# -- POST /tasks: a batch's answer lists every key ----------------------------------------------
+
+def test_a_batch_whose_answer_would_outgrow_lambdas_is_refused_before_anything_is_written(settings):
+    from coworker.engine.tasks import MAX_KEY_CHARS
+
+    api = Api(settings)
+    before = api.items()
+    # 1,000 keys of 512 emoji: each is 12 bytes in the body, 14 in the answer, 7.2 MB of results.
+    tasks = [{"key": f"{number:03d}" + ASTRAL * (MAX_KEY_CHARS - 3), "type": "quick"} for number in range(1000)]
+
+    status, body, _ = api.call("POST", "/tasks", {"tasks": tasks})
+
+    assert (status, body["error"]) == (413, "batch_too_large"), body
+    assert "nothing was written" in body["message"] and "the first 868 fit in one" in body["message"]
+    assert api.items() == before
+    # As many as the message says fit are taken, and their answer (or a 503's list of the keys
+    # stored, a part of them) fits: built as the route builds it, and measured.
+    fitting = [task["key"] for task in tasks[:868]]
+    assert check_answer_fits_keys(fitting) is None
+    answer = SubmitBatchOut(batch_id="b" * 128, created=868, existing=0,
+                            results=[PutResult(key=key, outcome="created") for key in fitting])
+    assert 0.95 * LAMBDA_RESPONSE_BYTES < lambda_answer(answer, 201) <= LAMBDA_RESPONSE_BYTES
+    stored = ErrorOut(statusCode=503, error="storage_unavailable", message="m" * 1000, stored=fitting)
+    assert lambda_answer(stored, 503) <= LAMBDA_RESPONSE_BYTES
+
+
+def check_answer_fits_keys(keys: list[str]) -> None:
+    from coworker.api.models import TaskIn
+
+    return routes_tasks.check_answer_fits([TaskIn(key=key, type="quick") for key in keys])
+
+
+def lambda_answer(model, status: int) -> int:
+    """Bytes of the Lambda answer carrying ``model`` as the app serializes it (compact, ASCII)."""
+    from aws_lambda_powertools.event_handler.openapi.encoders import jsonable_encoder
+
+    body = json.dumps(jsonable_encoder(model), separators=(",", ":"))
+    return answer_bytes({"statusCode": status, "body": body, "isBase64Encoded": False,
+                         "multiValueHeaders": {"Content-Type": ["application/json"]}})
+
+
+# -- routes of one record: bounded by DynamoDB's 400 KB item -------------------------------------
+
+DYNAMODB_ITEM_BYTES = 400 * 1024
+
+
+def test_the_largest_task_record_fits_in_an_answer():
+    """GET /tasks/{key}, POST /tasks/{key}/retry and /cancel answer one record: at most 400 KB
+    as stored. The byte that grows the most is a control character in a string (an error's
+    message): 1 byte stored, 6 in the body (a \\u escape), 7 in the answer."""
+    from coworker.api.models import TaskOut
+
+    filler = "\x01" * DYNAMODB_ITEM_BYTES
+    record = TaskOut(key=ASTRAL * 512, type=ASTRAL * 128, status="finished", payload=None, attempts=100,
+                     max_attempts=100, created_at="2026-01-01T00:00:00Z", updated_at=None, due_at=None,
+                     finished_at=None, lock_owner=None, lock_expires_at=None, batch_id="b" * 128, priority=0,
+                     result_ref={"uri": "s3://" + "u" * 1100, "bytes": 10**8, "sha256": "f" * 64,
+                                 "url": "https://" + "l" * 4096},
+                     errors=[{"kind": "system", "message": filler}])
+
+    size = lambda_answer(record, 200)
+
+    assert 7 * DYNAMODB_ITEM_BYTES < size < 7 * DYNAMODB_ITEM_BYTES + 64 * 1024 < LAMBDA_RESPONSE_BYTES / 2

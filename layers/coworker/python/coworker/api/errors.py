@@ -53,6 +53,10 @@ class RateGroupNotFoundError(CoworkerError):
     """No rate limit is set for the group and none of its tasks has started."""
 
 
+class BatchTooLargeError(CoworkerError):
+    """A batch's answer, which lists every key, would be larger than an answer of the API may be."""
+
+
 class ResultTooLargeError(CoworkerError):
     """A task's result is too large for an answer of the API, and its store gives no link to it."""
 
@@ -71,6 +75,7 @@ ERROR_STATUS: dict[type[CoworkerError], tuple[HTTPStatus, str]] = {
     TooManyRateLimitsError: (HTTPStatus.CONFLICT, "too_many_rate_limits"),
     PayloadTooLargeError: (HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "payload_too_large"),
     ResultTooLargeError: (HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "result_too_large"),
+    BatchTooLargeError: (HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "batch_too_large"),
     BadRequestError: (HTTPStatus.BAD_REQUEST, "bad_request"),
     StorageError: (HTTPStatus.SERVICE_UNAVAILABLE, "storage_unavailable"),
     ConfigurationError: (HTTPStatus.INTERNAL_SERVER_ERROR, "configuration_error"),
@@ -84,7 +89,8 @@ ERROR_RESPONSES: dict[int, Any] = {
         (404, "Not found"),
         (409, "The task's or batch's state does not allow this (a batch that completed or stopped takes "
               "no new tasks)"),
-        (413, "A payload is too large, even for the object store"),
+        (413, "A payload is too large, even for the object store (payload_too_large), or a batch's keys too long "
+              "for its answer to list them (batch_too_large)"),
         (415, "The body is not JSON (Content-Type must be application/json)"),
         (422, "Invalid input: every problem is listed with its location"),
         (503, "DynamoDB or the object store refused or failed (throttling, outage): retry later; a batch "

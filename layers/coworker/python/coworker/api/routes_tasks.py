@@ -26,6 +26,7 @@ from coworker.api.cursors import CursorCodec, read_index, start_state
 from coworker.api.errors import (
     ERROR_RESPONSES,
     BadRequestError,
+    BatchTooLargeError,
     ResultTooLargeError,
     TaskStateConflictError,
     responses,
@@ -117,6 +118,7 @@ def router(services: Services) -> APIGatewayRouter:
         if isinstance(body, TaskIn):
             return submit_one(body, services, now)
         assert isinstance(body, BatchIn)
+        check_answer_fits(body.tasks)
         return submit_batch(body, services, now)
 
     @routes.get("/tasks/<key>", summary="Read a task", tags=["tasks"], responses=responses("The task's record"))
@@ -196,6 +198,45 @@ def check_tasks(tasks: Sequence[NewTask], settings: Settings, batch: bool,
                            "input": own if own is not None else task.type})
     if errors:
         raise RequestValidationError(errors)
+
+
+# A batch's answer lists every task's key and outcome: room for it in Lambda's answer, beside the
+# status, the headers, the batch id and the counts.
+BATCH_ANSWER_BYTES = LAMBDA_RESPONSE_BYTES - 64 * 1024
+_GENERATED_KEY = "00000000-0000-0000-0000-000000000000"  # what a task without a key gets (a UUID)
+
+
+def batch_answer_bytes(keys: Sequence[str]) -> int:
+    """Bytes the results of a batch with ``keys`` take in the Lambda answer: each entry as the
+    serializer writes it (compact, ASCII), its quotes and backslashes escaped once more."""
+    total = 0
+    for key in keys:
+        entry = json.dumps({"key": key, "outcome": "created"}, separators=(",", ":"))
+        total += len(entry) + entry.count('"') + entry.count("\\") + 1  # and its comma
+    return total
+
+
+def check_answer_fits(tasks: Sequence[TaskIn]) -> None:
+    """Refuse (413, before anything is written) a batch whose answer could not be given: 1,000
+    keys of 512 characters, each 12 bytes once escaped (an emoji), list 7.2 MB, past Lambda's
+    6 MB, and the tasks would be stored with no answer (a 502). Keys that long are rare: the
+    estimate at 14 bytes a character skips the exact count for every other batch."""
+    keys = [task.key or _GENERATED_KEY for task in tasks]
+    if sum(len(key) for key in keys) * 14 + 64 * len(keys) <= BATCH_ANSWER_BYTES:
+        return
+    size = batch_answer_bytes(keys)
+    if size <= BATCH_ANSWER_BYTES:
+        return
+    fitting, total = 0, 0
+    for key in keys:
+        total += batch_answer_bytes([key])
+        if total > BATCH_ANSWER_BYTES:
+            break
+        fitting += 1
+    raise BatchTooLargeError(
+        f"the answer to this batch lists every key, and with these keys it would be {size:,} bytes, more than an "
+        f"answer of the API carries (Lambda's 6 MB): nothing was written; send these tasks in smaller batches "
+        f"(the first {fitting} fit in one)")
 
 
 def submit_one(body: TaskIn, services: Services, now: datetime) -> Response:
