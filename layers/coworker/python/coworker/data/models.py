@@ -53,7 +53,7 @@ class ErrorKind(str, enum.Enum):
     BUSINESS = "business"  # the handler raised TaskFailedError
     SYSTEM = "system"  # any other exception
     TIMEOUT = "timeout"  # the worker ran out of time and released the lock
-    WORKER_LOST = "worker_lost"  # the lock expired: the worker died without recording anything
+    WORKER_LOST = "worker_lost"  # the lock expired before a result: its worker died, or could not keep it
     UNKNOWN_TYPE = "unknown_type"  # no handler registered for the task type
     CANCELLED = "cancelled"  # cancelled through the API
     RECORD_TOO_LARGE = "record_too_large"  # the record hit DynamoDB's 400 KB item limit: ended
@@ -159,6 +159,11 @@ class TaskModel(Model):
     rate_booked_at = NumberAttribute(null=True)
     # Its own time limit in seconds (else its type's declared one): see coworker.engine.timing.
     timeout_seconds = NumberAttribute(null=True)
+    # What a live worker wrote when it found it could not keep the lock of attempt
+    # ``lapse_attempt`` (why, and what the attempt was doing): the worker_lost entry of whoever
+    # takes the task over says so, instead of a dead worker (see engine.lifecycle.note_lapse).
+    lapse_attempt = NumberAttribute(null=True)
+    lapse_reason = UnicodeAttribute(null=True)
     delete_after_epoch = TTLAttribute(null=True, attr_name=layout.TTL_ATTRIBUTE)
 
     status_index = StatusIndex()

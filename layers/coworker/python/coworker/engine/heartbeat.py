@@ -20,9 +20,13 @@ Timeline of one lock (``L`` the lock's lifetime, ``h`` the heartbeat interval, `
     t0 + h + m  still in flight: a second one is sent
     ...
     t0 + L - m  nothing has landed: the handler is told its claim is lost (before the lock lapses,
-                so no other worker can have it yet); its result will be discarded
+                so no other worker can have it yet); its result will be discarded, and a note on
+                the task says why, for the worker_lost entry of whoever takes it over. A task
+                still waiting to start (a concurrency place, a rate token) is given back instead.
 
-A refused extension means the claim was taken over or cancelled: the handler is told at once.
+A refused extension means the claim was taken over or cancelled: the handler is told at once (a
+task whose handler returned, or that its worker gave back, has nothing to be told). Every warning
+names the stage the task was at: waiting to start, its handler running.
 A refused slot extension means the capacity accounting gave the slot away (this worker stalled):
 the worker stops taking new work. A handler still running at its own time limit
 (``Running.ends_at``) is recorded as timed out then, and its task retried. At ``deadline`` (a
@@ -68,6 +72,8 @@ class Running:
     # When the write that set the lock's current expiry was sent (the claim's, then each extension's).
     locked_at: float = dataclasses.field(default_factory=time.monotonic)
     handler_started: bool = False
+    # The heartbeat gave the claim back itself (its handler had not started; see Heartbeat._late).
+    given_back: bool = False
     # When its handler must have returned (its start plus its time limit, or the deadline), and
     # that limit (``None``: none declared, the invocation's deadline only): set as it starts.
     ends_at: float | None = None
@@ -85,6 +91,15 @@ class Running:
     def __post_init__(self) -> None:
         if self.listed_until is None:
             self.listed_until = self.claim.task.due_at
+
+    @property
+    def stage(self) -> str:
+        """Where the task is, in the words a warning about it uses (read under ``lock``)."""
+        if self.done:
+            return "its handler has returned" if self.handler_started else "it is being given back unstarted"
+        if self.handler_started:
+            return "its handler is running"
+        return "it is waiting to start (its handler has not run: a concurrency place or a rate token)"
 
 
 class Heartbeat:
@@ -180,7 +195,7 @@ class Heartbeat:
         """Record ``task``'s handler as timed out (give its claim back if it never started); with
         ``only_past``, only if its handler started and must have returned by then."""
         with task.lock:
-            if task.done or task.timed_out:
+            if task.done or task.timed_out or task.given_back:
                 return
             if only_past is not None and not (task.handler_started and task.ends_at is not None
                                               and task.ends_at <= only_past):
@@ -253,15 +268,53 @@ class Heartbeat:
                 moved = extension.listed_until
                 if moved is not None and (task.listed_until is None or moved > task.listed_until):
                     task.listed_until = moved
-        if extended is False and not task.done:
-            self._lost(task, "claim lost while the handler runs; the handler is told")
+        if extended is False:
+            self._taken(task)
 
-    def _lost(self, task: Running, message: str) -> None:
-        if task.context.lost.is_set():
-            return
-        task.context.lost.set()
+    def _taken(self, task: Running) -> None:
+        """An extension was refused: the claim is no longer this attempt's (taken over, cancelled,
+        or recorded). Told to the handler if it runs, or to the worker if the task waits to start;
+        nothing to tell once the worker is done with it (its own record or give-back did it)."""
+        with task.lock:
+            if task.done or task.context.lost.is_set():
+                return
+            stage = task.stage
+            task.context.lost.set()
         metrics.add_metric(name=MetricName.LOST_CLAIM_SIGNALLED, unit=MetricUnit.Count, value=1)
-        logger.warning(message, extra={"task_key": task.claim.key, "attempt": task.claim.attempt})
+        told = "the handler is told" if task.handler_started else "it will not start here"
+        logger.warning(f"claim lost while {stage}: a newer attempt or a cancel owns the task; {told}",
+                       extra={"task_key": task.claim.key, "attempt": task.claim.attempt, "stage": stage})
+
+    def _late(self, task: Running) -> None:
+        """Nothing has landed and the lock lapses within half an interval, while no other worker
+        can have the task yet. A running handler is told (its result will be discarded); a task
+        waiting to start is given back unstarted now, its attempt not counted, rather than hold a
+        lock it cannot keep until another worker takes it over as lost work. Once the worker is
+        done with it, its own write (the outcome, or the give-back) is under way: nothing to say."""
+        with task.lock:
+            if task.done or task.context.lost.is_set():
+                return
+            stage = task.stage
+            give_back = not task.handler_started and not task.timed_out
+            task.given_back = give_back
+            task.context.lost.set()  # (under the lock: the worker then cannot start the handler)
+        metrics.add_metric(name=MetricName.LOST_CLAIM_SIGNALLED, unit=MetricUnit.Count, value=1)
+        told = "it is given back unstarted" if give_back else "the handler is told"
+        logger.warning(f"the task's lock could not be extended in time (writes are slow) while {stage}; {told}",
+                       extra={"task_key": task.claim.key, "attempt": task.claim.attempt, "stage": stage})
+        if give_back:
+            self._executor().submit(self._give_back, task)
+        else:
+            waited = time.monotonic() - task.locked_at
+            self._executor().submit(self._note_lapse, task, f"its lock extensions did not land within {waited:.1f} s "
+                                    f"(writes were slow) while {stage}; it was told, and its result discarded")
+
+    def _note_lapse(self, task: Running, reason: str) -> None:
+        """Leave why on the task, for the worker that takes it over (:func:`lifecycle.note_lapse`)."""
+        try:
+            lifecycle.note_lapse(task.claim, reason)
+        except Exception:  # noqa: BLE001 - the takeover then says no word came from this worker
+            logger.exception("could not note why the lock lapses", extra={"task_key": task.claim.key})
 
     def _extend_slot(self, sent: float) -> None:
         try:
@@ -314,7 +367,7 @@ class Heartbeat:
         for task in overdue:  # on the pool: a slow write delays no other lock
             self._executor().submit(self._expire, task, now)
         for task in late:
-            self._lost(task, "the task's lock could not be extended in time (writes are slow); the handler is told")
+            self._late(task)
         for task in due:
             self._executor().submit(self._extend, task, now)
         if self._slot and not self.slot_lost.is_set() and not self._slot_in_flight:

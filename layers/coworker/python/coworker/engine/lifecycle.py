@@ -375,13 +375,31 @@ def kept_history(entries: Sequence[ErrorRecord], settings: Settings) -> list[Err
             for n, entry in enumerate(kept)]
 
 
+def note_lapse(claim: Claim, reason: str, now: datetime | None = None) -> bool:
+    """Leave on the task, while ``claim`` is still its attempt, why its live worker cannot keep
+    the lock (``reason``): whoever takes the task over when the lock lapses records the attempt as
+    lost with that reason, not as a worker that died. Fenced; ``False`` when the claim was no
+    longer this attempt's. (One write unit; only ever sent when extensions do not land in time.)"""
+    actions = [TaskModel.lapse_attempt.set(claim.attempt), TaskModel.lapse_reason.set(reason[:MAX_MESSAGE_CHARS]),
+               TaskModel.updated_at.set(now or utcnow())]
+    return _write(TaskModel(claim.key), actions, fenced(claim), "note the lapse of")
+
+
+def worker_lost_message(task: TaskModel, attempt: int, what: str) -> str:
+    """The message of attempt ``attempt``'s worker_lost entry: ``what`` (the lock expired ...),
+    and why, as its worker noted it (:func:`note_lapse`); with no note, nothing was heard from the
+    worker (it stopped, or none of its writes landed)."""
+    if task.lapse_attempt is not None and int(task.lapse_attempt) == attempt and task.lapse_reason:
+        return f"{what}; its worker was alive: {task.lapse_reason}"
+    return f"{what}; no word from its worker (it stopped, or none of its writes landed in time)"
+
+
 def _history(claim: Claim, settings: Settings, now: datetime, new: list[ErrorRecord]) -> list[ErrorRecord]:
     entries = list(claim.task.errors or [])
     if claim.took_over_lost_attempt:
-        entries.append(
-            error_record(claim.attempt - 1, ErrorKind.WORKER_LOST,
-                         "the worker's lock expired before it recorded a result", now)
-        )
+        message = worker_lost_message(claim.task, claim.attempt - 1, "the worker's lock expired before it recorded "
+                                                                     "a result")
+        entries.append(error_record(claim.attempt - 1, ErrorKind.WORKER_LOST, message, now))
     entries.extend(new)
     return kept_history(entries, settings)
 
@@ -391,6 +409,8 @@ def release_lock_actions(now: datetime) -> list[Any]:
         TaskModel.lock_owner.remove(),
         TaskModel.lock_expires_at.remove(),
         TaskModel.claimed_from.remove(),
+        TaskModel.lapse_attempt.remove(),
+        TaskModel.lapse_reason.remove(),
         TaskModel.updated_at.set(now),
     ]
 
@@ -556,7 +576,8 @@ def _write_with_error(task: TaskModel, entry: ErrorRecord | Callable[[TaskModel]
     for _ in range(RACE_RETRIES):
         try:
             current = TaskModel.get(task.key, consistent_read=True,
-                                    attributes_to_get=["errors", "updated_at", "attempts"])
+                                    attributes_to_get=["errors", "updated_at", "attempts", "lapse_attempt",
+                                                       "lapse_reason"])
         except DoesNotExist:
             return False
         added = entry(current) if callable(entry) else entry
@@ -586,8 +607,11 @@ def reap_lost(key: str, attempt: int, settings: Settings, now: datetime | None =
     Returns whether this call changed the task.
     """
     now = now or utcnow()
-    lost = error_record(attempt, ErrorKind.WORKER_LOST,
-                        "the worker's lock expired on the last allowed attempt", now)
+
+    def lost(current: TaskModel) -> ErrorRecord:
+        message = worker_lost_message(current, attempt, "the worker's lock expired on the last allowed attempt")
+        return error_record(attempt, ErrorKind.WORKER_LOST, message, now)
+
     actions = [
         *TaskModel.status_actions(key, TaskStatus.IGNORED.value),
         TaskModel.due_at.set(now),

@@ -168,7 +168,7 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float | Bud
         claim, turned_away = _enter_gates(claim, view.limits, settings)
         retry_at = None
         if turned_away is None:
-            turned_away, retry_at = _take_rate_tokens(claim, view.rate_limits, settings)
+            turned_away, retry_at = _take_rate_tokens(claim, view.rate_limits, settings, running)
         if turned_away is not None:
             report = TaskReport(key, turned_away, source=source, retry_at=retry_at)
         else:
@@ -234,8 +234,8 @@ def _enter_gates(claim: Claim, type_limits: Mapping[str, int], settings: Setting
     return claim, TaskOutcome.BLOCKED if entry is gates.Entry.BLOCKED else TaskOutcome.NOT_CLAIMED
 
 
-def _take_rate_tokens(claim: Claim, rate_limits: Mapping[str, control.Rate], settings: Settings
-                      ) -> tuple[TaskOutcome | None, datetime | None]:
+def _take_rate_tokens(claim: Claim, rate_limits: Mapping[str, control.Rate], settings: Settings,
+                      running: Running) -> tuple[TaskOutcome | None, datetime | None]:
     """Take the claim's start tokens in its rate groups: ``(None, None)`` to start it now, or the
     outcome of a task turned away with when it is due again (its claim given back, its start
     booked: see :mod:`coworker.engine.rates`).
@@ -243,19 +243,23 @@ def _take_rate_tokens(claim: Claim, rate_limits: Mapping[str, control.Rate], set
     A token that frees within ``RATE_WAIT_SECONDS`` is waited for here: cheaper than giving the
     claim back and claiming it again (6 write units). The handler starts on its tokens' stamp
     (a moment ahead); tokens whose write came back later than their margin are given back and
-    taken again.
+    taken again. A claim found lost meanwhile (taken over, or its lock not kept: the heartbeat
+    gives it back) takes no token and books nothing; one it took then is given back.
     """
     groups = rates.groups_of(claim.task, rate_limits)
     if not groups:
         return None, None
     _preload_payload(claim, settings)  # before the token: the handler starts right after it
+    lost = running.context.lost
     for _ in range(RATE_ATTEMPTS):
+        if lost.is_set():
+            return None, None  # (not started: ``_run`` finds it lost)
         tokens, refused_by, free_ms = rates.admit(groups, wait_seconds=RATE_WAIT_SECONDS,
                                                   waiter=lambda group: rates.returning(claim.task, group))
         if refused_by is None:
-            if rates.start_on(tokens):
+            if rates.start_on(tokens) and not lost.is_set():
                 return None, None
-            rates.give_back(tokens)  # the write was slow: this start would be late for its stamp
+            rates.give_back(tokens)  # the write was slow (this start would be late), or the claim is lost
             continue
         wait = free_ms / 1000 - time.time()
         if wait > RATE_WAIT_SECONDS:
@@ -264,6 +268,10 @@ def _take_rate_tokens(claim: Claim, rate_limits: Mapping[str, control.Rate], set
     else:
         refused_by, free_ms = groups[-1], rates.epoch_ms(utcnow())
     assert refused_by is not None
+    with running.lock:
+        if lost.is_set():
+            return None, None
+        running.done = True  # given back by this thread: the heartbeat keeps the lock, and says nothing
     start = rates.book(refused_by, free_ms)
     metrics.add_metric(name=MetricName.RATE_LIMITED, unit=MetricUnit.Count, value=1)
     logger.debug("rate group has no token", extra={"task_key": claim.key, "rate_group": refused_by.name,
@@ -340,6 +348,8 @@ def _not_started(running: Running, source: TaskSource) -> TaskReport:
     with running.lock:
         running.done = True
         given_back = running.timed_out  # the heartbeat gave it back at the deadline
+    if running.given_back:
+        return TaskReport(claim.key, TaskOutcome.NOT_CLAIMED, source=source)  # the heartbeat gave it back
     if running.context.lost.is_set() and not given_back:
         # Its lock was lost, or could not be kept: give it back if it is still this attempt's.
         lifecycle.release_unstarted(claim)
