@@ -498,14 +498,14 @@ class RedriveOut(BaseModel):
 
 
 class StatusCount(BaseModel):
-    count: int | None
-    capped: bool = Field(description="True when counting stopped at the cap: "
-                                     "the real number is at least count.")
+    count: int | None = Field(description="Index entries of the status, at most the cap (null: not counted).")
+    capped: bool = Field(description="True when there are more than the cap: count is a lower bound (the real "
+                                     "number is at least count). False: count is exact, as the index holds it.")
 
 
 class StatsOut(BaseModel):
     counts: dict[str, StatusCount]
-    cap: int
+    cap: int = Field(description="The cap counted up to, per status (at most 1,000, whatever was asked).")
     note: str
 
 

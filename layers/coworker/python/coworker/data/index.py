@@ -25,6 +25,8 @@ from coworker.data import layout
 from coworker.data.models import TaskModel, TaskStatus, status_shards
 
 _INDEX_KEYS = (layout.PARTITION_KEY, layout.STATUS_INDEX_PARTITION_KEY, layout.STATUS_INDEX_SORT_KEY)
+_STATUS_INDEX_NAME = TaskModel.status_index.Meta.index_name
+COUNT_SELECT = "COUNT"
 _pool: ThreadPoolExecutor | None = None
 
 
@@ -297,6 +299,54 @@ def count_partitions(values: Sequence[str], cap: int, range_key_condition: Condi
     counted = _parallel([functools.partial(_count_shard, value, share, range_key_condition) for value in values])
     total = sum(n for n, _ in counted)
     return min(total, cap), total > cap or any(capped for _, capped in counted)
+
+
+def count_exactly_up_to(partitions: dict[str, Sequence[str]], cap: int, max_rounds: int = 4
+                        ) -> dict[str, tuple[int, bool]]:
+    """For each name, the entries of its index partitions counted up to ``cap``: ``(count,
+    capped)``, where ``capped`` means there are more than ``cap`` (and only then). Every partition
+    of every name is counted at once, ``Select=COUNT``, so a request waits for its slowest read,
+    not for the sum of them, and reads at most ``cap`` + 1 entries per name (and one more per
+    partition).
+
+    Each partition first counts up to its share of ``cap`` + 1; when some end below it, the
+    others go on where they stopped with what is left of the budget, at most ``max_rounds`` rounds
+    (a name still unfinished after them is reported capped: a lower bound). So a count below the
+    cap is exact however unevenly the entries spread over the shards, where
+    :func:`count_partitions` stops each shard at its share."""
+    target = cap + 1  # counting one past the cap tells "exactly cap" from "more"
+    counted = {name: 0 for name in partitions}
+    # the partitions still open, with where each stopped (None: from the start)
+    open_reads: dict[str, dict[str, dict[str, Any] | None]] = {
+        name: {value: None for value in values} for name, values in partitions.items()}
+    for _ in range(max_rounds):
+        calls, places = [], []
+        for name, reads in open_reads.items():
+            budget = target - counted[name]
+            if budget <= 0 or not reads:
+                continue
+            share = max(1, math.ceil(budget / len(reads)))
+            for value, start in reads.items():
+                calls.append(functools.partial(_count_page, value, share, start))
+                places.append((name, value))
+        if not calls:
+            break
+        for (name, value), (count, last_key) in zip(places, _parallel(calls), strict=True):
+            counted[name] += count
+            if last_key is None:
+                del open_reads[name][value]
+            else:
+                open_reads[name][value] = last_key
+    return {name: (min(counted[name], cap), counted[name] > cap or (counted[name] < target and bool(open_reads[name])))
+            for name in partitions}
+
+
+def _count_page(value: str, limit: int, start: dict[str, Any] | None) -> tuple[int, dict[str, Any] | None]:
+    """Entries of one index partition from ``start``, at most ``limit`` (one query, ``Select=COUNT``:
+    DynamoDB reads them, and bills them, but sends only their number): ``(count, where it stopped)``."""
+    page = TaskModel._get_connection().query(value, index_name=_STATUS_INDEX_NAME, select=COUNT_SELECT,
+                                             limit=limit, exclusive_start_key=start)
+    return int(page.get("Count", 0)), page.get("LastEvaluatedKey")
 
 
 def first_entries(values: Sequence[str], limit: int) -> list[TaskModel]:
