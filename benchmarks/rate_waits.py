@@ -109,7 +109,12 @@ def _instrument(share: float, slowest: float, chance: random.Random) -> None:
     lifecycle.claim = counted_claim
     rates._turn = lambda key: _TimedTurn(turn(key))
     rates.start_on = timed_start_on
-    logging.getLogger("coworker").addHandler(_Warnings())
+    log = logging.getLogger("coworker")  # the library's warnings, counted here rather than printed
+    log.setLevel(logging.WARNING)
+    for handler in log.handlers:
+        if isinstance(handler, logging.StreamHandler):
+            handler.setStream(open(os.devnull, "w"))  # noqa: SIM115 - for the life of the process
+    log.addHandler(_Warnings())
 
 
 def main() -> None:
