@@ -16,9 +16,10 @@ from coworker.data.models import TaskStatus, status_shards
 DEFAULT_STATS_CAP = 1000
 # Index entries counted per status at most: 4 statuses x 1,001 entries (and one more per shard)
 # per request, a few hundred read units whatever the backlog. Counting every shard of every status
-# at once, Select=COUNT, this answers in 0.35 s (median) at 100,000 tasks on DynamoDB Local with
-# the machine loaded (load average 23 on 2 cores); a cap of 2,500 took 1.3 s there (2.3 s counted
-# a status after another, keys read).
+# at once, Select=COUNT, GET /stats answers in 0.40 s (median of 7, 0.53 s at most) at 100,000
+# tasks on DynamoDB Local with the machine loaded (load average over 20 on 2 cores); counted a
+# status after another, keys read, it took 0.71 s, and 1.8 s at a cap of 2,500 (0.92 s counted
+# at once: hence the lower bound).
 MAX_STATS_CAP = 1_000
 # The largest cap the query takes: a larger cap than MAX_STATS_CAP counts MAX_STATS_CAP, and the
 # answer's cap says so (clients written when up to 2,500 were counted keep working).
