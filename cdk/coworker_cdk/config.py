@@ -157,7 +157,7 @@ class StackConfig:
     coordinator_silence_alarm_minutes: int = c.DEFAULT_SILENCE_ALARM_MINUTES
     oldest_task_alarm_seconds: int = c.DEFAULT_OLDEST_TASK_ALARM_SECONDS
     ignored_alarm_percent: int = c.DEFAULT_IGNORED_ALARM_PERCENT
-    # The stage's access and execution logs: both need the account's API Gateway CloudWatch role.
+    # The stage's access logs (it writes no execution logs): they need the account's API Gateway CloudWatch role.
     api_logs: bool = True
     handlers_dir: Path | None = None  # your handlers package, bundled into the worker
     results_bucket: bool = True  # an S3 bucket for results too large for the record
@@ -503,7 +503,7 @@ def _log_retention_days(options: dict[str, Any]) -> int:
 
 
 def _api_logs(options: dict[str, Any], cloudwatch_role: bool) -> bool:
-    """Whether the API stage writes access and execution logs. API Gateway writes them only in an
+    """Whether the API stage writes access logs. API Gateway writes them only in an
     account (and region) whose settings name a CloudWatch role, else the stage's create fails and
     the stack rolls back: without the role the stack makes (api_cloudwatch_role false) the deployer
     must say which holds, since the synth cannot look at the account."""
@@ -511,7 +511,7 @@ def _api_logs(options: dict[str, Any], cloudwatch_role: bool) -> bool:
     if logs is None and not cloudwatch_role:
         raise ConfigurationError(
             f"option api_cloudwatch_role (context {c.CTX_API_CLOUDWATCH_ROLE}) is false, so the stack leaves the "
-            "account's API Gateway CloudWatch role alone, and the stage's access and execution logs need one (without "
+            "account's API Gateway CloudWatch role alone, and the stage's access logs need one (without "
             "it the stage's create fails and the stack rolls back): say which holds with api_logs (context "
             f"{c.CTX_API_LOGS}): true if the account already has the role (`aws apigateway get-account` shows a "
             "cloudwatchRoleArn), false to deploy the API without API Gateway logs; or leave "

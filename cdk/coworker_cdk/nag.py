@@ -116,6 +116,15 @@ def _acknowledge_rest_api(api: TaskApi) -> None:
         )
     acknowledge(
         rest_api,
+        "AwsSolutions-APIG6",
+        "No execution logs: API Gateway writes them to a group it names and makes itself, kept for ever, "
+        "which the stack can neither make (an upgrade fails where the previous release's stage made it) "
+        "nor own; each request's gateway and integration errors are in the stage's access log."
+        if api.access_logs is not None else
+        "No API Gateway logs (apiLogs=false): the account has no CloudWatch role for API Gateway.",
+    )
+    acknowledge(
+        rest_api,
         "AwsSolutions-APIG3",
         "No WAF web ACL: the stage throttles the API; add WAF for public exposure.",
     )

@@ -180,7 +180,7 @@ def test_three_functions_on_arm64_python_with_the_layer_and_tracing(template: Te
 
 def test_log_groups_keep_a_month(template: Template) -> None:
     groups = resources(template, "AWS::Logs::LogGroup")
-    assert len(groups) == 5  # three functions, the API access log and its execution log
+    assert len(groups) == 4  # three functions and the API access log (no execution log: test_upgrade.py)
     assert {g["Properties"]["RetentionInDays"] for g in groups.values()} == {30}
 
 
@@ -458,15 +458,6 @@ def test_only_the_coordinator_and_the_api_may_invoke_the_worker(template: Templa
 
 
 # --- API -----------------------------------------------------------------------------------
-
-
-def test_the_api_execution_logs_have_a_retention_and_exist_before_the_stage(template: Template) -> None:
-    groups = resources(template, "AWS::Logs::LogGroup")
-    (group_id, group), = [(lid, body) for lid, body in groups.items()
-                          if "API-Gateway-Execution-Logs_" in json.dumps(body["Properties"].get("LogGroupName", ""))]
-    assert group["Properties"]["RetentionInDays"] == 30
-    (stage,) = resources(template, "AWS::ApiGateway::Stage").values()
-    assert group_id in stage.get("DependsOn", [])
 
 
 def test_every_api_method_requires_an_api_key(template: Template, functions) -> None:

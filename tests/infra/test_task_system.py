@@ -106,6 +106,19 @@ def test_the_stack_keeps_the_logical_ids_it_had_before_the_construct(synthesize)
     assert resources["ApiHandlerFunction426EBE6D"]["Type"] == "AWS::Lambda::Function"
 
 
+def test_in_your_own_app_the_function_roles_keep_the_logical_ids_of_the_previous_release(tmp_path) -> None:
+    """An upgrade updates each function's role in place in any app, not only in this repository's
+    stack (tests/infra/test_upgrade.py): the ids the release e5c3fc027a89 gave ``TaskSystem(stack,
+    "Tasks")``'s roles, read from its synth."""
+    _, raw, _ = synth_system(tmp_path, handlers="examples")
+    roles = {raw["Resources"][body["Properties"]["Role"]["Fn::GetAtt"][0]]["Properties"]["Description"].split()[1]:
+             body["Properties"]["Role"]["Fn::GetAtt"][0]
+             for body in raw["Resources"].values() if body["Type"] == "AWS::Lambda::Function"}
+    assert roles == {"API:": "TasksApiHandlerFunctionServiceRole58AD014F",
+                     "coordinator:": "TasksProcessingCoordinatorFunctionServiceRole2787DFE6",
+                     "worker:": "TasksProcessingWorkerFunctionServiceRoleFDF9302B"}
+
+
 def test_handler_requirements_are_installed_as_lambda_wheels_next_to_the_package(tmp_path, monkeypatch) -> None:
     calls: list = []
     locks: list = []

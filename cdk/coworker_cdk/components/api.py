@@ -8,6 +8,7 @@ managed policy this construct creates. See docs/deploy.md, "Choosing how callers
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from aws_cdk import RemovalPolicy
@@ -33,6 +34,21 @@ from coworker_cdk.config import StackConfig
 # deleted (DeleteItem, of schedule items only).
 API_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query",
                      "dynamodb:BatchGetItem")
+
+_FIELD = apigw.AccessLogField
+# One JSON line a request: who called what and the answer (CDK's standard fields), and why it
+# failed: the gateway's own error (an unknown key, throttling, a body refused), the Lambda
+# integration's (a timeout, throttling, an invalid answer) and the function's status code.
+ACCESS_LOG_FORMAT = apigw.AccessLogFormat.custom(json.dumps({
+    "requestId": _FIELD.context_request_id(), "ip": _FIELD.context_identity_source_ip(),
+    "user": _FIELD.context_identity_user(), "caller": _FIELD.context_identity_caller(),
+    "requestTime": _FIELD.context_request_time(), "httpMethod": _FIELD.context_http_method(),
+    "resourcePath": _FIELD.context_resource_path(), "status": _FIELD.context_status(),
+    "protocol": _FIELD.context_protocol(), "responseLength": _FIELD.context_response_length(),
+    "errorMessage": _FIELD.context_error_message(), "errorType": _FIELD.context_error_response_type(),
+    "integrationError": "$context.integration.error", "integrationStatus": _FIELD.context_integration_status(),
+    "integrationLatency": _FIELD.context_integration_latency(),
+}, separators=(",", ":")))
 
 
 class TaskApi(Construct):
@@ -127,18 +143,12 @@ class TaskApi(Construct):
                 tracing_enabled=True,
                 access_log_destination=(apigw.LogGroupLogDestination(self.access_logs) if self.access_logs
                                         else None),
-                access_log_format=apigw.AccessLogFormat.json_with_standard_fields(
-                    caller=True,
-                    http_method=True,
-                    ip=True,
-                    protocol=True,
-                    request_time=True,
-                    resource_path=True,
-                    response_length=True,
-                    status=True,
-                    user=True,
-                ) if self.access_logs else None,
-                logging_level=apigw.MethodLoggingLevel.ERROR if config.api_logs else apigw.MethodLoggingLevel.OFF,
+                access_log_format=ACCESS_LOG_FORMAT if self.access_logs else None,
+                # No execution logs: API Gateway writes them to a group it names and makes itself
+                # (API-Gateway-Execution-Logs_<api id>/<stage>, kept for ever), which the stack can
+                # neither make (where a release's stage already made it, the create fails and the
+                # update rolls back) nor own. Their errors are in the access log, a group of ours.
+                logging_level=apigw.MethodLoggingLevel.OFF,
                 data_trace_enabled=False,
                 metrics_enabled=True,
                 throttling_rate_limit=config.api_rate_limit,
@@ -155,13 +165,6 @@ class TaskApi(Construct):
         integration = apigw.LambdaIntegration(function, proxy=True)
         api.root.add_method("ANY", integration, request_validator=validator)
         api.root.add_resource("{proxy+}").add_method("ANY", integration, request_validator=validator)
-        if config.api_logs:
-            # API Gateway writes execution logs to a group of this name, which it would create itself,
-            # kept for ever: made here first (the stage waits for it), with the stack's retention.
-            execution_logs = log_group(
-                self, "ExecutionLogs", retention_days=config.log_retention_days, removal_policy=self._removal_policy,
-                log_group_name=f"API-Gateway-Execution-Logs_{api.rest_api_id}/{c.API_STAGE_NAME}")
-            api.deployment_stage.node.add_dependency(execution_logs)
         return api
 
     def _build_invoke_policy(self) -> iam.ManagedPolicy:

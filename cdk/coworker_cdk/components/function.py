@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import App, CfnResource, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
@@ -34,6 +34,18 @@ def log_group(scope: Construct, construct_id: str, *, retention_days: int, remov
                          removal_policy=removal_policy, log_group_name=log_group_name)
 
 
+def logical_id_at(scope: Construct, *path: str) -> str:
+    """The logical ID CDK gives a resource at ``path`` under ``scope``, found by its own rule on a
+    copy of the construct path in an app of its own (nothing is added to ``scope``'s stack)."""
+    stack = Stack.of(scope)
+    ids = [*scope.node.path.removeprefix(stack.node.path).strip("/").split("/"), *path]
+    copy = Stack(App(), "Copy")
+    parent: Construct = copy
+    for construct_id in ids[:-1]:
+        parent = Construct(parent, construct_id)
+    return copy.get_logical_id(CfnResource(parent, ids[-1], type="Coworker::Copy"))
+
+
 class CoworkerFunction(Construct):
     """A function whose code is ``functions/<name>/`` (or ``code``, bundled from it) and whose
     handler is ``handler.handler``."""
@@ -60,6 +72,12 @@ class CoworkerFunction(Construct):
         # create and write any log group in the account; it writes only to its own.
         self.role = iam.Role(self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
                              description=f"{description}: its own log group, and what its code calls")
+        # The logical ID of the role Lambda's construct made in releases before this one (at
+        # Function/ServiceRole): an upgrade updates that role in place. As a new resource, the old
+        # role would be deleted at the update's cleanup while invocations of the old code still
+        # run on it (their tasks then fail and run again). tests/infra/test_upgrade.py holds it.
+        self.role.node.default_child.override_logical_id(  # type: ignore[union-attr]
+            logical_id_at(self, "Function", "ServiceRole", "Resource"))
         self.log_group.grant_write(self.role)  # CreateLogStream, PutLogEvents on this group
         code = code or lambda_.Code.from_asset(str(code_dir), exclude=list(c.ASSET_EXCLUDES))
         self.function = self._build_function(
