@@ -206,3 +206,18 @@ def test_the_largest_task_record_fits_in_an_answer():
     size = lambda_answer(record, 200)
 
     assert 7 * DYNAMODB_ITEM_BYTES < size < 7 * DYNAMODB_ITEM_BYTES + 64 * 1024 < LAMBDA_RESPONSE_BYTES / 2
+
+
+def test_an_error_names_at_most_twenty_known_types_and_says_how_many_more(settings):
+    from coworker.api.errors import MAX_NAMED
+    from coworker.engine import control, handlers
+
+    for number in range(40):  # limits set have no count cap: the types known grow with them
+        control.set_limit(f"limited-{number:02d}", 1)
+    known = len(control.types_listed(control.read(consistent=True), handlers.registered_types()))
+
+    status, body, _ = Api(settings).call("POST", "/types/nope/pause")
+
+    assert (status, body["error"]) == (404, "type_not_found")
+    assert f"and {known - MAX_NAMED} more (GET /types lists them)" in body["message"]
+    assert body["message"].count(", ") == MAX_NAMED - 1

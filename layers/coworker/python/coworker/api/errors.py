@@ -104,6 +104,19 @@ def responses(ok: str, status: int = 200, **extra: Any) -> dict[int, Any]:
     return {status: {"description": ok}, **ERROR_RESPONSES, **{int(k): v for k, v in extra.items()}}
 
 
+# Names an error message lists at most (known task types): the list itself is not bounded.
+MAX_NAMED = 20
+
+
+def some_names(names: Sequence[str], where: str = "GET /types lists them") -> str:
+    """``names`` for an error message: the first :data:`MAX_NAMED`, and how many more (and where to
+    read them all) when there are more; ``none`` when there are none."""
+    if not names:
+        return "none"
+    shown = ", ".join(names[:MAX_NAMED])
+    return shown if len(names) <= MAX_NAMED else f"{shown} and {len(names) - MAX_NAMED} more ({where})"
+
+
 def error_response(status: int, error: str, message: str, errors: list[dict] | None = None,
                    headers: dict[str, str] | None = None) -> Response:
     """An error answer in the API's one error format."""

@@ -30,6 +30,7 @@ from coworker.api.errors import (
     ResultTooLargeError,
     TaskStateConflictError,
     responses,
+    some_names,
 )
 from coworker.api.models import (
     DEFAULT_PAGE_SIZE,
@@ -182,7 +183,7 @@ def check_tasks(tasks: Sequence[NewTask], settings: Settings, batch: bool,
         if settings.validate_task_types and task.type not in known:
             errors.append({"type": "unknown_task_type", "loc": (*where, "type"), "input": task.type,
                            "msg": f"no handler is registered for task type {task.type!r}; known types: "
-                                  f"{', '.join(known) or 'none'}"})
+                                  f"{some_names(known)}"})
             continue
         payload_problem = handlers.payload_problem(task.type, task.payload) if payloads else None
         if payload_problem is not None:

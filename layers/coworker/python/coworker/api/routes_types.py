@@ -15,7 +15,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.event_handler.router import APIGatewayRouter
 
 from coworker.api.cursors import bad_cursor
-from coworker.api.errors import TaskTypeNotFoundError, responses
+from coworker.api.errors import TaskTypeNotFoundError, responses, some_names
 from coworker.api.models import DEFAULT_TYPE_PAGE, MAX_CURSOR_CHARS, MAX_TYPE_PAGE, LimitIn, TypeOut, TypesOut
 from coworker.api.services import Services
 from coworker.config import Settings
@@ -93,7 +93,7 @@ def known_type(raw: str, view: control.ControlView) -> str:
     task_type = unquote(raw)
     listed = control.types_listed(view, handlers.registered_types())
     if task_type not in listed:
-        raise TaskTypeNotFoundError(f"no task type {task_type!r} here (known: {', '.join(listed) or 'none'})")
+        raise TaskTypeNotFoundError(f"no task type {task_type!r} here (known: {some_names(listed)})")
     return task_type
 
 
