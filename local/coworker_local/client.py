@@ -239,7 +239,9 @@ class Coworker:
         return Task.of(self.api.request("GET", f"/tasks/{_path(key)}"))
 
     def result(self, key: str) -> Any:
-        """A finished task's result (:class:`ApiError` 409 before it finishes)."""
+        """A finished task's result (:class:`ApiError` 409 before it finishes); one too large for
+        an answer of the API is fetched from the presigned link it redirects to (303), without the
+        API's credentials."""
         return self.api.request("GET", f"/tasks/{_path(key)}/result")
 
     def results(self, keys: Iterable[str]) -> Iterator[tuple[str, Any]]:
