@@ -19,7 +19,7 @@ DEFAULT_STATS_CAP = 1000
 # at once, Select=COUNT, GET /stats answers in 0.40 s (median of 7, 0.53 s at most) at 100,000
 # tasks on DynamoDB Local with the machine loaded (load average over 20 on 2 cores); counted a
 # status after another, keys read, it took 0.71 s, and 1.8 s at a cap of 2,500 (0.92 s counted
-# at once: hence the lower bound).
+# at once: hence the lower bound). benchmarks/stats_counts.py measures it.
 MAX_STATS_CAP = 1_000
 # The largest cap the query takes: a larger cap than MAX_STATS_CAP counts MAX_STATS_CAP, and the
 # answer's cap says so (clients written when up to 2,500 were counted keep working).
