@@ -67,7 +67,8 @@ def test_a_task_whose_type_is_gone_is_kept_and_runs_after_a_redrive_once_the_typ
     assert (task.status, task.result) == (TaskStatus.FINISHED.value, {"ran": 7})
 
 
-@pytest.mark.xfail(strict=True, reason="needs the worker (coworker/engine/worker.py): a task whose type has no "
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="needs the worker (coworker/engine/worker.py): a task whose type has no "
                    "handler should be given back due, its attempt not counted, with an error naming the type")
 def test_a_task_whose_type_is_gone_stays_due_with_no_attempt_burnt(settings):
     _put_retired(settings, "waits-for-its-type", max_attempts=1)
