@@ -148,6 +148,7 @@ class MetricName:
     DURATION = "TaskDuration"
     TOO_LONG = "TaskLeftForFreshWorker"  # its time limit was longer than the worker's time left
     TIMED_OUT = "TaskTimedOut"  # an attempt still running at its time limit (or the worker's deadline)
+    WORKER_ERRORS = "WorkerTaskErrors"  # a worker's own write or read failed with a task (see TaskOutcome.ERROR)
     DISPATCHED = "TasksDispatched"
     WORKER_INVOCATIONS = "WorkerInvocations"
     BUSY_SLOTS = "BusyWorkerSlots"

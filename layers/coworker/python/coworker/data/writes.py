@@ -5,8 +5,11 @@ Each helper turns DynamoDB's answers into what the engine acts on, in one place:
 
 * a condition that does not hold -> ``False`` (or the transaction's cancellation reasons);
 * an item that would pass DynamoDB's 400 KB limit -> :class:`RecordTooLargeError`;
-* anything else (throttling past the retries, an outage, a denied permission) ->
+* anything else (throttling past the retries, an outage, a denied permission, and a request that
+  got no answer at all: a connection closed or timed out, an endpoint out of reach) ->
   :class:`StorageError`, raised from the pynamodb error so its cause is kept.
+
+A request with no answer may still have landed: a caller that must know reads the item again.
 
 Callers build conditions and actions from the models' attributes (:mod:`coworker.data.models`).
 """
@@ -22,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, TypeVar, cast
 
 from pynamodb.constants import NONE
-from pynamodb.exceptions import DeleteError, PutError, TransactWriteError, UpdateError
+from pynamodb.exceptions import DeleteError, PutError, PynamoDBException, TransactWriteError, UpdateError
 from pynamodb.expressions.condition import Condition
 from pynamodb.models import Model
 from pynamodb.transactions import TransactWrite
@@ -58,11 +61,32 @@ def _too_large(code: str | None, message: str | None) -> bool:
     return code in (_TOO_LARGE_CODE, None) and _TOO_LARGE_TEXT in (message or "")
 
 
+def _answer(exc: PynamoDBException) -> dict[str, Any]:
+    """DynamoDB's error answer behind ``exc``, or ``{}`` when there was none: a request that failed
+    on the wire (botocore's ConnectionClosedError, ReadTimeoutError, EndpointConnectionError) has
+    no answer, and some of those carry ``response = None``, on which pynamodb's own
+    ``cause_response_code`` raises AttributeError."""
+    response = getattr(exc.cause, "response", None)
+    error = response.get("Error") if isinstance(response, dict) else None
+    return error if isinstance(error, dict) else {}
+
+
+def error_code(exc: PynamoDBException) -> str | None:
+    """DynamoDB's error code behind ``exc`` (``ConditionalCheckFailedException`` ...), or ``None``
+    for a request that got no answer."""
+    return _answer(exc).get("Code")
+
+
+def error_message(exc: PynamoDBException) -> str:
+    """DynamoDB's own words for ``exc``, else what went wrong on the wire."""
+    return _answer(exc).get("Message") or str(exc.cause or exc)
+
+
 def _refused(exc: PutError | UpdateError | DeleteError, what: str) -> StorageError:
     """The error to raise for a refusal that is not a failed condition."""
-    if _too_large(exc.cause_response_code, exc.cause_response_message):
+    if _too_large(error_code(exc), _answer(exc).get("Message")):
         return RecordTooLargeError(f"could not {what}: the item would pass DynamoDB's 400 KB limit")
-    return StorageError(f"could not {what}: {exc.cause_response_message or exc}")
+    return StorageError(f"could not {what}: {error_message(exc)}")
 
 
 def put_if_new(item: Model, what: str) -> bool:
@@ -71,7 +95,7 @@ def put_if_new(item: Model, what: str) -> bool:
     try:
         item.save(condition=type(item)._hash_key_attribute().does_not_exist())
     except PutError as exc:
-        if exc.cause_response_code == CONDITION_FAILED:
+        if error_code(exc) == CONDITION_FAILED:
             return False
         raise _refused(exc, f"put {what}") from exc
     return True
@@ -93,7 +117,7 @@ def update(item: Model, actions: Sequence[Any], condition: Condition | None, wha
             type(item)._get_connection().update_item(getattr(item, "key"), actions=list(actions),  # noqa: B009
                                                      condition=condition, return_values=NONE)
     except UpdateError as exc:
-        if exc.cause_response_code == CONDITION_FAILED:
+        if error_code(exc) == CONDITION_FAILED:
             return False
         raise _refused(exc, what) from exc
     return True
@@ -104,7 +128,7 @@ def delete_if(item: Model, condition: Condition, what: str) -> bool:
     try:
         item.delete(condition=condition)
     except DeleteError as exc:
-        if exc.cause_response_code == CONDITION_FAILED:
+        if error_code(exc) == CONDITION_FAILED:
             return False
         raise _refused(exc, f"delete {what}") from exc
     return True
@@ -131,13 +155,13 @@ def transact(build: Callable[[TransactWrite], None], what: str) -> list[str | No
             reasons = _reasons(exc)
             if TRANSACTION_CONDITION_FAILED in reasons:
                 return reasons
-            texts = [exc.cause_response_message or "", *(r.message or "" for r in exc.cancellation_reasons or [] if r)]
+            texts = [_answer(exc).get("Message") or "", *(r.message or "" for r in exc.cancellation_reasons or [] if r)]
             if any(_too_large(None, text) for text in texts):
                 raise RecordTooLargeError(f"could not {what}: an item would pass DynamoDB's 400 KB limit") from exc
             if any(code in _RETRIED_REASONS for code in reasons) and attempt < CONFLICT_ATTEMPTS - 1:
                 time.sleep(random.uniform(0, min(1.0, 0.02 * 2 ** attempt)))
                 continue
-            raise StorageError(f"could not {what}: {exc.cause_response_message}") from exc
+            raise StorageError(f"could not {what}: {error_message(exc)}") from exc
         return None
     raise StorageError(f"could not {what}: too many transaction conflicts")  # pragma: no cover
 

@@ -34,7 +34,7 @@ from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from pynamodb.exceptions import DoesNotExist
+from pynamodb.exceptions import DoesNotExist, PynamoDBException
 from pynamodb.expressions.condition import Condition
 
 from coworker.config import Settings
@@ -232,6 +232,23 @@ def claim(key: str, owner: str, settings: Settings, now: datetime | None = None,
     except RecordTooLargeError:
         # Not even the lock fits: end the task rather than have it handed out for ever.
         _end_too_large(TaskModel(key), claimable, None, now)
+        return None
+    return Claim(task=task, owner=owner, attempt=int(task.attempts))
+
+
+def landed_claim(key: str, owner: str, claimed_at: datetime) -> Claim | None:
+    """After a claim write that got no answer (a connection closed or timed out): the claim, if it
+    landed, else ``None``. One consistent read: the claim landed when the task is processing under
+    ``owner`` with the start that claim wrote (``claimed_at``, the ``now`` it was sent with; the
+    same owner's other claims of the key wrote other starts). Raises :class:`StorageError` when
+    the read fails too (then nothing is known: the lock, if it was taken, lapses)."""
+    try:
+        task = TaskModel.get(key, consistent_read=True)
+    except DoesNotExist:
+        return None
+    except PynamoDBException as exc:
+        raise StorageError(f"could not read task {key!r}: {writes.error_message(exc)}") from exc
+    if task.status != TaskStatus.PROCESSING.value or task.lock_owner != owner or task.started_at != claimed_at:
         return None
     return Claim(task=task, owner=owner, attempt=int(task.attempts))
 

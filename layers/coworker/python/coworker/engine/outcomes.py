@@ -27,6 +27,9 @@ class TaskOutcome(str, enum.Enum):
     FAILED = "failed"
     IGNORED = "ignored"
     LOST = "lost"  # ran, but its claim was taken over or cancelled: the result was discarded
+    # The worker's own write or read failed with it (storage out of reach, throttled past the
+    # retries): given back if its claim was known to be this worker's, else its lock lapses.
+    ERROR = "error"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -254,7 +254,7 @@ def _storage(what: str) -> Iterator[None]:
     try:
         yield
     except PynamoDBException as exc:
-        raise StorageError(f"could not {what}: {getattr(exc, 'cause_response_message', None) or exc}") from exc
+        raise StorageError(f"could not {what}: {writes.error_message(exc)}") from exc
 
 
 def put(name: str, expression: str, timezone: str, missed: str, task: NewTask, paused: bool = False,

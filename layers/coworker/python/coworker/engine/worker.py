@@ -140,14 +140,17 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float | Bud
         return TaskReport(key, TaskOutcome.SKIPPED, source=source)
     view = control.cached(settings.control_cache_seconds)
     paused, stopped_batches = view.claim_exclusions
-    sent = time.monotonic()
+    sent, claimed_at = time.monotonic(), utcnow()
     # A task longer than the time left (its own limit, else its type's) is refused by the claim's
     # condition and left untouched.
     bounded = math.isfinite(time_left)  # (tests and tools may run a task with no deadline at all)
-    claim = lifecycle.claim(key, owner, settings, paused=paused, stopped_batches=stopped_batches,
-                            time_left=time_left if bounded else None,
-                            too_long_types=budget.too_long_types(now) if bounded else (),
-                            excluded_types=budget.other_runner_types())
+    try:
+        claim = lifecycle.claim(key, owner, settings, now=claimed_at, paused=paused, stopped_batches=stopped_batches,
+                                time_left=time_left if bounded else None,
+                                too_long_types=budget.too_long_types(now) if bounded else (),
+                                excluded_types=budget.other_runner_types())
+    except StorageError as exc:
+        return _claim_unanswered(key, owner, claimed_at, exc, source)
     if claim is None:
         metrics.add_metric(name=MetricName.NOT_CLAIMED, unit=MetricUnit.Count, value=1)
         logger.debug("task not claimed: taken, not due, another runner's, or longer than the time left",
@@ -174,6 +177,8 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float | Bud
         else:
             running.claim = claim
             report = _run(running, settings, budget, planned, source)
+    except Exception as exc:  # noqa: BLE001 - the worker's own write or read failed: settle what is known
+        report = _settle_trouble(running, exc, source)
     finally:
         if heartbeat is not None:
             heartbeat.unwatch(key)
@@ -181,6 +186,57 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float | Bud
         woken = tuple(gates.leave(claim))
     # The blocked tasks its places woke: this worker may run them next.
     return dataclasses.replace(report, woken=woken) if woken else report
+
+
+def _claim_unanswered(key: str, owner: str, claimed_at: datetime, exc: StorageError,
+                      source: TaskSource) -> TaskReport:
+    """The claim's write failed with no answer that says whether it landed (a connection closed or
+    timed out), or with an error (throttled past the retries, an outage). Read the task: a claim
+    that landed is given back unstarted (fenced, its attempt not counted); one that did not has
+    nothing to undo; if the read or the give-back fails too, nothing is known, and a lock taken
+    lapses as a dead worker's would (the task is then taken over: never lost, never two live
+    holders, since this worker starts no handler on it)."""
+    metrics.add_metric(name=MetricName.WORKER_ERRORS, unit=MetricUnit.Count, value=1)
+    try:
+        landed = lifecycle.landed_claim(key, owner, claimed_at)
+        settled = "it had not landed" if landed is None else (
+            "it had landed and was given back" if lifecycle.release_unstarted(landed)
+            else "it had landed and is no longer this worker's")
+    except StorageError as again:
+        settled = f"whether it landed is not known (its lock, if taken, lapses): {again}"
+    logger.error(f"could not claim the task: {settled}; the thread goes on with its next task",
+                 extra={"task_key": key, "error": str(exc)})
+    return TaskReport(key, TaskOutcome.ERROR, source=source)
+
+
+def _settle_trouble(running: Running, exc: Exception, source: TaskSource) -> TaskReport:
+    """A write or read of the worker's own failed after the claim (a gate, a rate token, the
+    outcome's record). A claim whose handler has not started, and that neither the heartbeat nor a
+    takeover has ended, is given back unstarted (fenced: if an earlier give-back of it landed
+    unanswered, this one changes nothing). One whose handler ran and whose outcome could not be
+    written keeps its lock until it lapses, with a note on the task saying why, for the takeover's
+    worker_lost entry: the handler runs again (at least once, never lost)."""
+    claim = running.claim
+    metrics.add_metric(name=MetricName.WORKER_ERRORS, unit=MetricUnit.Count, value=1)
+    with running.lock:
+        unstarted = not (running.handler_started or running.given_back or running.timed_out
+                         or running.context.lost.is_set())
+        running.done = True  # the heartbeat says nothing more of it (its lock is kept while this runs)
+        stage = "it was waiting to start" if not running.handler_started else "its handler had run"
+    try:
+        if unstarted:
+            settled = ("it was given back unstarted" if lifecycle.release_unstarted(claim)
+                       else "it is no longer this worker's")
+        elif running.handler_started and not running.timed_out and not running.context.lost.is_set():
+            lifecycle.note_lapse(claim, f"its worker could not record the outcome: {exc}")
+            settled = "its lock lapses and the task runs again"
+        else:
+            settled = "the heartbeat or another worker has settled it"
+    except Exception as again:  # noqa: BLE001 - nothing more can be written now
+        settled = f"its lock lapses and the task runs again (nothing more could be written: {again})"
+    logger.error(f"a write or read failed while {stage}: {settled}; the thread goes on with its next task",
+                 exc_info=exc, extra={"task_key": claim.key, "attempt": claim.attempt})
+    return TaskReport(claim.key, TaskOutcome.ERROR, claim.attempt, source=source)
 
 
 def _limits(task: TaskModel) -> TaskLimits:
@@ -395,6 +451,8 @@ class Invocation:
         self.heartbeat = Heartbeat(settings, request.slot, request.token, deadline=self.handler_deadline)
         # Set to take no more work (its slot was given away, or it was told to stop).
         self.stopping = threading.Event()
+        # Keys a thread met an error with (TaskOutcome.ERROR): handed out once more at most.
+        self._troubled: set[str] = set()
 
     @property
     def handler_deadline(self) -> float:
@@ -465,10 +523,21 @@ class Invocation:
         try:
             while (item := feeder.next()) is not None:
                 key, source = item
-                report = process_task(key, self.owner, self.settings, self.budget, self.heartbeat, source)
+                try:
+                    report = process_task(key, self.owner, self.settings, self.budget, self.heartbeat, source)
+                except Exception:  # noqa: BLE001 - one task's trouble costs the invocation no thread
+                    logger.exception("worker thread met an error with a task; it goes on with its next task",
+                                     extra={"task_key": key})
+                    metrics.add_metric(name=MetricName.WORKER_ERRORS, unit=MetricUnit.Count, value=1)
+                    report = TaskReport(key, TaskOutcome.ERROR, source=source)
                 reports.append(report)
                 if self.on_report is not None:
                     self.on_report(report)
+                if report.outcome is TaskOutcome.ERROR and key not in self._troubled:
+                    # Given back, or due again once its lock lapses: a later page may hand it out
+                    # once more (not again and again: a task that always fails here is left).
+                    self._troubled.add(key)
+                    feeder.forget(key)
                 if report.outcome is TaskOutcome.BLOCKED:
                     feeder.forget(key)  # once woken it is due again: this invocation may take it
                 if report.outcome is TaskOutcome.DEFERRED and report.retry_at is not None:
@@ -477,7 +546,7 @@ class Invocation:
                     feeder.hand(woken)  # the place this task freed: its waiter starts here, now
                 if report.outcome is TaskOutcome.SKIPPED:
                     break
-        except Exception:  # noqa: BLE001 - e.g. DynamoDB unreachable: a task it held unlocks at expiry
+        except Exception:  # noqa: BLE001 - the feeder or a report's listener failed: nothing is held
             logger.exception("worker thread stopped on an error")
 
 
