@@ -52,9 +52,6 @@ def test_a_cursor_of_the_release_is_refused_with_400_and_the_listing_starts_agai
     assert sorted(keys) == ["t0", "t1", "t2"]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="needs coworker/api/cursors.py: a cursor whose signature fails says to "
-                   "start the listing again without a cursor ('pass back ... unchanged' misleads a client that did)")
 def test_the_refusal_of_a_released_cursor_tells_the_client_to_start_again_without_one(upgraded):
     settings, api = upgraded
     code, answer, _ = api.call("GET", f"/tasks?status=todo&limit=1&cursor={_released_cursor(settings)}")

@@ -35,7 +35,8 @@ CURSOR_VERSION = "sharded-1"
 # A cursor that names a listing state kept in the table starts with this (never base64's alphabet).
 STORED_MARK = "~"
 KEPT_STATE_SECONDS = 24 * 3600
-_BAD_CURSOR = "the cursor is not valid: pass back the cursor of a previous answer unchanged"
+_BAD_CURSOR = ("the cursor is not valid (altered, from another listing, or from an earlier release): "
+               "pass back the cursor of a previous answer unchanged, or start again without a cursor")
 
 
 class CursorCodec:
