@@ -182,6 +182,15 @@ def _remember(key: str, log: _Log | None) -> None:
             _known.popitem(last=False)
 
 
+def _remember_booking(key: str, booked_until: int) -> None:
+    """Note a booking mark this process wrote in the log it keeps (its starts and version stay as
+    the token writes left them)."""
+    with _known_lock:
+        log = _known.get(_known_as(key))
+        if log is not None:
+            log.booked_until = booked_until
+
+
 def _recall(key: str) -> _Log | None:
     with _known_lock:
         log = _known.get(_known_as(key))
@@ -231,38 +240,103 @@ def _limit_shown(group: RateGroup) -> list[Action]:
     return [RateGateModel.limit.remove(), RateGateModel.interval_ms.remove()]
 
 
+@dataclasses.dataclass
+class _Ask:
+    """One thread's request for a token in a group (see :func:`_take`): its floor, how much later it
+    would take one, whether it is a returning waiter; then what it got (a token, or when the next
+    one frees), or the error the shared write raised."""
+
+    floor_ms: int
+    wait_ms: int
+    waiter: bool
+    answer: Token | int | None = None
+    error: BaseException | None = None
+
+
+# Requests waiting for their group's turn in this process, by group: the thread that gets the turn
+# answers every one of them with one write.
+_asks: dict[str, list[_Ask]] = {}
+
+
 def _take(group: RateGroup, floor_ms: int, wait_ms: int, waiter: bool) -> Token | int:
     """Take a start token in ``group`` stamped at or after ``floor_ms`` (or up to ``wait_ms``
     later, when the next token frees by then): the token, or when (epoch ms) the next one frees.
 
     A task that is not a ``waiter`` (back at the start it booked) does not pass the waiters:
-    while starts are booked ahead of it, it is refused, and books after them."""
+    while starts are booked ahead of it, it is refused, and books after them.
+
+    This process's threads take turns on a group, and the thread whose turn it is takes the tokens
+    of every thread queued behind it in the same write (one conditional write of the log, however
+    many): when writes are slow, a queued thread waits for at most the write under way and its own,
+    not for one write per thread ahead of it (each holding its claim meanwhile)."""
+    ask = _Ask(floor_ms, wait_ms, waiter)
+    key = _known_as(group.gate_key)
+    with _known_lock:
+        _asks.setdefault(key, []).append(ask)
+    with _turn(group.gate_key):
+        if ask.answer is None and ask.error is None:  # (else the thread before answered it)
+            with _known_lock:
+                asks = _asks.pop(key, [])
+            try:
+                answers = _take_all(group, asks)
+            except BaseException as exc:
+                for each in asks:
+                    each.error = exc
+            else:
+                for each, answer in zip(asks, answers, strict=True):
+                    each.answer = answer
+    if ask.error is not None:
+        raise ask.error
+    assert ask.answer is not None
+    return ask.answer
+
+
+def _stamps(log: _Log, rate: Rate, asks: Sequence[_Ask], now_floor: int) -> tuple[list[int], list[int]]:
+    """What ``asks`` get, in turn, after ``log``, none stamped before ``now_floor``: ``(the log's
+    last starts with theirs, per ask its stamp, or if refused, minus when its next token frees)``."""
+    starts = list(log.starts)
+    stamps: list[int] = []
+    for ask in asks:
+        floor = max(ask.floor_ms, now_floor)
+        stamp = max(floor, starts[-1] if starts else 0)
+        free = free_at(starts, rate)
+        if not ask.waiter and log.booked_until is not None and log.booked_until > floor + ask.wait_ms:
+            free = max(free, log.booked_until)  # waiters are booked until then: after them
+        if stamp < free <= floor + ask.wait_ms:
+            stamp = free  # a token that frees this soon is worth the wait
+        if free > stamp:
+            stamps.append(-free)  # refused: when the next one frees (negated)
+            continue
+        starts = [*starts, stamp][-rate.limit:]
+        stamps.append(stamp)
+    return starts, stamps
+
+
+def _take_all(group: RateGroup, asks: Sequence[_Ask]) -> list[Token | int]:
+    """Answer ``asks`` (in order) with one conditional write of the group's log: each a token, or
+    when (epoch ms) the next one frees for it."""
     rate = group.rate
     log = _recall(group.gate_key) or _read(group)
     fresh = False
     for _ in range(RACE_RETRIES):
-        stamp = max(floor_ms, log.starts[-1] if log.starts else 0)
-        free = free_at(log.starts, rate)
-        if not waiter and log.booked_until is not None and log.booked_until > floor_ms + wait_ms:
-            free = max(free, log.booked_until)  # waiters are booked until then: after them
-        if stamp < free <= floor_ms + wait_ms:
-            stamp = free  # a token that frees this soon is worth the wait
-        if free > stamp:
-            if fresh:
-                return free
+        # Stamped from now on: a request made before a long wait for the turn is not stamped in
+        # the past (a start whose stamp passed before its write came back would be given back).
+        starts, stamps = _stamps(log, rate, asks, epoch_ms(utcnow()) + lead_ms())
+        if any(stamp < 0 for stamp in stamps) and not fresh:
             log, fresh = _read(group), True  # what this process saw may be old: look again
             continue
-        starts = [*log.starts, stamp][-rate.limit:]
+        if all(stamp < 0 for stamp in stamps):
+            return [-stamp for stamp in stamps]
         actions = [RateGateModel.starts.set(starts), RateGateModel.version.set(log.version + 1), *_limit_shown(group)]
         sent = time.monotonic()
         if writes.update(RateGateModel(group.gate_key), actions, _version_is(log.version),
                          f"take a start of {group.name!r}", refresh=False):
             _write_took((time.monotonic() - sent) * 1000)
             _remember(group.gate_key, _Log(log.version + 1, starts, log.booked_until))
-            return Token(group, log.version + 1, stamp)
+            return [Token(group, log.version + 1, stamp) if stamp >= 0 else -stamp for stamp in stamps]
         log, fresh = _read(group), True
     # The log kept changing: try again after about one start's share of the interval.
-    return floor_ms + math.ceil(rate.interval_ms / rate.limit)
+    return [max(ask.floor_ms, 0) + math.ceil(rate.interval_ms / rate.limit) for ask in asks]
 
 
 # How long this process's token writes take (an average that follows the latest): a start is
@@ -283,6 +357,17 @@ def lead_ms() -> int:
     """How far ahead of now a start is stamped."""
     with _write_ms_lock:
         return int(min(LEAD_MS[1], max(LEAD_MS[0], 3 * _write_ms + 5)))
+
+
+def worth_waiting_seconds(lock_seconds: float) -> float:
+    """How long a token is worth waiting for with the claim held, by what turning the task away
+    would cost: its booking, its give-back and its claim again, three writes at this process's
+    recent write time (so, when writes are slow, a task waits for a near token rather than pay
+    three slow writes and come back late to it); within a quarter of the lock, which the
+    heartbeat keeps meanwhile, and LEAD_MS's most."""
+    with _write_ms_lock:
+        ms = 3 * _write_ms
+    return min(ms, LEAD_MS[1], lock_seconds * 1000 / 4) / 1000
 
 
 def give_back(tokens: Sequence[Token]) -> None:
@@ -324,8 +409,7 @@ def admit(groups: Sequence[RateGroup], now: datetime | None = None, wait_seconds
     for _ in range(2):
         tokens: list[Token] = []
         for group in groups:
-            with _turn(group.gate_key):
-                taken = _take(group, floor, int(wait_seconds * 1000), waiter is not None and waiter(group))
+            taken = _take(group, floor, int(wait_seconds * 1000), waiter is not None and waiter(group))
             if not isinstance(taken, Token):
                 give_back(tokens)
                 return [], group, taken
@@ -364,7 +448,9 @@ def book(group: RateGroup, free_ms: int, now: datetime | None = None) -> datetim
     interval (and margin), so that its waiters come due one after another as tokens free."""
     spacing = math.ceil((group.rate.interval_ms + margin_ms(group.rate)) / group.rate.limit)
     free_ms = max(free_ms, epoch_ms(now or utcnow()))
-    with _turn(group.gate_key):
+    # (Bookings take turns apart from the tokens: they write another attribute, under its own
+    # condition, and a slow one holds up no start.)
+    with _turn(group.gate_key + "\0book"):
         return _book(group, free_ms, spacing)
 
 
@@ -377,8 +463,7 @@ def _book(group: RateGroup, free_ms: int, spacing: int) -> datetime:
             else RateGateModel.booked_until.does_not_exist()
         if writes.update(RateGateModel(group.gate_key), [RateGateModel.booked_until.set(slot + spacing)], seen,
                          f"book a start of {group.name!r}", refresh=False):
-            log.booked_until = slot + spacing
-            _remember(group.gate_key, log)
+            _remember_booking(group.gate_key, slot + spacing)
             return from_epoch_ms(slot)
         log = _read(group)
     return from_epoch_ms(free_ms)

@@ -297,7 +297,8 @@ def _take_rate_tokens(claim: Claim, rate_limits: Mapping[str, control.Rate], set
     booked: see :mod:`coworker.engine.rates`).
 
     A token that frees within ``RATE_WAIT_SECONDS`` is waited for here: cheaper than giving the
-    claim back and claiming it again (6 write units). The handler starts on its tokens' stamp
+    claim back and claiming it again (6 write units); when writes are slow, one that frees within
+    what turning the task away would take (:func:`rates.worth_waiting_seconds`). The handler starts on its tokens' stamp
     (a moment ahead); tokens whose write came back later than their margin are given back and
     taken again. A claim found lost meanwhile (taken over, or its lock not kept: the heartbeat
     gives it back) takes no token and books nothing; one it took then is given back.
@@ -310,7 +311,8 @@ def _take_rate_tokens(claim: Claim, rate_limits: Mapping[str, control.Rate], set
     for _ in range(RATE_ATTEMPTS):
         if lost.is_set():
             return None, None  # (not started: ``_run`` finds it lost)
-        tokens, refused_by, free_ms = rates.admit(groups, wait_seconds=RATE_WAIT_SECONDS,
+        worth = max(RATE_WAIT_SECONDS, rates.worth_waiting_seconds(settings.effective_lock_seconds))
+        tokens, refused_by, free_ms = rates.admit(groups, wait_seconds=worth,
                                                   waiter=lambda group: rates.returning(claim.task, group))
         if refused_by is None:
             if rates.start_on(tokens) and not lost.is_set():
@@ -318,20 +320,24 @@ def _take_rate_tokens(claim: Claim, rate_limits: Mapping[str, control.Rate], set
             rates.give_back(tokens)  # the write was slow (this start would be late), or the claim is lost
             continue
         wait = free_ms / 1000 - time.time()
-        if wait > RATE_WAIT_SECONDS:
+        if wait > worth:
             break
         time.sleep(max(0.0, wait))
     else:
-        refused_by, free_ms = groups[-1], rates.epoch_ms(utcnow())
-    assert refused_by is not None
+        refused_by = None  # every token it took came back past its stamp (the writes are slow)
     with running.lock:
         if lost.is_set():
             return None, None
         running.done = True  # given back by this thread: the heartbeat keeps the lock, and says nothing
-    start = rates.book(refused_by, free_ms)
+    if refused_by is not None:
+        start = rates.book(refused_by, free_ms)
+    else:
+        # Due again at once, as a waiter back at its booked start: it may pass the tasks booked
+        # meanwhile, rather than go behind them all and be passed over again and again.
+        start = utcnow()
     metrics.add_metric(name=MetricName.RATE_LIMITED, unit=MetricUnit.Count, value=1)
-    logger.debug("rate group has no token", extra={"task_key": claim.key, "rate_group": refused_by.name,
-                                                   "retry_at": start.isoformat()})
+    logger.debug("rate group has no token", extra={"task_key": claim.key, "retry_at": start.isoformat(),
+                                                   "rate_group": refused_by.name if refused_by else None})
     booked = TaskModel.rate_booked_at.set(rates.epoch_ms(start))
     if not lifecycle.release_unstarted(claim, due=start, also=[booked]):
         return TaskOutcome.NOT_CLAIMED, None
