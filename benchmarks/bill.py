@@ -5,7 +5,7 @@ Lambda's 15 minutes, Coworker's container runner beside Distributed Map with ECS
 Batch, all on Fargate; and where the line between Lambda and Fargate lies.
 
     .venv/bin/python benchmarks/bill.py [--tasks 1000000] [--task-seconds 1] [--memory-mb 512]
-                                        [--threads 10] [--concurrency 1000] [--db moto]
+                                        [--threads 10] [--concurrency 120] [--db moto]
                                         [--fargate-vcpu 1] [--fargate-memory-gb 2] [--no-public-ip]
                                         [--runner-threads 1]
 
@@ -23,6 +23,9 @@ What Coworker does is **measured** first, on the real engine and its embedded Dy
 - one scheduled coordinator run with nothing to do (requests, units, log bytes, metrics) and one
   busy tick.
 The rest is arithmetic on the prices and named assumptions of ``benchmarks/prices.py``.
+``--concurrency`` and ``--threads`` default to the template's own (:mod:`coworker.capacity`: 120
+tasks at once, 12 invocations of 10 threads); the options that reach 1,000 tasks/s are priced
+beside it.
 Every design runs ``--threads`` tasks at once per Lambda invocation (I/O-bound tasks); a
 design's own limits decide what it can do (Express children end at 5 minutes, Lambda at 15). The
 Fargate designs run one task at a time in each Fargate task of ``--fargate-vcpu`` and
@@ -61,6 +64,7 @@ warnings.filterwarnings("ignore", "No application metrics to publish")  # an inv
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import prices as p  # noqa: E402
 from cost import RecordingInvoker, happy_path, write_shares  # noqa: E402
+from coworker import capacity  # noqa: E402
 from coworker.bootstrap import configure  # noqa: E402
 from coworker.config import Settings  # noqa: E402
 from coworker.data import writes  # noqa: E402
@@ -84,6 +88,10 @@ SUPERVISE_SECONDS = Settings.model_fields["supervise_seconds"].default
 TICK_SECONDS = Settings.model_fields["tick_seconds"].default
 RUNNER_THREADS = Settings.model_fields["runner_threads"].default
 MOST_RUNNERS = next(rule.le for rule in Settings.model_fields["max_runners"].metadata if hasattr(rule, "le"))
+# The container runner is priced at 1,000 tasks at once (maxRunners 1,000 of one thread), as a
+# deployer running a million long tasks would set it: the template builds no runner without
+# container types, and its maxRunners (4) would take years over such a job.
+RUNNER_CONCURRENCY = 1_000
 # The longest task Coworker's Lambda worker gives a time limit: 15 minutes less the margin and the
 # invocation's start.
 LAMBDA_LONGEST_TASK = timing.longest_limit(p.LAMBDA_MAX_SECONDS, TIMEOUT_MARGIN)
@@ -609,8 +617,10 @@ class Workload:
 
     @property
     def hours(self) -> float:
-        """How long the job runs at ``concurrency`` tasks at once."""
-        return self.tasks * (self.seconds + p.DYNAMODB_SECONDS_PER_TASK) / self.concurrency / 3600
+        """How long the job runs at ``concurrency`` tasks at once, or longer where the table bounds it
+        (:mod:`coworker.capacity`: as deployed, 50-ms tasks wait on a new table's write units)."""
+        deployment = capacity.Capacity(max_concurrency=self.concurrency, batch_size=self.threads)
+        return self.tasks / deployment.tasks_per_second(self.seconds) / 3600
 
 
 def _beat_units_line(m: Measured) -> str:
@@ -741,6 +751,36 @@ def _print_by_payload(m: Measured, workload: Callable[[float], Workload]) -> Non
     print(f"  (write units a payload adds to a task's put, claim and finish: {own}; a lock extension "
           f"adds about a third of that;\n   in the bucket: {m.bucket_units[0]:+.0f} and a PUT and a GET; "
           "COWORKER_INLINE_PAYLOAD_BYTES decides, 16 KB by default)")
+
+
+# The options that reach 1,000 tasks/s, beside the template as deployed: (context, Capacity changes).
+REACHING_OPTIONS: tuple[tuple[str, dict[str, int]], ...] = (
+    ("as deployed", {}),
+    ("-c maxConcurrency=1020 (102 worker invocations)", {"max_concurrency": 1020}),
+    ("  and -c warmWriteUnits=10000", {"max_concurrency": 1020, "warm_write_units": 10_000}),
+    ("  and -c statusShards=8", {"max_concurrency": 1020, "warm_write_units": 10_000, "status_shards": 8}),
+)
+
+
+def _print_reaching(m: Measured, workload: Callable[[float], Workload]) -> None:
+    """Tasks/s of the template as deployed and with the options that reach 1,000 tasks/s
+    (:class:`coworker.capacity.Capacity`), and what a million 1-second tasks cost with each: the
+    tasks cost the same, the job's length changes what the coordinator and metrics cost while it
+    runs. Warm throughput is billed once by DynamoDB, per unit raised (not priced here)."""
+    base = workload(1.0)
+    deployed = capacity.Capacity(max_concurrency=base.concurrency, batch_size=base.threads)
+    print(f"\nTasks/s as deployed and with the options that reach 1,000 tasks/s ({base.tasks:,} tasks of 1 s):\n")
+    print(f"  {'options':<62}{'at once':>8}{'1 s':>8}{'50 ms':>8}{'job':>9}{'bill':>10}")
+    for label, changes in REACHING_OPTIONS:
+        option = dataclasses.replace(deployed, **changes)
+        w = dataclasses.replace(base, concurrency=option.max_concurrency)
+        hours = option.hours_for(w.tasks, 1.0)
+        job = f"{hours:.1f} h" if hours >= 1 else f"{hours * 60:.0f} min"
+        bill = coworker_bill(m, w)  # 1-s tasks are bound by the workers: the job lasts w.hours
+        print(f"  {label:<62}{option.max_concurrency:>8,}{option.tasks_per_second(1.0):>8,.0f}"
+              f"{option.tasks_per_second(0.05):>8,.0f}{job:>9}{'$' + format(bill.total, ',.2f'):>10}")
+    print("  (tasks/s: the lowest of the workers, the table's write units (4 index units a task) and the "
+          "status shards (1,000 units/s a key value, 2 a task): coworker/capacity.py)")
 
 
 def _print_deadline_losses() -> None:
@@ -989,7 +1029,9 @@ def coworker_runner_bill(m: Measured, w: Workload, fargate: FargateTask = Fargat
     start covers its share of the job: ``concurrency / runner_threads`` runners, at most
     ``max_runners`` allows. Tasks that come apart start a runner each (``tasks_per_start=1``).
     A task's writes and heartbeats are the Lambda worker's; a runner's are an invocation's (its
-    slot's reserve, start and release, its lost claims, a slot heartbeat every 20 s)."""
+    slot's reserve, start and release, its lost claims, a slot heartbeat every 20 s). The job runs
+    at :data:`RUNNER_CONCURRENCY` tasks at once, whatever ``w.concurrency`` (the Lambda worker's)."""
+    w = dataclasses.replace(w, concurrency=RUNNER_CONCURRENCY)
     length = w.seconds + p.DYNAMODB_SECONDS_PER_TASK
     runners = max(1, min(w.concurrency // runner_threads, MOST_RUNNERS))
     if tasks_per_start is None:
@@ -1164,8 +1206,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=1_000_000)
     parser.add_argument("--task-seconds", type=float, default=1.0, help="the task length itemised in full")
     parser.add_argument("--memory-mb", type=int, default=512, help="worker memory (all designs)")
-    parser.add_argument("--threads", type=int, default=10, help="tasks at once in one invocation (all designs)")
-    parser.add_argument("--concurrency", type=int, default=1000, help="tasks at once in all")
+    parser.add_argument("--threads", type=int, default=capacity.DEFAULT_BATCH_SIZE,
+                        help="tasks at once in one invocation (all designs; default: the template's batchSize)")
+    parser.add_argument("--concurrency", type=int, default=capacity.DEFAULT_MAX_CONCURRENCY,
+                        help="tasks at once in all (default: the template's maxConcurrency)")
     parser.add_argument("--fargate-vcpu", type=float, default=p.RUNNER_VCPU, help="a Fargate task's vCPUs")
     parser.add_argument("--fargate-memory-gb", type=float, default=p.RUNNER_MEMORY_GB, help="a Fargate task's memory")
     parser.add_argument("--no-public-ip", action="store_true",
@@ -1174,7 +1218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="tasks at once in one container runner (Coworker's runner_threads)")
     parser.add_argument("--race-invocations", type=int, default=None,
                         help="worker invocations racing for one queue when claim races are measured "
-                             "(default: as many as run at --concurrency, 100)")
+                             "(default: as many as run at --concurrency: 12 as deployed)")
     parser.add_argument("--db", choices=("auto", "dynamodb-local", "moto"), default=None)
     args = parser.parse_args(argv)
     print(f"$ .venv/bin/python benchmarks/bill.py {shlex.join(sys.argv[1:] if argv is None else argv)}".rstrip())
@@ -1223,6 +1267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"(Coworker's runner {args.runner_threads})\n")
     _print_bill_table(m, workload, fargate, args.runner_threads)
 
+    _print_reaching(m, workload)
     _print_deadline_losses()
     _print_tracked(m, workload)
     _print_by_payload(m, workload)

@@ -5,6 +5,8 @@ sources. Importing this module has no side effect (the stack's tests read it).""
 
 from __future__ import annotations
 
+from coworker import capacity
+
 PRICES_AS_OF = "2026-11-01"
 HOURS_A_MONTH = 730
 
@@ -64,7 +66,7 @@ COORDINATOR_RUNS_A_MONTH = HOURS_A_MONTH * 60  # EventBridge, once a minute
 # Assumptions, named.
 DYNAMODB_SECONDS_PER_REQUEST = 0.008  # one round trip to DynamoDB from Lambda in the same region
 LAMBDA_RUN_OVERHEAD_SECONDS = 0.05  # a warm invocation's own time beyond its round trips
-DYNAMODB_SECONDS_PER_TASK = 0.02  # claim + finish round trips inside the worker, on AWS
+DYNAMODB_SECONDS_PER_TASK = capacity.DYNAMODB_SECONDS_PER_TASK  # claim + finish round trips, on AWS
 COWORKER_FEED_SHARE = 0.9  # a worker keeps taking work until 10% of its timeout remains
 STATUS_TABLE_WRITES = 3  # the SQS design's status table: put, "running", "done" (no index)
 SQS_REQUESTS_PER_TASK = 0.3  # send, receive, delete, each in batches of 10

@@ -1,8 +1,14 @@
-"""Scale model: the deployed system at 1,000 tasks/s for 1,000,000 tasks, with DynamoDB's and
-Lambda's limits applied, fed with the write units the real engine makes per task.
+"""Scale model: the deployed system running 1,000,000 tasks, as the template deploys it and with
+the options that reach 1,000 tasks/s, with DynamoDB's and Lambda's limits applied, fed with the
+write units the real engine makes per task.
 
-    .venv/bin/python benchmarks/scale_model.py [--tasks 1000000] [--rate 1000] [--task-seconds 1]
-                                               [--shards 1,4] [--batched] [--db moto]
+    .venv/bin/python benchmarks/scale_model.py [--tasks 1000000] [--max-concurrency 120] [--rate 1000]
+                                               [--task-seconds 1] [--shards 1,4] [--batched] [--db moto]
+
+The first row is the template as deployed: its defaults (``max_concurrency``, ``batch_size``,
+``status_shards``, ``tick_seconds``) come from :mod:`coworker.capacity`, which reads them from the
+library's settings, as the stack does (tests/infra/test_stack.py holds them equal). The other rows
+set ``max_concurrency`` to ``--rate x --task-seconds`` and compare shard counts and warm throughput.
 
 First a short real run (the engine on its embedded DynamoDB, metered write by write with
 ``coworker_local.capacity.CapacityMeter``) measures what one task writes: table write units, and
@@ -43,12 +49,13 @@ os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "ERROR")
 os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
 
-from coworker.data import layout
+from coworker import capacity  # noqa: E402
+from coworker.data import layout  # noqa: E402
 from coworker.engine import batches  # noqa: E402
 from coworker_local.capacity import status_index  # noqa: E402
 
-PARTITION_WRITE_LIMIT = 1_000  # write units per second per partition key value
-NEW_TABLE_WRITE_UNITS = 4_000  # what a new on-demand table (or GSI) takes at once
+PARTITION_WRITE_LIMIT = capacity.PARTITION_WRITE_UNITS  # write units per second per partition key value
+NEW_TABLE_WRITE_UNITS = capacity.NEW_ON_DEMAND_WRITE_UNITS  # what a new on-demand table (or GSI) takes at once
 DOUBLING_WINDOW_SECONDS = 30 * 60  # on-demand: up to 2x the peak of 30 minutes before
 LAMBDA_RAMP = 1_000  # concurrent executions added per function every 10 s
 LAMBDA_RAMP_SECONDS = 10
@@ -227,13 +234,17 @@ def _served(writes: TaskWrites, step: str, count: float, by_value: dict[str, flo
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=1_000_000)
-    parser.add_argument("--rate", type=float, default=1_000.0, help="target tasks/s (sets max_concurrency)")
+    parser.add_argument("--max-concurrency", type=int, default=capacity.DEFAULT_MAX_CONCURRENCY,
+                        help="tasks at once of the first row (default: the template's maxConcurrency)")
+    parser.add_argument("--rate", type=float, default=1_000.0,
+                        help="target tasks/s of the other rows (their max_concurrency: rate x task seconds)")
     parser.add_argument("--task-seconds", type=float, default=1.0)
-    parser.add_argument("--shards", default="1,4", help="status shard counts to compare")
-    parser.add_argument("--batch-size", type=int, default=10)
+    parser.add_argument("--shards", default=f"1,{capacity.DEFAULT_STATUS_SHARDS}",
+                        help="status shard counts to compare (the last one is the first row's)")
+    parser.add_argument("--batch-size", type=int, default=capacity.DEFAULT_BATCH_SIZE)
     parser.add_argument("--submit-rate", type=float, default=2_000.0, help="tasks/s the submitter puts")
     parser.add_argument("--account-concurrency", type=int, default=1_000, help="Lambda account limit")
-    parser.add_argument("--tick-seconds", type=float, default=5.0)
+    parser.add_argument("--tick-seconds", type=float, default=capacity.DEFAULT_TICK_SECONDS)
     parser.add_argument("--warm-write-units", type=float, default=None)
     parser.add_argument("--batched", action="store_true", help="every task in one batch (counter item)")
     parser.add_argument("--db", choices=("auto", "dynamodb-local", "moto"), default=None)
@@ -248,18 +259,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra = f"; batch item {writes.batch_item[step]:.2f}" if writes.batch_item.get(step) else ""
         print(f"  {step:<7} table {writes.table.get(step, 0):.2f}; index {index or '-'}{extra}")
     print()
-    print(f"Simulated: {args.tasks:,} tasks of {args.task_seconds:g} s at a target of {args.rate:,.0f} tasks/s "
-          f"(max_concurrency {math.ceil(args.rate * args.task_seconds):,}, batch size {args.batch_size}), "
+    target = math.ceil(args.rate * args.task_seconds)
+    print(f"Simulated: {args.tasks:,} tasks of {args.task_seconds:g} s, as deployed ({args.max_concurrency:,} at "
+          f"once) and at a target of {args.rate:,.0f} tasks/s ({target:,} at once), batch size {args.batch_size}, "
           f"submitted at {args.submit_rate:,.0f}/s{', all in one batch' if args.batched else ''}")
     print()
-    print(f"  {'shards':>6}{'warm WCU/s':>11}{'all put':>10}{'drained':>10}{'tasks/s':>9}"
+    print(f"  {'at once':>8}{'shards':>7}{'warm WCU/s':>11}{'all put':>10}{'drained':>10}{'tasks/s':>9}"
           f"{'peak WCU/s per key value':>27}{'peak table WCU/s':>18}{'throttled: key value':>22}"
           f"{'capacity':>10}{'tick queries':>14}")
-    runs = [(int(s), args.warm_write_units) for s in args.shards.split(",")]
+    shard_counts = [int(s) for s in args.shards.split(",")]
+    # The template as deployed, then the target's concurrency by shard count.
+    runs = [(args.max_concurrency, shard_counts[-1], args.warm_write_units)]
+    runs += [(target, shards, args.warm_write_units) for shards in shard_counts]
     if args.warm_write_units is None:  # and the largest shard count with the table pre-warmed
-        runs.append((runs[-1][0], WARM_SUGGESTED))
-    for shards, warm in runs:
-        outcome = simulate(writes, tasks=args.tasks, rate=args.rate, task_seconds=args.task_seconds,
+        runs.append((target, shard_counts[-1], WARM_SUGGESTED))
+    for at_once, shards, warm in runs:
+        outcome = simulate(writes, tasks=args.tasks, rate=at_once / args.task_seconds, task_seconds=args.task_seconds,
                            shards=shards, batch_size=args.batch_size, submit_rate=args.submit_rate,
                            account_concurrency=args.account_concurrency, tick_seconds=args.tick_seconds,
                            warm_write_units=warm, batched=args.batched)
@@ -268,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         speed = f"{args.tasks / outcome.drained_at:,.0f}" if outcome.drained_at else "-"
         peak = f"{outcome.peak_partition_demand:,.0f} ({outcome.peak_partition_status})"
         shown_warm = f"{warm:,.0f}" if warm else "-"
-        print(f"  {shards:>6}{shown_warm:>11}{put:>10}{drained:>10}{speed:>9}{peak:>27}"
+        print(f"  {at_once:>8,}{shards:>7}{shown_warm:>11}{put:>10}{drained:>10}{speed:>9}{peak:>27}"
               f"{outcome.peak_table_units:>18,.0f}{outcome.throttled_by_key:>22,}"
               f"{outcome.throttled_by_capacity:>10,}{outcome.tick_queries:>14}")
     print()

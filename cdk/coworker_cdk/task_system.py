@@ -21,6 +21,7 @@ from typing import Any
 
 from aws_cdk import Annotations, Aws, RemovalPolicy, Stack, Token
 from constructs import Construct
+from coworker.capacity import Capacity
 
 from coworker_cdk import constants as c
 from coworker_cdk.components.api import TaskApi
@@ -67,6 +68,9 @@ class TaskSystem(Construct):
             f"Coworker reserves {self.config.reserved_concurrency} concurrent Lambda executions: the account's "
             f"concurrency quota must be at least {self.config.required_lambda_quota} (`aws lambda "
             "get-account-settings` shows it; new accounts often have 10 or 50: ask AWS to raise it)")
+        # What it can run, said at every synth: the figures docs/cost.md gives for the defaults.
+        self.capacity = Capacity.of(self.config.settings, self.config.warm_write_units)
+        Annotations.of(self).add_info(self.capacity.describe())
 
         self.tasks = TaskTable(self, "Tasks", removal_policy=removal,
                                legacy_status_index=self.config.legacy_status_index,

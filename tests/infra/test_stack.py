@@ -66,10 +66,15 @@ def functions(template: Template) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def default_template(synthesize) -> Template:
+def default_artifact(synthesize) -> cx_api.CloudFormationStackArtifact:
     """The stack with no context at all: the deployment `npx cdk deploy` makes."""
     stack, assembly = synthesize({})
-    return Template.from_json(assembly.get_stack_by_name(stack.stack_name).template)
+    return assembly.get_stack_by_name(stack.stack_name)
+
+
+@pytest.fixture(scope="module")
+def default_template(default_artifact: cx_api.CloudFormationStackArtifact) -> Template:
+    return Template.from_json(default_artifact.template)
 
 
 @pytest.fixture(scope="module")
@@ -909,3 +914,41 @@ def test_the_bill_prices_the_stack_cdk_deploy_makes(default_template: Template, 
     (rule,) = resources(default_template, "AWS::Events::Rule").values()
     assert rule["Properties"]["ScheduleExpression"] == "rate(1 minute)"
     assert prices.COORDINATOR_RUNS_A_MONTH == prices.HOURS_A_MONTH * 60
+
+
+def test_the_scale_model_and_the_bill_start_from_the_template_cdk_deploy_makes(default_template: Template,
+                                                                               default_functions) -> None:
+    """benchmarks/scale_model.py and bill.py take their concurrency, threads and shards from
+    coworker.capacity (issue 50): they are this template's, so docs/cost.md speaks of the deployment."""
+    from coworker import capacity
+
+    worker = default_functions["worker"]
+    env = worker["Environment"]["Variables"]
+    assert int(env["COWORKER_MAX_CONCURRENCY"]) == capacity.DEFAULT_MAX_CONCURRENCY
+    assert int(env["COWORKER_BATCH_SIZE"]) == capacity.DEFAULT_BATCH_SIZE
+    assert int(env["COWORKER_STATUS_SHARDS"]) == capacity.DEFAULT_STATUS_SHARDS
+    assert float(env["COWORKER_TICK_SECONDS"]) == capacity.DEFAULT_TICK_SECONDS
+    assert worker["ReservedConcurrentExecutions"] == capacity.Capacity().worker_invocations
+    # A new on-demand table with no warm throughput: the 4,000 write units/s the model starts from.
+    (table,) = resources(default_template, "AWS::DynamoDB::GlobalTable").values()
+    assert table["Properties"]["BillingMode"] == "PAY_PER_REQUEST"
+    assert "WarmThroughput" not in table["Properties"]
+
+
+def test_synth_says_what_the_stack_can_run(default_artifact, synthesized) -> None:
+    """Tasks at once, and tasks/s at 1 s and at 50 ms with the table and the shards it has: the
+    figures docs/cost.md gives, said at every synth (coworker.capacity has the arithmetic)."""
+    def capacity_line(artifact) -> str:
+        (line,) = [str(m.entry.data) for m in artifact.messages if m.level == cx_api.SynthesisMessageLevel.INFO
+                   and "tasks at once" in str(m.entry.data)]
+        return line
+
+    default = capacity_line(default_artifact)
+    assert "120 tasks at once (12 worker invocations x 10 threads)" in default
+    assert "118 tasks/s of 1-s tasks (bound by the workers)" in default
+    assert "1,000 tasks/s of 50-ms tasks (bound by the on-demand table)" in default
+    assert "a new on-demand table (4,000 write units/s" in default and "4 status shards" in default
+    assert "1,000,000 1-s tasks take 2.4 h" in default
+    small = capacity_line(synthesized[1])  # maxConcurrency 12, batchSize 5
+    assert "12 tasks at once (3 worker invocations x 5 threads)" in small
+    assert "171 tasks/s of 50-ms tasks (bound by the workers)" in small
