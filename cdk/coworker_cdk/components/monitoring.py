@@ -349,7 +349,8 @@ class Monitoring(Construct):
                     m(MetricName.TIMED_OUT),
                 ],
                 [m(MetricName.NOT_CLAIMED), m(MetricName.LOST_CLAIM_SIGNALLED), m(MetricName.BLOCKED),
-                 m(MetricName.WOKEN), m(MetricName.RATE_LIMITED), m(MetricName.TOO_LONG)],
+                 m(MetricName.WOKEN), m(MetricName.RATE_LIMITED), m(MetricName.TOO_LONG),
+                 m(MetricName.WORKER_ERRORS)],
             ),
             graph("Task duration (ms)", [m(MetricName.DURATION, p) for p in c.DURATION_PERCENTILES]),
         )
