@@ -10,7 +10,7 @@ bench:  ## benchmarks: capacity units (cost.py), tasks/s against the peer (throu
 	scripts/bootstrap.sh --bench && .venv/bin/python benchmarks/cost.py && .venv/bin/python benchmarks/throughput.py \
 		&& .venv/bin/python benchmarks/replay.py && .venv/bin/python benchmarks/dispatch.py && .venv/bin/python benchmarks/chaos.py
 
-bill:  ## the bill for 1,000,000 tasks beside SQS + Lambda and Distributed Map (bill.py), and the 1,000 tasks/s scale model (scale_model.py)
+bill:  ## the bill for 1,000,000 tasks beside SQS + Lambda and Distributed Map (bill.py), and the scale model (scale_model.py: the template as deployed, then 1,000 tasks/s)
 	scripts/bootstrap.sh --bench && .venv/bin/python benchmarks/bill.py && .venv/bin/python benchmarks/scale_model.py
 
 synth:  ## synthesize the CloudFormation template offline
