@@ -19,7 +19,9 @@ its N-th last is at least I + margin before ``t``. Every start so admitted saw f
 starts in the window before it and every later one is stamped at or after it, so no window of I
 holds more than N stamps, however many workers race (a refused condition re-reads the log). A
 process keeps the log it last saw, so a key run by one worker pays no read, and its threads take
-turns on a group (no failed writes among them).
+turns on a group (no failed writes among them): the thread whose turn it is answers every thread
+queued behind it in the same write, each stamped in turn, so a slow write holds the queue up for
+itself and one more write, not one write per thread.
 
 **Starting on the stamp** (:func:`start_on`): the stamp is ``lead`` ahead (three times this
 process's recent token-write time), and the worker sleeps until it before calling the handler;
