@@ -22,6 +22,7 @@ from coworker.engine.handlers import handler_package
 from coworker.errors import ConfigurationError
 from pydantic import ValidationError
 
+from coworker_cdk import account
 from coworker_cdk import constants as c
 from coworker_cdk.declared import runners_of
 
@@ -86,10 +87,9 @@ _DEPLOY_CONTEXT: dict[str, str] = {
 }
 CONTEXT_OPTIONS: dict[str, str] = {**_SETTINGS_CONTEXT, **_DEPLOY_CONTEXT}
 _CONTEXT_KEY: dict[str, str] = {name: key for key, name in CONTEXT_OPTIONS.items()}
-# The words a boolean option takes, from the command line (-c key=value) or cdk.json; any other
-# value is refused: read as false, a misspelled "ture" would deploy the option off.
-TRUE_WORDS = ("true", "yes", "on", "1")
-FALSE_WORDS = ("false", "no", "off", "0")
+# The words a boolean option takes (see constants).
+TRUE_WORDS = c.TRUE_WORDS
+FALSE_WORDS = c.FALSE_WORDS
 # Every option TaskSystem takes, by name.
 OPTION_NAMES: frozenset[str] = frozenset(CONTEXT_OPTIONS.values())
 # Options that configure the container runner: refused in a deployment that has none (max_runners
@@ -177,13 +177,13 @@ class StackConfig:
     @property
     def reserved_concurrency(self) -> int:
         """Concurrent executions this deployment reserves: the worker slots and the coordinator."""
-        return self.worker_reserved_concurrency + c.COORDINATOR_RESERVED_CONCURRENCY
+        return account.reserved_concurrency(self.settings)
 
     @property
     def required_lambda_quota(self) -> int:
         """The account concurrency quota this deployment needs: what it reserves, plus what Lambda
         keeps unreserved."""
-        return self.reserved_concurrency + c.LAMBDA_UNRESERVED_MINIMUM
+        return account.required_lambda_quota(self.settings)
 
     @property
     def handlers_package(self) -> str | None:
@@ -354,7 +354,8 @@ class StackConfig:
                 f"{c.COORDINATOR_RESERVED_CONCURRENCY}); Lambda keeps {c.LAMBDA_UNRESERVED_MINIMUM} unreserved, so "
                 f"the account's concurrency quota must be at least {self.required_lambda_quota}, above "
                 f"{self.lambda_concurrency_quota}: raise batchSize, lower maxConcurrency, or ask AWS for a higher "
-                "quota and deploy with -c lambdaConcurrencyQuota=<the new quota>")
+                f"quota (Service Quotas, Lambda, {account.LAMBDA_CONCURRENCY_QUOTA_CODE}) and deploy with "
+                "-c lambdaConcurrencyQuota=<the new quota>; `coworker preflight` reads the account's real quota")
         return self
 
 

@@ -62,6 +62,10 @@ API_STAGE_NAME: Final = "v1"
 DASHBOARD_SUFFIX: Final = "-dashboard"
 
 # --- context keys and defaults -------------------------------------------------------------
+# The words a boolean option takes, from the command line (-c key=value) or cdk.json; any other
+# value is refused: read as false, a misspelled "ture" would deploy the option off.
+TRUE_WORDS: Final = ("true", "yes", "on", "1")
+FALSE_WORDS: Final = ("false", "no", "off", "0")
 # `cdk deploy -c key=value` (strings) or the "context" block of cdk.json (JSON values).
 CTX_REMOVAL_POLICY: Final = "removalPolicy"  # "retain" | "destroy"
 CTX_LAYER_DEPENDENCIES: Final = "layerDependencies"  # "install" | "skip"

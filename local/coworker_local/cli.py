@@ -16,13 +16,16 @@
     coworker schedule put nightly 'cron(0 3 * * *)' --type crawl [--timezone Europe/Berlin] [--missed skip]
     coworker schedules | coworker schedule show|pause|resume|delete NAME
     coworker migrate-index --table NAME [--shards N] [--dry-run]   # talks to DynamoDB itself
+    coworker preflight [--region R] [-c key=value ...]            # before a deploy: the account's real
+                                                  # Lambda quota and API Gateway role, against the stack's needs
 
 The API is found at ``--url`` or ``COWORKER_API_URL`` (default http://127.0.0.1:8000); an API
 key from ``--api-key`` or ``COWORKER_API_KEY`` is sent as ``x-api-key``. ``--iam`` signs requests
 with SigV4 (service ``execute-api``) using the usual AWS credentials instead.
 
 Exit codes: 0 success, 1 the API refused or failed the request (its message is printed as
-worded), 2 bad command line, 3 the API could not be reached, 141 the output's reader went away
+worded; for preflight, a deploy would fail), 2 bad command line (for preflight, also no AWS
+credentials or a refused read), 3 the API could not be reached, 141 the output's reader went away
 (`coworker list | head`; nothing is printed about it).
 """
 
@@ -50,6 +53,7 @@ from coworker_local.commands import (
     cmd_list,
     cmd_migrate_index,
     cmd_pause,
+    cmd_preflight,
     cmd_rate,
     cmd_rates,
     cmd_retry,
@@ -95,7 +99,8 @@ def _connection_options(target: argparse.ArgumentParser, defaults: bool) -> None
                         help="API key sent as x-api-key (env COWORKER_API_KEY)")
     target.add_argument("--iam", action="store_true", default=default(False),
                         help="sign requests with SigV4 (AWS credentials) for an IAM-authorized API")
-    target.add_argument("--region", default=default(None), help="region for --iam (default AWS_REGION)")
+    target.add_argument("--region", default=default(None),
+                        help="region for --iam, and the one preflight reads (default AWS_REGION)")
     target.add_argument("--json", action="store_true", default=default(False),
                         help="print the API's JSON answers")
 
@@ -119,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_schedule_commands(commands)
     _add_stats(commands)
     _add_migrate_index(commands)
+    _add_preflight(commands)
     return parser
 
 
@@ -281,6 +287,17 @@ def _add_migrate_index(commands: Commands) -> None:
     migrate.add_argument("--segments", type=int, default=1, help="parallel scan segments (default 1)")
     migrate.add_argument("--dry-run", action="store_true", help="count what would move, write nothing")
     migrate.set_defaults(run=cmd_migrate_index)
+
+
+def _add_preflight(commands: Commands) -> None:
+    preflight = commands.add_parser(
+        "preflight", help="before a deploy: read the account's Lambda concurrency quota and API Gateway "
+                          "CloudWatch role (your AWS credentials) and check them against what the stack needs")
+    preflight.add_argument("-c", "--context", action="append", metavar="KEY=VALUE",
+                           help="a context option, as given to cdk deploy (repeatable)")
+    preflight.add_argument("--cdk-json", default="cdk.json",
+                           help="the app's cdk.json, whose context block is read first (default ./cdk.json)")
+    preflight.set_defaults(run=cmd_preflight)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:

@@ -687,3 +687,21 @@ def cmd_migrate_index(client: ApiClient, args: argparse.Namespace, out: TextIO, 
     out.write(f"{settings.table_name}: {scanned} indexed items, {verb} {moved} to their shard "
               f"({settings.status_shards} per status); {meanwhile} were rewritten by a worker meanwhile\n")
     return EXIT_OK
+
+
+def cmd_preflight(client: ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Compare the account's real limits with what the stack as configured needs
+    (see :mod:`coworker_local.preflight`): 0 all pass, 1 a deploy would fail."""
+    from pathlib import Path
+
+    from coworker_local import preflight
+
+    try:
+        needs = preflight.needs_of(preflight.context_of(Path(args.cdk_json), args.context or []))
+        found = preflight.read_account(*preflight.aws_clients(args.region))
+    except preflight.PreflightError as exc:
+        raise UsageError(str(exc)) from None
+    results = preflight.checks(needs, found)
+    out.write(preflight.report(needs, found, results, as_json=args.json))
+    passed = all(check.verdict == preflight.OK for check in results)
+    return preflight.EXIT_PASSED if passed else preflight.EXIT_WILL_FAIL
