@@ -3,10 +3,12 @@ state, and bad requests that change nothing."""
 
 from __future__ import annotations
 
+import math
 import time
+from datetime import datetime
 
 import pytest
-from coworker.engine import control, rates
+from coworker.engine import control, lifecycle, rates
 from coworker.engine.control import Rate
 from coworker.engine.outcomes import TaskOutcome
 from coworker.engine.worker import process_task
@@ -148,3 +150,93 @@ def test_a_lifted_limit_is_shown_lifted_and_a_carried_one_as_carried_not_set(set
     run("t1")
     assert api.call("PUT", "/rate-limits/type:quick", {"limit": None})[1]["source"] == "lifted"
     assert api.call("GET", "/rate-limits/type:quick")[1]["source"] == "lifted"
+
+
+def _booked_waiters(api, settings, group_key, count):
+    """Put ``count`` + 1 tasks of rate key ``group_key`` and run them: the first starts, the
+    others are turned away and booked. Their reports, by key."""
+    for number in range(count + 1):
+        body = {"key": f"{group_key}-{number}", "type": "quick", "rate_key": group_key}
+        assert api.call("POST", "/tasks", body)[0] == 201
+    reports = [process_task(f"{group_key}-{n}", "w", settings, time.monotonic() + 30) for n in range(count + 1)]
+    assert [r.outcome for r in reports] == [TaskOutcome.FINISHED] + [TaskOutcome.DEFERRED] * count
+    return {report.key: report for report in reports[1:]}
+
+
+def _due(key):
+    task = lifecycle.get_task(key)
+    assert task.status == "todo" and rates.from_epoch_ms(int(task.rate_booked_at)) == task.due_at  # booked there
+    return task.due_at
+
+
+def test_a_raised_limit_moves_the_waiters_booked_under_the_old_one_and_new_tasks_book_behind_them(settings):
+    # (issue 52, item 6: waiters kept their bookings at the old spacing, and new tasks booked behind them)
+    api = Api(settings)
+    # Given a key limited to 1 start per 10 s, and three of its tasks booked 10 s apart
+    assert api.call("PUT", "/rate-limits/key:slow", {"limit": 1, "interval_seconds": 10})[0] == 200
+    waiters = _booked_waiters(api, settings, "slow", 3)
+    before = [_due(key) for key in waiters]
+    assert [round((b - a).total_seconds()) for a, b in zip(before, before[1:], strict=False)] == [10, 10]
+    # When the limit is raised to 10 per 10 s
+    assert api.call("PUT", "/rate-limits/key:slow", {"limit": 10, "interval_seconds": 10})[0] == 200
+    # Then the waiters keep their order, each comes due sooner, spaced by the new limit
+    after = [_due(key) for key in waiters]
+    spacing = math.ceil((10_000 + rates.MAX_MARGIN_MS) / 10)
+    assert [rates.epoch_ms(b) - rates.epoch_ms(a) for a, b in zip(after, after[1:], strict=False)] == [spacing] * 2
+    assert all(new < old for new, old in zip(after, before, strict=True)), (after, before)
+    # and a new task books right behind them, not behind the old bookings
+    assert api.call("POST", "/tasks", {"key": "slow-new", "type": "quick", "rate_key": "slow"})[0] == 201
+    report = process_task("slow-new", "w", settings, time.monotonic() + 30)
+    assert report.outcome is TaskOutcome.DEFERRED
+    assert rates.epoch_ms(report.retry_at) - rates.epoch_ms(after[-1]) == spacing
+    booked_until = datetime.fromisoformat(api.call("GET", "/rate-limits/key:slow")[1]["booked_until"])
+    assert rates.epoch_ms(booked_until) == rates.epoch_ms(report.retry_at) + spacing
+
+
+def test_a_lifted_limit_makes_the_booked_waiters_due_together(settings):
+    api = Api(settings)
+    assert api.call("PUT", "/rate-limits/key:lifted", {"limit": 1, "interval_seconds": 10})[0] == 200
+    waiters = _booked_waiters(api, settings, "lifted", 3)
+    before = [_due(key) for key in waiters]
+    assert api.call("PUT", "/rate-limits/key:lifted", {"limit": None})[0] == 200
+    after = [_due(key) for key in waiters]
+    assert len(set(after)) == 1 and after[0] < before[0], (after, before)  # no longer spaced: due as one
+
+
+def test_a_lowered_limit_leaves_the_bookings_as_they_are(settings):
+    api = Api(settings)
+    assert api.call("PUT", "/rate-limits/key:lowered", {"limit": 1, "interval_seconds": 10})[0] == 200
+    waiters = _booked_waiters(api, settings, "lowered", 2)
+    before = [_due(key) for key in waiters]
+    assert api.call("PUT", "/rate-limits/key:lowered", {"limit": 1, "interval_seconds": 20})[0] == 200
+    assert [_due(key) for key in waiters] == before  # none comes due sooner than its spacing allows
+
+
+def test_a_types_raised_limit_moves_its_waiters_only(settings):
+    api = Api(settings)
+    # Given waiters of a key and of a type, each group at 1 start per 10 s
+    assert api.call("PUT", "/rate-limits/key:other", {"limit": 1, "interval_seconds": 10})[0] == 200
+    others = _booked_waiters(api, settings, "other", 1)
+    assert api.call("PUT", "/rate-limits/type:quick", {"limit": 1, "interval_seconds": 10})[0] == 200
+    for number in range(3):
+        assert api.call("POST", "/tasks", {"key": f"q{number}", "type": "quick"})[0] == 201
+    outcomes = [process_task(f"q{n}", "w", settings, time.monotonic() + 30).outcome for n in range(3)]
+    assert outcomes == [TaskOutcome.FINISHED, TaskOutcome.DEFERRED, TaskOutcome.DEFERRED]
+    before = {key: _due(key) for key in ("q1", "q2", *others)}
+    # When the type's limit is raised, its waiters come due sooner; the key's waiter stays
+    assert api.call("PUT", "/rate-limits/type:quick", {"limit": 10, "interval_seconds": 10})[0] == 200
+    assert _due("q1") < before["q1"] and _due("q2") < before["q2"]
+    assert [_due(key) for key in others] == [before[key] for key in others]
+
+
+def test_a_change_that_cannot_read_every_booking_moves_the_first_waiters_and_keeps_the_mark(settings, monkeypatch):
+    api = Api(settings)
+    assert api.call("PUT", "/rate-limits/key:long", {"limit": 1, "interval_seconds": 10})[0] == 200
+    waiters = _booked_waiters(api, settings, "long", 4)
+    before = [_due(key) for key in waiters]
+    mark = rates.read_log("key:long").booked_until
+    monkeypatch.setattr(rates, "REBOOK_READS", 1)  # one index entry per shard
+    assert api.call("PUT", "/rate-limits/key:long", {"limit": 10, "interval_seconds": 10})[0] == 200
+    moved = [_due(key) < old for key, old in zip(waiters, before, strict=True)]
+    assert moved == sorted(moved, reverse=True) and not all(moved)  # the first ones only, in order
+    assert rates.read_log("key:long").booked_until == mark  # new tasks book behind those not moved

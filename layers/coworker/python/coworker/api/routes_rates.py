@@ -88,8 +88,12 @@ def router(services: Services) -> APIGatewayRouter:
             known_type(name[len(rates.TYPE_GROUP):], view)
         rate = control.Rate(body.limit, rates.interval_ms(body.interval_seconds)) if body.limit is not None else None
         changed = control.set_rate(name, rate)
+        # Waiters booked under the old limit come due by the new one (and so does a new task):
+        # on every request, so one that set the limit already moves any its read budget left.
+        rebooked = rates.rebook(name, rate, settings.control_cache_seconds)
         logger.info("rate limit set", extra={"rate_group": name, "limit": body.limit,
-                                             "interval_seconds": body.interval_seconds, "changed": changed})
+                                             "interval_seconds": body.interval_seconds, "changed": changed,
+                                             "waiters_moved": rebooked.moved, "waiters_all_seen": rebooked.complete})
         return rate_out(name, control.read(consistent=True), changed, lifted=changed and rate is None)
 
     return routes

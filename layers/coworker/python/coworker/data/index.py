@@ -248,6 +248,41 @@ def due_of_types(status: TaskStatus, now: datetime, types: Sequence[str], want: 
 TYPED_PAGE: Final = 200
 
 
+def due_between(statuses: Sequence[TaskStatus], after: datetime, until: datetime, read_budget: int,
+                task_type: str | None = None) -> tuple[list[TaskModel], bool]:
+    """Tasks of ``statuses`` due from ``after`` to ``until`` (of ``task_type`` only, if given),
+    by ``due_at``, each holding only its key, ``due_at`` and ``status_shard``; reading about
+    ``read_budget`` index entries at most, shared among the shards. Returns ``(tasks, complete)``:
+    complete when every shard was read to ``until``; else the tasks are the first ones, due up to
+    where the shard read least far stopped.
+
+    How a rate group's booked waiters are found (:func:`coworker.engine.rates.rebook`): the index
+    holds no rate key, so a key's are among every task due in that span."""
+    values = [value for status in statuses for value in layout.shard_values(status.value, status_shards())]
+    share = max(1, read_budget // len(values))
+    wanted = TaskModel.task_type == task_type if task_type is not None else None
+    names = [layout.PARTITION_KEY, layout.STATUS_INDEX_PARTITION_KEY, layout.STATUS_INDEX_SORT_KEY]
+
+    def shard(value: str) -> tuple[list[dict[str, Any]], str | None]:
+        """The shard's entries, and the due time it stopped at (``None``: read to ``until``)."""
+        found: list[dict[str, Any]] = []
+        pages = TaskModel.status_index.query(value, TaskModel.due_at.between(after, until), filter_condition=wanted,
+                                             page_size=min(TYPED_PAGE, share), attributes_to_get=names).page_iter
+        for page in pages:
+            found.extend(page.get("Items", ()))
+            if pages.total_scanned_count >= share and pages.last_evaluated_key is not None:
+                return found, pages.last_evaluated_key[layout.STATUS_INDEX_SORT_KEY]["S"]
+        return found, None
+
+    read = _parallel([functools.partial(shard, value) for value in values])
+    stops = [stop for _, stop in read if stop is not None]
+    # (due_at is stored as a fixed-width ISO string: its text sorts as its time does)
+    entries = [item for found, _ in read for item in found
+               if not stops or item[layout.STATUS_INDEX_SORT_KEY]["S"] <= min(stops)]
+    tasks = sorted((TaskModel.from_raw_data(item) for item in entries), key=lambda task: (task.due_at, task.key))
+    return tasks, not stops
+
+
 def running_and_lost(now: datetime) -> tuple[int, list[TaskModel]]:
     """Every ``processing`` entry, read once: how many hold a live lock, and those whose lock
     has expired (lost workers), oldest first.

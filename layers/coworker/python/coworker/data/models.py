@@ -157,6 +157,9 @@ class TaskModel(Model):
     rate_interval_seconds = NumberAttribute(null=True)
     # The start (epoch ms) its rate group last booked for it: it keeps its place in line.
     rate_booked_at = NumberAttribute(null=True)
+    # The rate group that booked it (a task in two groups waits on the one that turned it away): a
+    # change of that group's limit moves it (see engine.rates.rebook).
+    rate_booked_by = UnicodeAttribute(null=True)
     # Its own time limit in seconds (else its type's declared one): see coworker.engine.timing.
     timeout_seconds = NumberAttribute(null=True)
     # What a live worker wrote when it found it could not keep the lock of attempt

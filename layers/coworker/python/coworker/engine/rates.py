@@ -37,6 +37,12 @@ another, instead of all racing for each token; a new task does not pass them (it
 them); the worker that turned it away keeps its key and tries it then if it is still feeding
 (:meth:`coworker.engine.feeder.Feeder.hand_at`). No worker thread waits for long.
 
+**A change of limit** (:func:`rebook`, when the API sets, raises or lifts one) re-books the
+group's waiters under the new limit, in their order, each only ever sooner, and moves
+``booked_until`` to behind the last of them: otherwise they would keep their starts at the old
+spacing, and new tasks book behind them. A task notes the group that booked it
+(``rate_booked_by``), so a task in two groups moves with that one only.
+
 A task in several groups takes its token in each, in order; one refused gives back the tokens it
 took, each only if no start was stamped after it (a token given back late is simply unused: the
 log is never wrong in the direction of too many starts).
@@ -61,9 +67,9 @@ from pynamodb.exceptions import DoesNotExist
 from pynamodb.expressions.condition import Condition
 from pynamodb.expressions.update import Action
 
-from coworker.data import writes
+from coworker.data import index, layout, writes
 from coworker.data.layout import RATE_GATE_PREFIX
-from coworker.data.models import RateGateModel, TaskModel, utcnow
+from coworker.data.models import RateGateModel, TaskModel, TaskStatus, utcnow
 from coworker.engine import control
 from coworker.engine.control import Rate
 from coworker.observability import logger
@@ -469,6 +475,97 @@ def _book(group: RateGroup, free_ms: int, spacing: int) -> datetime:
             return from_epoch_ms(slot)
         log = _read(group)
     return from_epoch_ms(free_ms)
+
+
+# Index entries one change of a limit reads, at most, looking for its group's booked waiters
+# (:func:`rebook`; a rate key is not in the index, so a key's are among every task due meanwhile).
+REBOOK_READS = 2000
+
+
+@dataclasses.dataclass(frozen=True)
+class Rebooked:
+    """What :func:`rebook` did: how many waiters it brought forward, and whether it looked at every
+    task booked (else those past its read budget keep their start, and so does the booking mark)."""
+
+    moved: int
+    complete: bool
+
+
+def rebook(group_name: str, rate: Rate | None, settle_seconds: float, now: datetime | None = None) -> Rebooked:
+    """Re-book ``group_name``'s waiters under ``rate``, the limit now in force (``None``: none is
+    set), after it was set, raised or lifted: each, in the order booked, is due at the later of
+    the next free token and ``settle_seconds`` from now (when every claimer sees the new limit,
+    which it would otherwise turn the waiter away under again), spaced by the new limit's share
+    of the interval, if that is sooner than its booking; the booking mark moves to behind the last
+    of them, so a new task books there, not behind the old bookings. A lowered limit moves
+    nobody later: the tokens keep to it, and a waiter turned away books again.
+
+    Each waiter moves only if it is still where it was booked (not claimed meanwhile); the mark only
+    if no task was booked meanwhile (else it is looked at again, and moves too). Costs about one
+    read unit per 20 index entries between now and the mark (REBOOK_READS at most), a
+    consistent BatchGetItem of those entries for a key's group, and one write per waiter moved."""
+    group_key = RATE_GATE_PREFIX + group_name
+    is_key = group_name.startswith(KEY_GROUP)
+    moved = 0
+    for _ in range(RACE_RETRIES):
+        now_ms = epoch_ms(now or utcnow())
+        item = read_log(group_name)
+        if item is None or item.booked_until is None or int(item.booked_until) <= now_ms:
+            return Rebooked(moved, True)
+        horizon = int(item.booked_until)
+        base, spacing = now_ms + math.ceil(settle_seconds * 1000), 0
+        if rate is not None:
+            base = max(base, free_at([int(s) for s in item.starts or ()], rate))
+            spacing = math.ceil((rate.interval_ms + margin_ms(rate)) / rate.limit)
+        found, complete = index.due_between((TaskStatus.TODO, TaskStatus.FAILED), from_epoch_ms(now_ms),
+                                            from_epoch_ms(horizon), REBOOK_READS,
+                                            None if is_key else group_name[len(TYPE_GROUP):])
+        waiters = _waiters(found, group_name, group_name[len(KEY_GROUP):] if is_key else None)
+        for number, task in enumerate(waiters):
+            slot = base + number * spacing
+            if slot < int(task.rate_booked_at) and _move(task, slot):
+                moved += 1
+        if not complete:
+            return Rebooked(moved, False)  # the mark stays behind the waiters not looked at
+        if writes.update(RateGateModel(group_key), [RateGateModel.booked_until.set(base + len(waiters) * spacing)],
+                         RateGateModel.booked_until == horizon, f"re-book the waiters of {group_name!r}",
+                         refresh=False):
+            _remember(group_key, None)  # (a process's workers see the new mark when theirs is refused)
+            return Rebooked(moved, True)
+    return Rebooked(moved, False)
+
+
+def _waiters(found: Sequence[TaskModel], group_name: str, rate_key: str | None) -> list[TaskModel]:
+    """Of index entries ``found`` (by due time), the tasks that wait at the start ``group_name``
+    booked for them (of ``rate_key``, if given): one consistent BatchGetItem per 100. (A task
+    booked by another of its groups stays: brought forward, that group would turn it away again,
+    to behind its waiters; one booked before bookings were signed is taken as this group's.)"""
+    names = [TaskModel.rate_key.attr_name, TaskModel.rate_booked_at.attr_name, TaskModel.rate_booked_by.attr_name]
+    if not found:
+        return []
+    got = {task.key: task for task in TaskModel.batch_get([task.key for task in found], consistent_read=True,
+                                                          attributes_to_get=[layout.PARTITION_KEY, *names])}
+    waiters = []
+    for entry in found:
+        task = got.get(entry.key)
+        if task is None or task.rate_booked_at is None or (rate_key is not None and task.rate_key != rate_key):
+            continue
+        if task.rate_booked_by not in (None, group_name):
+            continue
+        if from_epoch_ms(int(task.rate_booked_at)) != entry.due_at:
+            continue  # due at another time than it booked: not waiting at its booking
+        entry.rate_booked_at = task.rate_booked_at
+        waiters.append(entry)
+    return waiters
+
+
+def _move(task: TaskModel, slot: int) -> bool:
+    """Bring a booked waiter forward to ``slot`` (epoch ms), if it is still where it was booked."""
+    where = ((TaskModel.status_shard == task.status_shard) & (TaskModel.due_at == task.due_at)
+             & (TaskModel.rate_booked_at == task.rate_booked_at))
+    return writes.update(TaskModel(task.key), [TaskModel.due_at.set(from_epoch_ms(slot)),
+                                               TaskModel.rate_booked_at.set(slot)], where,
+                         f"re-book task {task.key!r}", refresh=False)
 
 
 @dataclasses.dataclass(frozen=True)

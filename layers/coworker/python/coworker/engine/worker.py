@@ -338,8 +338,9 @@ def _take_rate_tokens(claim: Claim, rate_limits: Mapping[str, control.Rate], set
     metrics.add_metric(name=MetricName.RATE_LIMITED, unit=MetricUnit.Count, value=1)
     logger.debug("rate group has no token", extra={"task_key": claim.key, "retry_at": start.isoformat(),
                                                    "rate_group": refused_by.name if refused_by else None})
-    booked = TaskModel.rate_booked_at.set(rates.epoch_ms(start))
-    if not lifecycle.release_unstarted(claim, due=start, also=[booked]):
+    booked = [TaskModel.rate_booked_at.set(rates.epoch_ms(start)),
+              TaskModel.rate_booked_by.set(refused_by.name) if refused_by else TaskModel.rate_booked_by.remove()]
+    if not lifecycle.release_unstarted(claim, due=start, also=booked):
         return TaskOutcome.NOT_CLAIMED, None
     return TaskOutcome.DEFERRED, start
 
