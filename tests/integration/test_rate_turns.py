@@ -98,3 +98,17 @@ def test_one_write_for_many_queued_threads_keeps_to_the_limit(settings, monkeypa
     assert all(answers[number][2] > rates.epoch_ms(utcnow()) for number in answers if number not in admitted)
     log = rates.read_log(group.name)
     assert log is not None and len(log.starts) == 2
+
+
+def test_a_token_is_worth_waiting_for_as_long_as_three_recent_writes_within_a_quarter_of_the_lock(monkeypatch):
+    """What turning a task away costs (its booking, its give-back and its claim again: three
+    writes at this process's recent write time) is how long a near token is waited for, with the
+    claim held; never past a quarter of the lock, which the heartbeat keeps meanwhile, nor LEAD_MS's
+    most."""
+    monkeypatch.setattr(rates, "_write_ms", 20.0)
+    assert rates.worth_waiting_seconds(60) == 0.06
+    monkeypatch.setattr(rates, "_write_ms", 900.0)
+    assert rates.worth_waiting_seconds(60) == 2.7  # slow writes: a near token is waited for
+    assert rates.worth_waiting_seconds(8) == 2.0  # a quarter of an 8-s lock
+    monkeypatch.setattr(rates, "_write_ms", 4000.0)
+    assert rates.worth_waiting_seconds(600) == rates.LEAD_MS[1] / 1000
