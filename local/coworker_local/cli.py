@@ -297,6 +297,9 @@ def _add_preflight(commands: Commands) -> None:
                            help="a context option, as given to cdk deploy (repeatable)")
     preflight.add_argument("--cdk-json", default="cdk.json",
                            help="the app's cdk.json, whose context block is read first (default ./cdk.json)")
+    preflight.add_argument("--stack-name", default=None,
+                           help="the stack's name, if it is deployed already: an update keeps its own "
+                                "reservations, so they count as available (default: the app's, Coworker)")
     preflight.set_defaults(run=cmd_preflight)
 
 

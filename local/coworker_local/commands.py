@@ -698,7 +698,8 @@ def cmd_preflight(client: ApiClient, args: argparse.Namespace, out: TextIO, err:
 
     try:
         needs = preflight.needs_of(preflight.context_of(Path(args.cdk_json), args.context or []))
-        found = preflight.read_account(*preflight.aws_clients(args.region))
+        found = preflight.read_account(*preflight.aws_clients(args.region),
+                                       stack_name=args.stack_name or preflight.DEFAULT_STACK_NAME)
     except preflight.PreflightError as exc:
         raise UsageError(str(exc)) from None
     results = preflight.checks(needs, found)

@@ -6,7 +6,13 @@ deploy would fail half-way on the worker's reserved concurrency. With AWS creden
 what the account says (Lambda ``GetAccountSettings``, API Gateway ``GetAccount``) and compares it
 with what the stack as configured needs, asking :mod:`coworker_cdk.account` as the synth does.
 
-Calls made (read-only): ``lambda:GetAccountSettings`` and ``apigateway:GET`` on ``/account``.
+Run again once the stack is deployed, its functions' own reservations are among those the account
+reports as taken: an update keeps them rather than asking anew, so they are counted back (read from
+the stack's resources; none when it is not deployed).
+
+Calls made (read-only): ``lambda:GetAccountSettings``, ``apigateway:GET`` on ``/account``,
+``cloudformation:ListStackResources`` on the stack, and ``lambda:GetFunctionConcurrency`` on its
+functions.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pydantic import ValidationError
 EXIT_PASSED: Final = 0
 EXIT_WILL_FAIL: Final = 1
 OK, WILL_FAIL = "ok", "will fail"
+DEFAULT_STACK_NAME: Final = c.STACK_ID  # the app's (app.py) stack
 
 
 class PreflightError(Exception):
@@ -39,6 +46,7 @@ class Account:
     concurrency_quota: int  # Lambda AccountLimit.ConcurrentExecutions
     unreserved: int  # Lambda AccountLimit.UnreservedConcurrentExecutions
     cloudwatch_role_arn: str | None  # API Gateway's account setting
+    stack_reserved: int = 0  # what the stack, when deployed already, reserves now (kept by an update)
 
 
 @dataclass(frozen=True)
@@ -115,9 +123,9 @@ def _flag(context: dict[str, Any], key: str) -> bool | None:
     raise PreflightError(f"context {key} must be true or false, not {value!r}")
 
 
-def aws_clients(region: str | None) -> tuple[Any, Any]:
-    """Lambda and API Gateway clients for ``region`` (else the configured one), with the usual
-    AWS credentials; PreflightError when there are none."""
+def aws_clients(region: str | None) -> tuple[Any, Any, Any]:
+    """Lambda, API Gateway and CloudFormation clients for ``region`` (else the configured one),
+    with the usual AWS credentials; PreflightError when there are none."""
     import boto3
 
     session = boto3.Session(region_name=region)
@@ -127,23 +135,46 @@ def aws_clients(region: str | None) -> tuple[Any, Any]:
                              "`cdk deploy` will use (e.g. AWS_PROFILE=...)")
     if not session.region_name:
         raise PreflightError("no region: pass --region, or set AWS_REGION / AWS_DEFAULT_REGION as for cdk deploy")
-    return session.client("lambda"), session.client("apigateway")
+    return session.client("lambda"), session.client("apigateway"), session.client("cloudformation")
 
 
-def read_account(lambda_client: Any, apigateway_client: Any) -> Account:
-    """The account's Lambda concurrency limits and API Gateway CloudWatch role, in the clients' region."""
+def read_account(lambda_client: Any, apigateway_client: Any, cloudformation_client: Any,
+                 stack_name: str = DEFAULT_STACK_NAME) -> Account:
+    """The account's Lambda concurrency limits and API Gateway CloudWatch role, in the clients'
+    region, and what ``stack_name`` reserves if it is deployed there already."""
     try:
         limits = lambda_client.get_account_settings()["AccountLimit"]
         role = apigateway_client.get_account().get("cloudwatchRoleArn")
+        stack_reserved = _stack_reserved(cloudformation_client, lambda_client, stack_name)
     except ClientError as exc:
         error = exc.response.get("Error", {})
         raise PreflightError(f"AWS refused {exc.operation_name}: {error.get('Code')}: {error.get('Message')} "
-                             "(the preflight needs lambda:GetAccountSettings and apigateway:GET on "
-                             "arn:aws:apigateway:<region>::/account)") from None
+                             "(the preflight needs lambda:GetAccountSettings, apigateway:GET on "
+                             "arn:aws:apigateway:<region>::/account, cloudformation:ListStackResources on the "
+                             "stack and lambda:GetFunctionConcurrency on its functions)") from None
     except BotoCoreError as exc:
         raise PreflightError(f"could not read the account: {exc}") from None
     return Account(region=lambda_client.meta.region_name, concurrency_quota=int(limits["ConcurrentExecutions"]),
-                   unreserved=int(limits["UnreservedConcurrentExecutions"]), cloudwatch_role_arn=role or None)
+                   unreserved=int(limits["UnreservedConcurrentExecutions"]), cloudwatch_role_arn=role or None,
+                   stack_reserved=stack_reserved)
+
+
+def _stack_reserved(cloudformation_client: Any, lambda_client: Any, stack_name: str) -> int:
+    """The concurrent executions the functions of ``stack_name`` reserve now; 0 when no such
+    stack is deployed (a first deploy)."""
+    functions: list[str] = []
+    try:
+        for page in cloudformation_client.get_paginator("list_stack_resources").paginate(StackName=stack_name):
+            functions += [resource["PhysicalResourceId"] for resource in page["StackResourceSummaries"]
+                          if resource["ResourceType"] == "AWS::Lambda::Function"
+                          and resource.get("PhysicalResourceId")]
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        if error.get("Code") == "ValidationError" and "does not exist" in str(error.get("Message")):
+            return 0
+        raise
+    return sum(int(lambda_client.get_function_concurrency(FunctionName=name).get("ReservedConcurrentExecutions", 0))
+               for name in functions)
 
 
 def checks(needs: Needs, found: Account) -> list[Check]:
@@ -181,18 +212,21 @@ def _stated_quota_check(needs: Needs, found: Account) -> list[Check]:
 
 def _unreserved_check(needs: Needs, found: Account) -> Check:
     name = "Lambda unreserved concurrency"
-    left = found.unreserved - needs.reserved
-    have = (f"{found.unreserved} unreserved; reserving {needs.reserved} leaves {left} "
+    # The deployed stack's own reservations are taken already and kept by the update: count them back.
+    available = found.unreserved + found.stack_reserved
+    left = available - needs.reserved
+    own = (f" + {found.stack_reserved} this stack reserves already (an update keeps them)"
+           if found.stack_reserved else "")
+    have = (f"{found.unreserved} unreserved{own}; reserving {needs.reserved} leaves {left} "
             f"(Lambda keeps at least {c.LAMBDA_UNRESERVED_MINIMUM})")
     if left >= c.LAMBDA_UNRESERVED_MINIMUM:
         return Check(name, OK, have)
-    taken = found.concurrency_quota - found.unreserved
+    taken = found.concurrency_quota - available
     if taken <= 0:  # nothing else reserves: the quota itself is short
         return Check(name, WILL_FAIL, f"{have}: the quota is too low (above)")
     return Check(name, WILL_FAIL,
                  f"{have}: other functions in this account and region reserve {taken}. Lower their reserved "
-                 "concurrency or raise the quota (above). If this stack is deployed already, its own "
-                 "reservations are among those and an update needs none anew")
+                 "concurrency or raise the quota (above)")
 
 
 def _role_check(needs: Needs, found: Account) -> Check:

@@ -35,12 +35,15 @@ def aws(monkeypatch, tmp_path):
         yield
 
 
-def lambda_answers(monkeypatch, quota: int = 1000, unreserved: int | None = None, error: str | None = None):
-    """Lambda's GetAccountSettings answers this on the client the command makes."""
+def lambda_answers(monkeypatch, quota: int = 1000, unreserved: int | None = None, error: str | None = None,
+                   deployed: dict[str, int] | None = None):
+    """Lambda's GetAccountSettings answers this on the client the command makes. With
+    ``deployed`` (function name -> its reserved concurrency), the stack is deployed already:
+    CloudFormation lists those functions, and Lambda answers each one's concurrency."""
     made = preflight.aws_clients
 
     def clients(region):
-        lambda_client, apigateway = made(region)
+        lambda_client, apigateway, cloudformation = made(region)
         stub = Stubber(lambda_client)
         if error:
             stub.add_client_error("get_account_settings", service_error_code=error, service_message="not allowed")
@@ -49,8 +52,22 @@ def lambda_answers(monkeypatch, quota: int = 1000, unreserved: int | None = None
                 "TotalCodeSize": 80530636800, "CodeSizeUnzipped": 262144000, "CodeSizeZipped": 52428800,
                 "ConcurrentExecutions": quota,
                 "UnreservedConcurrentExecutions": quota if unreserved is None else unreserved}})
+        if deployed is not None:
+            stack = Stubber(cloudformation)
+            stack.add_response("list_stack_resources", {"StackResourceSummaries": [
+                {"LogicalResourceId": f"Fn{n}", "PhysicalResourceId": name, "ResourceType": "AWS::Lambda::Function",
+                 "LastUpdatedTimestamp": "2026-11-01T00:00:00Z", "ResourceStatus": "UPDATE_COMPLETE"}
+                for n, name in enumerate(deployed)] + [
+                {"LogicalResourceId": "Table", "PhysicalResourceId": "coworker-tasks",
+                 "ResourceType": "AWS::DynamoDB::Table", "LastUpdatedTimestamp": "2026-11-01T00:00:00Z",
+                 "ResourceStatus": "CREATE_COMPLETE"}]}, {"StackName": preflight.DEFAULT_STACK_NAME})
+            stack.activate()
+            for name, reserved in deployed.items():
+                stub.add_response("get_function_concurrency",
+                                  {"ReservedConcurrentExecutions": reserved} if reserved else {},
+                                  {"FunctionName": name})
         stub.activate()
-        return lambda_client, apigateway
+        return lambda_client, apigateway, cloudformation
 
     monkeypatch.setattr(preflight, "aws_clients", clients)
 
@@ -149,6 +166,26 @@ def test_reservations_of_other_functions_fail_the_unreserved_check(aws, monkeypa
     assert code == 1
     assert lines(out)["Lambda unreserved concurrency"] == "WILL FAIL"
     assert "other functions in this account and region reserve 895" in out
+
+
+def test_run_again_on_the_deployed_stack_its_own_reservations_count_as_available(aws, monkeypatch):
+    # Given a quota of 120 of which the deployed stack's worker (12) and coordinator (1) reserve 13,
+    # leaving 107 unreserved: a first deploy of 13 more would leave 94, but an update keeps its own
+    lambda_answers(monkeypatch, quota=120, unreserved=107,
+                   deployed={"Coworker-Worker": 12, "Coworker-Coordinator": 1, "Coworker-Api": 0})
+    code, out, _ = run()
+    assert code == preflight.EXIT_PASSED, out
+    assert lines(out)["Lambda unreserved concurrency"] == "OK"
+    assert "13 this stack reserves already" in out
+
+
+def test_other_functions_reservations_still_fail_a_deployed_stacks_update(aws, monkeypatch):
+    # Given the same deployed stack, and other functions reserving 10 more (97 unreserved)
+    lambda_answers(monkeypatch, quota=120, unreserved=97,
+                   deployed={"Coworker-Worker": 12, "Coworker-Coordinator": 1})
+    code, out, _ = run()
+    assert code == preflight.EXIT_WILL_FAIL
+    assert "other functions in this account and region reserve 10" in out
 
 
 def test_without_the_stacks_role_the_stage_logs_need_the_accounts(aws, monkeypatch):
