@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -122,13 +123,28 @@ def runtime_env(**overrides: str) -> dict[str, str]:
     return env
 
 
+# Flags with which a runtime chooses or keeps its own database: such a runtime starts its own.
+_OWN_DATABASE_FLAGS = ("--db", "--data-dir", "--dynamodb-endpoint")
+
+
 @contextlib.contextmanager
-def _runtimes(tmp_path_factory) -> Iterator:
-    """A ``start(*args, **env)`` for local runtimes; every one started is stopped on leaving."""
+def _runtimes(tmp_path_factory, database) -> Iterator:
+    """A ``start(*args, own_database=False, **env)`` for local runtimes; every one started is
+    stopped on leaving.
+
+    A runtime is pointed at the session's DynamoDB Local (``database``), on a table of its own,
+    unless ``own_database`` or its flags say otherwise: a runtime's own DynamoDB Local is a JVM
+    that costs several CPU-seconds to start and more to warm up, which a test of the runtime's
+    work does not need. The runtime's own database (the default for users) has its own tests,
+    which pass ``own_database=True``.
+    """
     started: list[LocalRuntimeProcess] = []
 
-    def start(*args: str, **env: str) -> LocalRuntimeProcess:
+    def start(*args: str, own_database: bool = False, **env: str) -> LocalRuntimeProcess:
         log = tmp_path_factory.mktemp("local") / "coworker.log"
+        if not own_database and not any(flag in args for flag in _OWN_DATABASE_FLAGS):
+            table = f"coworker-e2e-{uuid.uuid4().hex[:12]}"
+            args = (*args, "--dynamodb-endpoint", database.endpoint, "--table-name", table)
         runtime = LocalRuntimeProcess(list(args), runtime_env(**env), log)
         started.append(runtime)
         return runtime
@@ -147,18 +163,18 @@ def _runtimes(tmp_path_factory) -> Iterator:
 
 
 @pytest.fixture
-def start_runtime(tmp_path_factory) -> Iterator:
+def start_runtime(tmp_path_factory, dynamodb_local_server) -> Iterator:
     """Start local runtimes (``start_runtime("--no-demo", COWORKER_X="1")``); all stopped at the
     end of the test (an idle runtime still ticks, with its database and workers: left running
     to the end of the module, a file's runtimes took a core between them)."""
-    with _runtimes(tmp_path_factory) as start:
+    with _runtimes(tmp_path_factory, dynamodb_local_server) as start:
         yield start
 
 
 @pytest.fixture(scope="module")
-def start_module_runtime(tmp_path_factory) -> Iterator:
+def start_module_runtime(tmp_path_factory, dynamodb_local_server) -> Iterator:
     """Start local runtimes shared by the tests of a module; all stopped at the end of the module."""
-    with _runtimes(tmp_path_factory) as start:
+    with _runtimes(tmp_path_factory, dynamodb_local_server) as start:
         yield start
 
 

@@ -199,7 +199,7 @@ def _alive(pid: int) -> bool:
 def test_the_default_database_is_dynamodb_local_and_dies_with_a_killed_runtime(start_runtime):
     """Given the runtime on its default database, when the runtime alone is SIGKILLed, then its
     DynamoDB Local (a Java child process) and its worker processes do not outlive it."""
-    runtime = start_runtime("--no-demo", COWORKER_WORKER_TIMEOUT_SECONDS="300")
+    runtime = start_runtime("--no-demo", own_database=True, COWORKER_WORKER_TIMEOUT_SECONDS="300")
     database = runtime.get("/local/info").json()["database"]
     if database["backend"] != "dynamodb-local":
         pytest.skip(f"DynamoDB Local cannot run here: {database['description']}")
