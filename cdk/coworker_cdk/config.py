@@ -84,6 +84,9 @@ _DEPLOY_CONTEXT: dict[str, str] = {
     c.CTX_RUNNER_SUBNETS: "runner_subnets",
     c.CTX_RUNNER_SECURITY_GROUPS: "runner_security_groups",
     c.CTX_RUNNER_PUBLIC_IP: "runner_public_ip",
+    c.CTX_EVENT_ARCHIVE_DAYS: "event_archive_days",
+    c.CTX_EVENT_BUS_ACCOUNTS: "event_bus_accounts",
+    c.CTX_STREAM_LAG_ALARM_SECONDS: "stream_lag_alarm_seconds",
 }
 CONTEXT_OPTIONS: dict[str, str] = {**_SETTINGS_CONTEXT, **_DEPLOY_CONTEXT}
 _CONTEXT_KEY: dict[str, str] = {name: key for key, name in CONTEXT_OPTIONS.items()}
@@ -96,6 +99,9 @@ OPTION_NAMES: frozenset[str] = frozenset(CONTEXT_OPTIONS.values())
 # 0 aside), rather than silently left unused.
 _RUNNER_OPTIONS = ("max_runners", "runner_threads", "runner_start_seconds", "runner_cpu", "runner_memory_mb",
                    "runner_cluster", "runner_subnets", "runner_security_groups", "runner_public_ip")
+# Options of the stack's own event bus: refused with a named bus or without events=eventbridge.
+_OWN_BUS_OPTIONS = ("event_archive_days", "event_bus_accounts")
+_ACCOUNT_ID = re.compile(c.ACCOUNT_ID)
 _SUBNET_ID = re.compile(r"subnet-[0-9a-f]{8,17}")
 _SECURITY_GROUP_ID = re.compile(r"sg-[0-9a-f]{8,17}")
 _CLUSTER_NAME = re.compile(r"[A-Za-z0-9_-]{1,255}")
@@ -170,6 +176,12 @@ class StackConfig:
     # The container runner, when the deployment has one (container types, or container_runner=true);
     # its task types are the settings' container_types.
     runner: RunnerConfig | None = None
+    # With events=eventbridge and no eventBus named, the stack makes the bus (its name replaces
+    # settings.event_bus in TaskSystem), its archive and a delivery DLQ for consumers' rules.
+    own_event_bus: bool = False
+    event_archive_days: int = c.DEFAULT_EVENT_ARCHIVE_DAYS
+    event_bus_accounts: tuple[str, ...] = ()  # other accounts the own bus's policy lets put events
+    stream_lag_alarm_seconds: int = c.DEFAULT_STREAM_LAG_ALARM_SECONDS
     # The ``service`` dimension of the functions' metrics (POWERTOOLS_SERVICE_NAME): one per
     # deployment (TaskSystem sets it), so two deployments in an account share no graph or alarm.
     service_name: str = c.SERVICE_NAME
@@ -342,6 +354,10 @@ class StackConfig:
             lambda_concurrency_quota=number("lambda_concurrency_quota", c.DEFAULT_LAMBDA_CONCURRENCY_QUOTA),
             log_retention_days=_log_retention_days(options),
             runner=runner,
+            own_event_bus=_own_event_bus(options, settings),
+            event_archive_days=number("event_archive_days", c.DEFAULT_EVENT_ARCHIVE_DAYS, 0),
+            event_bus_accounts=_ids(options, "event_bus_accounts", _ACCOUNT_ID, "123456789012 (12 digits)"),
+            stream_lag_alarm_seconds=number("stream_lag_alarm_seconds", c.DEFAULT_STREAM_LAG_ALARM_SECONDS),
         )._within_quota()
 
     def _within_quota(self) -> StackConfig:
@@ -456,6 +472,20 @@ def _runner_config(options: dict[str, Any], container_types: tuple[str, ...],
                         public_ip=public_ip if public_ip is not None else not subnets)
 
 
+def _own_event_bus(options: dict[str, Any], settings: Settings) -> bool:
+    """Whether the stack makes the events' bus: with events=eventbridge and no eventBus named. The
+    options of that bus are refused where there is none, rather than silently left unused."""
+    own = settings.events == "eventbridge" and options.get("event_bus") is None
+    given = [name for name in _OWN_BUS_OPTIONS if options.get(name) is not None]
+    if given and not own:
+        why = ("eventBus names a bus of yours, used as it is (its archive and policy are yours to set: "
+               "docs/events.md)" if settings.events == "eventbridge" else f"events is {settings.events}")
+        raise ConfigurationError(
+            f"option {', '.join(given)} configures the event bus the stack makes with events=eventbridge (context "
+            f"{c.CTX_EVENTS}) and no eventBus (context {c.CTX_EVENT_BUS}), which this deployment does not have: {why}")
+    return own
+
+
 def _whole(options: dict[str, Any], name: str, default: int | None, minimum: int = 1) -> int | None:
     """Option ``name`` as a whole number of at least ``minimum`` (``default`` when unset)."""
     value = options.get(name, default)
@@ -541,7 +571,7 @@ def _refuse_overlapping_runs(supervise_seconds: float, schedule_minutes: int) ->
         f"{c.CTX_SCHEDULE_MINUTES} to at least {runs}")
 
 
-def _ids(options: dict[str, Any], name: str, pattern: re.Pattern[str]) -> tuple[str, ...]:
+def _ids(options: dict[str, Any], name: str, pattern: re.Pattern[str], like: str | None = None) -> tuple[str, ...]:
     """Option ``name`` as AWS resource ids: a list, or one string of comma-separated ids. A token
     (an id from a construct of your own app) is taken as it is."""
     value = options.get(name)
@@ -551,8 +581,8 @@ def _ids(options: dict[str, Any], name: str, pattern: re.Pattern[str]) -> tuple[
     ids = tuple(dict.fromkeys(str(item).strip() for item in items if str(item).strip()))
     bad = [item for item in ids if not Token.is_unresolved(item) and not pattern.fullmatch(item)]
     if bad or not ids:
-        raise ConfigurationError(f"option {name} must list ids like {pattern.pattern.split('-')[0]}-0123abcd, "
-                                 f"comma-separated, not {value!r}")
+        like = like or f"{pattern.pattern.split('-')[0]}-0123abcd"
+        raise ConfigurationError(f"option {name} must list ids like {like}, comma-separated, not {value!r}")
     return ids
 
 

@@ -93,7 +93,10 @@ CTX_INLINE_RESULT_BYTES: Final = "inlineResultBytes"
 CTX_INLINE_PAYLOAD_BYTES: Final = "inlinePayloadBytes"
 CTX_STATUS_SHARDS: Final = "statusShards"
 CTX_EVENTS: Final = "events"  # completion events: off | eventbridge | log
-CTX_EVENT_BUS: Final = "eventBus"
+CTX_EVENT_BUS: Final = "eventBus"  # unset: the stack makes its own bus; a name or ARN: that bus, as it is
+CTX_EVENT_ARCHIVE_DAYS: Final = "eventArchiveDays"  # of the stack's own bus's archive; 0 keeps for ever
+CTX_EVENT_BUS_ACCOUNTS: Final = "eventBusAccounts"  # accounts that may put to the stack's own bus
+CTX_STREAM_LAG_ALARM_SECONDS: Final = "streamLagAlarmSeconds"
 CTX_LEGACY_STATUS_INDEX: Final = "legacyStatusIndex"  # "true" while migrating a pre-sharding table
 CTX_WARM_WRITE_UNITS: Final = "warmWriteUnits"  # pre-warmed write units per second (table + index)
 CTX_WARM_READ_UNITS: Final = "warmReadUnits"
@@ -166,6 +169,15 @@ LAMBDA_UNRESERVED_MINIMUM: Final = 100
 MIN_EVENT_AGE_SECONDS: Final = 60
 MAX_EVENT_AGE_SECONDS: Final = 6 * 60 * 60
 
+# --- completion events (events=eventbridge) -------------------------------------------------
+# The archive of the stack's own bus keeps every event this long, for replay to a consumer that
+# missed some (a rule disabled, a target down past EventBridge's 24 h of retries).
+DEFAULT_EVENT_ARCHIVE_DAYS: Final = 30
+# Deliveries a consumer's rule on the stack's bus could not make go to the stack's delivery DLQ
+# (the rule's target names it); SQS keeps a message at most 14 days.
+EVENT_DLQ_RETENTION_DAYS: Final = 14
+ACCOUNT_ID: Final = r"\d{12}"
+
 # --- container runner ----------------------------------------------------------------------
 DEFAULT_RUNNER_CPU: Final = 1024  # 1 vCPU
 DEFAULT_RUNNER_MEMORY_MB: Final = 2048
@@ -205,5 +217,8 @@ DEFAULT_OLDEST_TASK_ALARM_SECONDS: Final = 900
 DEFAULT_IGNORED_ALARM_PERCENT: Final = 5
 IGNORED_ALARM_MIN_ENDED: Final = 10
 IGNORED_ALARM_PERIODS: Final = 3  # of ALARM_PERIOD_MINUTES: a 15-minute window
+# The stream follower's counts this far behind the writes (StreamFollowerLag): batch progress,
+# callbacks and Task Ignored events wait. Keeping up, it lags a tick or two (seconds).
+DEFAULT_STREAM_LAG_ALARM_SECONDS: Final = 300
 DASHBOARD_WIDGET_WIDTH: Final = 12
 DASHBOARD_WIDGET_HEIGHT: Final = 6

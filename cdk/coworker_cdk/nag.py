@@ -13,6 +13,7 @@ from constructs import IConstruct
 
 if TYPE_CHECKING:
     from coworker_cdk.components.api import TaskApi
+    from coworker_cdk.components.event_bus import CompletionEventBus
     from coworker_cdk.components.processing import Processing
     from coworker_cdk.components.results import ResultsBucket
     from coworker_cdk.components.runners import ContainerRunner
@@ -37,9 +38,15 @@ def _arn_of(construct: IConstruct) -> str:
 
 def acknowledge_findings(
     *, tasks: TaskTable, processing: Processing, api: TaskApi, results: ResultsBucket | None,
-    runner: ContainerRunner | None = None,
+    runner: ContainerRunner | None = None, event_bus: CompletionEventBus | None = None,
 ) -> None:
     """Record the accepted findings of a Coworker task system (the parts ``TaskSystem`` builds)."""
+    if event_bus is not None:
+        acknowledge(
+            event_bus.dead_letter_queue,
+            "AwsSolutions-SQS3",
+            "This queue is itself the dead-letter destination of consumers' rules on the events' bus.",
+        )
     _acknowledge_functions(tasks, processing, api)
     _acknowledge_processing(processing, api)
     _acknowledge_rest_api(api)

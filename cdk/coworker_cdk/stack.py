@@ -57,3 +57,15 @@ class CoworkerStack(Stack):
                   description="SNS topic every alarm notifies (ALARM and OK): subscribe e-mail, PagerDuty, Chatbot")
         CfnOutput(self, "WorkerFunctionName", value=system.processing.worker.function.function_name)
         CfnOutput(self, "DeadLetterQueueUrl", value=system.processing.dead_letter_queue.queue_url)
+        if system.events_bus_name is not None and system.events_bus_arn is not None:
+            CfnOutput(self, "EventBusName", value=system.events_bus_name,
+                      description="EventBridge bus of Coworker's completion events (docs/events.md)")
+            CfnOutput(self, "EventBusArn", value=system.events_bus_arn)
+        bus = system.events_bus_name
+        if bus is not None and bus.startswith("arn:") and system.processing.coordinator.function.role is not None:
+            CfnOutput(self, "EventPublisherRoleArn", value=system.processing.coordinator.function.role.role_arn,
+                      description="The role that puts events: a bus in another account must allow it "
+                                  "events:PutEvents in its resource policy (docs/events.md)")
+        if system.event_bus is not None:
+            CfnOutput(self, "EventDeadLetterQueueArn", value=system.event_bus.dead_letter_queue.queue_arn,
+                      description="Dead-letter queue for your rules' targets on the events' bus (DeadLetterConfig)")

@@ -25,6 +25,7 @@ from coworker.capacity import Capacity
 
 from coworker_cdk import constants as c
 from coworker_cdk.components.api import TaskApi
+from coworker_cdk.components.event_bus import CompletionEventBus
 from coworker_cdk.components.layer import CoworkerLayer
 from coworker_cdk.components.monitoring import Monitoring
 from coworker_cdk.components.processing import Processing
@@ -72,6 +73,14 @@ class TaskSystem(Construct):
         self.capacity = Capacity.of(self.config.settings, self.config.warm_write_units)
         Annotations.of(self).add_info(self.capacity.describe())
 
+        # The events' own bus, before the functions: its name is their COWORKER_EVENT_BUS.
+        self.event_bus: CompletionEventBus | None = None
+        if self.config.own_event_bus:
+            self.event_bus = CompletionEventBus(self, "Events", archive_days=self.config.event_archive_days,
+                                                accounts=self.config.event_bus_accounts, removal_policy=removal)
+            settings = self.config.settings.model_copy(update={"event_bus": self.event_bus.bus.event_bus_name})
+            self.config = dataclasses.replace(self.config, settings=settings)
+
         self.tasks = TaskTable(self, "Tasks", removal_policy=removal,
                                legacy_status_index=self.config.legacy_status_index,
                                warm_write_units=self.config.warm_write_units,
@@ -117,9 +126,10 @@ class TaskSystem(Construct):
             rest_api=self.api.rest_api,
             dead_letter_queue=self.processing.dead_letter_queue,
             runners=self.runner is not None,
+            event_delivery_queue=self.event_bus.dead_letter_queue if self.event_bus else None,
         )
         acknowledge_findings(tasks=self.tasks, processing=self.processing, api=self.api, results=self.results,
-                             runner=self.runner)
+                             runner=self.runner, event_bus=self.event_bus)
 
     def _service_name(self) -> str:
         """``coworker-<stack name>``, and ``-<construct id>`` for a system not named Default: the
@@ -127,6 +137,25 @@ class TaskSystem(Construct):
         stack_name = Stack.of(self).stack_name
         name = c.SERVICE_NAME if Token.is_unresolved(stack_name) else f"{c.SERVICE_NAME}-{stack_name}"
         return name if self.node.id == "Default" else f"{name}-{self.node.id}"
+
+    @property
+    def events_bus_name(self) -> str | None:
+        """The bus the coordinator puts events on (the stack's own, or the one named), or ``None``
+        without events=eventbridge."""
+        if self.config.settings.events != "eventbridge":
+            return None
+        return self.config.settings.event_bus
+
+    @property
+    def events_bus_arn(self) -> str | None:
+        """The ARN of :attr:`events_bus_name`'s bus (a name is a bus of the stack's account and region)."""
+        bus = self.events_bus_name
+        if bus is None:
+            return None
+        if self.event_bus is not None:
+            return self.event_bus.bus.event_bus_arn
+        return bus if bus.startswith("arn:") else Stack.of(self).format_arn(
+            service="events", resource="event-bus", resource_name=bus)
 
     @property
     def api_url(self) -> str:

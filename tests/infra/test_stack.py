@@ -531,8 +531,12 @@ def test_dashboard_shows_the_task_metrics(template: Template) -> None:
     runner_metrics = {MetricName.RUNNERS_STARTED, MetricName.RUNNER_START_FAILED, MetricName.BUSY_RUNNERS}
     for name in runner_metrics:
         assert name not in body, name
+    # The events' only with events=eventbridge (tests/infra/test_events_infra.py).
+    events_metrics = {MetricName.EVENTS_PUBLISHED, MetricName.EVENTS_DROPPED}
+    for name in events_metrics:
+        assert f'\\"Coworker\\",\\"{name}\\"' not in body, name
     for name in (
-        *(name for name in library_metrics if name not in runner_metrics),
+        *(name for name in library_metrics if name not in runner_metrics | events_metrics),
         "Throttles",
         "Errors",
         "ReadThrottleEvents",
@@ -574,7 +578,8 @@ def alarm_metric(alarm: dict) -> tuple[str, str, str, int]:
 def test_alarms_watch_the_coordinator_the_backlog_ignored_tasks_the_dlq_and_throttles(template: Template) -> None:
     alarms = alarms_by_id(template)
     assert set(alarms) == {"CoordinatorSilent", "OldestTaskAge", "IgnoredShare", "CoordinatorErrors",
-                           "DeadLetterQueue", "TableThrottles", "WorkerErrors", "ApiServerErrors"}
+                           "DeadLetterQueue", "TableThrottles", "WorkerErrors", "ApiServerErrors",
+                           "StreamFollowerLag"}  # events off: no EventsDropped (tests/infra/test_events_infra.py)
     text = {name: json.dumps(props) for name, props in alarms.items()}
     assert '"MetricName": "Errors"' in text["CoordinatorErrors"]
     assert '"MetricName": "Errors"' in text["WorkerErrors"] and "Worker" in text["WorkerErrors"]

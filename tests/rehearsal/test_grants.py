@@ -531,9 +531,17 @@ class Findings:
                             for role, action, resource in sorted(self.over))])
 
 
+def failure_destination(template: dict[str, Any]) -> str:
+    """The queue the functions' failed asynchronous invocations go to (their EventInvokeConfig):
+    the worker's dead-letter queue, not the events' (a queue for rules on the stack's bus)."""
+    (queue,) = {render(body["Properties"]["DestinationConfig"]["OnFailure"]["Destination"])
+                for body in template["Resources"].values() if body["Type"] == "AWS::Lambda::EventInvokeConfig"}
+    return queue
+
+
 def allowances_of(template: dict[str, Any], targets: Targets) -> dict[str, dict[tuple[str, str], Allowance]]:
     """:data:`ALLOWANCES` with each role's log group, the dead-letter queue and the bucket filled in."""
-    queue = f"{logical_id(template, 'AWS::SQS::Queue')}.Arn"
+    queue = failure_destination(template)
     log_group = {role: f"{function['Properties']['LoggingConfig']['LogGroup']['Ref']}.Arn"
                  for role, function in functions_of(template).items()}
     return {role: {(allowance.action, allowance.resource.format(logs=log_group.get(role), queue=queue,

@@ -52,6 +52,7 @@ class Monitoring(Construct):
         rest_api: apigw.RestApi,
         dead_letter_queue: sqs.IQueue,
         runners: bool = False,
+        event_delivery_queue: sqs.IQueue | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self._table = table
@@ -60,6 +61,7 @@ class Monitoring(Construct):
         self.alarms = self._build_alarms(coordinator, dead_letter_queue, worker, rest_api)
         if runners:  # the container runner: the coordinator's RunTask calls
             self.alarms.append(self._runner_alarm())
+        self.alarms += self._events_alarms(event_delivery_queue)
         for alarm in self.alarms:
             self.notify(alarm)
         if not (config.alarm_email or config.alarm_topic_arn):
@@ -75,6 +77,7 @@ class Monitoring(Construct):
         self.dashboard = self._build_dashboard(coordinator, worker, api_handler, rest_api, dead_letter_queue)
         if runners:
             self.dashboard.add_widgets(*self._runner_widgets())
+        self.dashboard.add_widgets(*self._events_widgets(event_delivery_queue))
 
     # --- metrics -----------------------------------------------------------------------------
     def task_metric(
@@ -293,6 +296,58 @@ class Monitoring(Construct):
                 height=c.DASHBOARD_WIDGET_HEIGHT,
             ),
         ]
+
+    @property
+    def _events_on(self) -> bool:
+        return self._config.settings.events == "eventbridge"
+
+    def _events_alarms(self, delivery_queue: sqs.IQueue | None) -> list[cloudwatch.Alarm]:
+        """The stream follower, which batch counts, callbacks and Task Ignored events wait on; with
+        events=eventbridge, the events it gave up on; with the stack's own bus, its rules' failed
+        deliveries."""
+        lag = self._config.stream_lag_alarm_seconds
+        alarms = [self._alarm(
+            "StreamFollowerLagAlarm",
+            self.task_metric(MetricName.STREAM_FOLLOWER_LAG, cloudwatch.Stats.MAXIMUM, _ALARM_PERIOD),
+            f"The coordinator's stream follower is over {lag} s behind the table's writes (or failing: its "
+            "lag then grows from its last pass that caught up): batch progress, batch callbacks and "
+            "completion events wait. The coordinator's logs say why (throttled counter writes, stream "
+            "reads refused); past 24 h the stream drops records and counts come up short.",
+            threshold=lag,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+        )]
+        if self._events_on:
+            alarms.append(self._alarm(
+                "EventsDroppedAlarm",
+                self.task_metric(MetricName.EVENTS_DROPPED, period=_ALARM_PERIOD),
+                "Task Ignored events were dropped: EventBridge refused them on every one of the publisher's "
+                "attempts (the bus is missing, its policy denies the coordinator, or PutEvents is throttled). "
+                "The coordinator's logs hold each dropped event's detail; consumers never saw them.",
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+                threshold=0,
+            ))
+        if delivery_queue is not None:
+            alarms.append(self._alarm(
+                "EventDeliveryDeadLetterAlarm",
+                delivery_queue.metric_approximate_number_of_messages_visible(
+                    period=_ALARM_PERIOD, statistic=cloudwatch.Stats.MAXIMUM),
+                "A rule on Coworker's event bus could not deliver an event to its target (after EventBridge's "
+                "retries): it waits in the events' dead-letter queue, with the error in its attributes.",
+            ))
+        return alarms
+
+    def _events_widgets(self, delivery_queue: sqs.IQueue | None) -> list[cloudwatch.IWidget]:
+        m = self.task_metric
+        left: list[cloudwatch.IMetric] = [m(MetricName.STREAM_FOLLOWER_LAG, cloudwatch.Stats.MAXIMUM)]
+        right: list[cloudwatch.IMetric] = []
+        if self._events_on:
+            right += [m(MetricName.EVENTS_PUBLISHED), m(MetricName.EVENTS_DROPPED)]
+        if delivery_queue is not None:
+            right.append(delivery_queue.metric_approximate_number_of_messages_visible(
+                period=_MINUTE, statistic=cloudwatch.Stats.MAXIMUM, label="Events dead-letter queue"))
+        title = "Stream follower lag (s)" + (" and completion events" if right else "")
+        return [cloudwatch.GraphWidget(title=title, left=left, right=right,
+                                       width=c.DASHBOARD_WIDGET_WIDTH, height=c.DASHBOARD_WIDGET_HEIGHT)]
 
     # --- dashboard -----------------------------------------------------------------------------
     def _build_dashboard(

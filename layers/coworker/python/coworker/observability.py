@@ -206,4 +206,8 @@ class MetricName:
     RUNNER_START_FAILED = "RunnerStartFailed"  # RunTask refused or failed: its slot freed, tried next tick
     BUSY_RUNNERS = "BusyRunnerSlots"  # runner slots reserved or held, counted by each tick
     SLOT_UPKEEP_FAILED = "SlotUpkeepFailed"  # a run could not create or delete worker/runner slots at its start
+    # Completion events (engine.events) and the stream follower they, batch counts and callbacks depend on.
+    EVENTS_PUBLISHED = "EventsPublished"
+    EVENTS_DROPPED = "EventsDropped"  # Task Ignored events still refused after the publisher's attempts
+    STREAM_FOLLOWER_LAG = "StreamFollowerLag"  # seconds: how far behind the writes the follower's counts are
 

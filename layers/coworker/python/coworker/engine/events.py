@@ -28,7 +28,7 @@ from typing import Any
 
 from coworker.config import Settings
 from coworker.errors import StorageError
-from coworker.observability import logger, metrics
+from coworker.observability import MetricName, logger, metrics
 
 SOURCE = "coworker"
 TASK_IGNORED = "Task Ignored"
@@ -71,7 +71,7 @@ class Publisher:
         else:
             for start in range(0, len(events), ENTRIES_PER_CALL):
                 self._put(events[start:start + ENTRIES_PER_CALL])
-        metrics.add_metric(name="EventsPublished", unit="Count", value=len(events))
+        metrics.add_metric(name=MetricName.EVENTS_PUBLISHED, unit="Count", value=len(events))
 
     def _log(self, events: Sequence[Event]) -> None:
         for event in events:

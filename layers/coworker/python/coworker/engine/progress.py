@@ -54,7 +54,7 @@ from coworker.data.layout import COUNTED_THROUGH_KEY, STREAM_KEY_PREFIX
 from coworker.data.models import BatchModel, ErrorKind, StreamCheckpointModel, TaskModel, utcnow
 from coworker.engine import batches, events
 from coworker.errors import StorageError
-from coworker.observability import logger, metrics
+from coworker.observability import MetricName, logger, metrics
 
 CHECKPOINT_PREFIX = STREAM_KEY_PREFIX
 # GetRecords calls per shard and tick (each up to 1,000 records): bounds a tick's work when the
@@ -93,6 +93,11 @@ class FollowReport:
     changes: int = 0
     batches: int = 0
     behind: bool = False  # stopped at the call budget with records left to read
+    # The write time of the oldest record the pass read (each shard's first), and how far behind
+    # the writes the follower's counts were when it ended (see StreamFollower._lag).
+    oldest_record_at: datetime | None = None
+    lag_seconds: float = 0.0
+    events: int = 0  # Task Ignored events of the records read
 
 
 def _count(image: dict[str, Any] | None) -> tuple[int, int, int]:
@@ -279,6 +284,10 @@ class StreamFollower:
         # The latest settling time of a batch record read, until the watermark passes it.
         self._unsettled: datetime | None = None
         self._watermark_saved_at = 0.0
+        # When the last pass that read every shard to its end began: every write before it is
+        # counted. And the last lag published (an idle follower publishes a zero once).
+        self._caught_up_at: datetime | None = None
+        self._lag_published = 0.0
 
     def _streams(self) -> Any:
         if self._client is None:
@@ -316,16 +325,48 @@ class StreamFollower:
         deadline = time.monotonic() + budget_seconds if budget_seconds is not None else math.inf
         with self._lock:
             started = utcnow()
-            arn = self.stream_arn()
-            if arn is None:
-                logger.error("the task table has no stream: batch progress is not counted",
-                             extra={"table": self.settings.table_name})
-                return report
-            for shard_id in self._shards(arn):
-                self._follow_shard(arn, shard_id, report, now or utcnow(), deadline)
-            if not report.behind:
-                self._advance_watermark(started - timedelta(seconds=self.settings.effective_stream_lag_seconds))
+            caught_up = False
+            try:
+                arn = self.stream_arn()
+                if arn is None:
+                    logger.error("the task table has no stream: batch progress is not counted",
+                                 extra={"table": self.settings.table_name})
+                    return report
+                for shard_id in self._shards(arn):
+                    self._follow_shard(arn, shard_id, report, now or utcnow(), deadline)
+                if not report.behind:
+                    self._advance_watermark(started - timedelta(seconds=self.settings.effective_stream_lag_seconds))
+                    caught_up = True
+            finally:  # a pass that fails is behind too: its lag grows until one catches up
+                self._lag(report, started, caught_up)
         return report
+
+    def _lag(self, report: FollowReport, started: datetime, caught_up: bool) -> None:
+        """Publish how far behind the writes the counts are (``StreamFollowerLag``, seconds), what
+        batch progress, callbacks and Task Ignored events wait on:
+
+        * a pass that read every shard to its end: the age of the oldest record it read (a
+          second or two when keeping up; the backlog's age once, after catching up), 0 if none;
+        * a pass cut short or failed: the time since the last pass that caught up began (every
+          write before it is counted), else since the oldest record read, else since it began.
+
+        Published by a pass that counted a batch change or read a Task Ignored event, by one cut
+        short or failed, and once more (0) by the first pass with nothing to count after them: a
+        follower reading only writes nobody waits on (its own checkpoints, tasks outside batches)
+        publishes nothing, as an idle coordinator publishes only its ticks."""
+        now = utcnow()
+        if caught_up:
+            since = report.oldest_record_at or now
+            self._caught_up_at = started
+        else:
+            since = self._caught_up_at or report.oldest_record_at or started
+        report.lag_seconds = max(0.0, (now - since).total_seconds())
+        waited_on = not caught_up or report.changes or report.events
+        if not waited_on:
+            report.lag_seconds = 0.0
+        if waited_on or self._lag_published > 0:
+            metrics.add_metric(name=MetricName.STREAM_FOLLOWER_LAG, unit="Seconds", value=report.lag_seconds)
+            self._lag_published = report.lag_seconds
 
     def _advance_watermark(self, counted_through: datetime) -> None:
         """Every shard was read to its end after ``counted_through`` + the stream's lag: every
@@ -392,6 +433,9 @@ class StreamFollower:
                 break
             records = answer.get("Records", [])
             report.records += len(records)
+            first_at = _record_time(records[0]["dynamodb"]) if records else None
+            if first_at is not None and (report.oldest_record_at is None or first_at < report.oldest_record_at):
+                report.oldest_record_at = first_at  # a shard's records come in order: its first is its oldest
             for record in records:
                 last_sequence = record["dynamodb"]["SequenceNumber"]
                 change = change_of(record)
@@ -426,6 +470,7 @@ class StreamFollower:
                 place.iterator, place.ended = None, False
                 report.behind = True
                 return
+        report.events += len(ignored)
         self._publish(publisher, ignored)
         advanced = last_sequence != place.read_through
         place.read_through = last_sequence
@@ -443,7 +488,7 @@ class StreamFollower:
         except StorageError:
             logger.exception("could not publish task events; dropped",
                              extra={"events": [event.detail for event in ignored]})
-            metrics.add_metric(name="EventsDropped", unit="Count", value=len(ignored))
+            metrics.add_metric(name=MetricName.EVENTS_DROPPED, unit="Count", value=len(ignored))
 
     def _save(self, shard_id: str, place: _ShardPlace, now: datetime) -> None:
         StreamCheckpointModel(CHECKPOINT_PREFIX + shard_id, read_through=place.read_through, ended=place.ended,

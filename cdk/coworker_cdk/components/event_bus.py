@@ -1,0 +1,89 @@
+"""The completion events' own bus (events=eventbridge, no eventBus named): the bus, its archive,
+the accounts its policy lets put events, and a dead-letter queue for consumers' rules.
+
+The stack makes no rule: what reacts to Task Ignored or Batch Completed is the consumer's (its
+pattern, its target, its retry policy). A consumer's rule on this bus names the delivery DLQ
+in its target's ``DeadLetterConfig``; the queue's policy lets only rules on this bus send to it,
+and an alarm fires on its first message. docs/events.md says how.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import aws_events as events
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from coworker_cdk import constants as c
+
+EVENTS_SERVICE = "events.amazonaws.com"
+
+
+class CompletionEventBus(Construct):
+    """A custom bus for Coworker's events, archived, with its delivery dead-letter queue.
+
+    The bus and its archive go with the stack whatever the removal policy: the bus holds no
+    events, a bus's name cannot be taken again while a retained one has it (the next deploy would
+    fail), and an archive replays only to its own bus.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        archive_days: int,
+        accounts: Sequence[str] = (),
+        removal_policy: RemovalPolicy,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.bus = events.EventBus(self, "Bus", description="Coworker completion events (docs/events.md)")
+        self.archive = self._build_archive(archive_days)
+        if accounts:
+            self._allow_accounts(accounts)
+        self.dead_letter_queue = self._build_dead_letter_queue(removal_policy)
+
+    def _build_archive(self, days: int) -> events.Archive:
+        # Every event on the bus (Coworker's and whatever the allowed accounts put): an empty
+        # prefix matches every source. 0 days keeps them for ever, as EventBridge reads it.
+        return events.Archive(
+            self,
+            "Archive",
+            source_event_bus=self.bus,
+            description="Every event on Coworker's bus, for replay (docs/events.md)",
+            event_pattern=events.EventPattern(source=events.Match.prefix("")),
+            retention=Duration.days(days),
+        )
+
+    def _allow_accounts(self, accounts: Sequence[str]) -> None:
+        """The bus's resource policy: these accounts may put events on it (a rule of theirs that
+        targets it, or their own PutEvents)."""
+        self.bus.add_to_resource_policy(iam.PolicyStatement(
+            sid="OtherAccountsPutEvents",
+            principals=[iam.AccountPrincipal(account) for account in accounts],
+            actions=["events:PutEvents"],
+            resources=[self.bus.event_bus_arn],
+        ))
+
+    def _build_dead_letter_queue(self, removal_policy: RemovalPolicy) -> sqs.Queue:
+        queue = sqs.Queue(
+            self,
+            "DeliveryDeadLetterQueue",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,  # EventBridge cannot use the AWS-managed KMS key
+            enforce_ssl=True,
+            retention_period=Duration.days(c.EVENT_DLQ_RETENTION_DAYS),
+            removal_policy=removal_policy,
+        )
+        rules_on_bus = Stack.of(self).format_arn(
+            service="events", resource="rule", resource_name=f"{self.bus.event_bus_name}/*")
+        queue.add_to_resource_policy(iam.PolicyStatement(
+            sid="RulesOnCoworkerBusDeadLetter",
+            principals=[iam.ServicePrincipal(EVENTS_SERVICE)],
+            actions=["sqs:SendMessage"],
+            resources=[queue.queue_arn],
+            conditions={"ArnLike": {"aws:SourceArn": rules_on_bus}},
+        ))
+        return queue
