@@ -78,8 +78,15 @@ class TaskSystem(Construct):
         # The customer-managed key (option kms_key_arn): the table, the results bucket, the dead-letter
         # queue, the stack's alarm topic and every log group are encrypted with it. Imported: the
         # stack neither owns nor edits its policy (docs/deploy.md, Regulated accounts, says what it allows).
-        self.key: kms.IKey | None = (kms.Key.from_key_arn(self, "CustomerKey", self.config.kms_key_arn)
-                                     if self.config.kms_key_arn else None)
+        self.key: kms.IKey | None = None
+        if self.config.kms_key_arn:
+            self.key = kms.Key.from_key_arn(self, "CustomerKey", self.config.kms_key_arn)
+            # What the stack cannot check, said at every synth: without it a log group's create fails.
+            Annotations.of(self).add_info(
+                "Coworker encrypts its table, bucket, queue, alarm topic and log groups with "
+                f"{self.config.kms_key_arn}: its key policy must let CloudWatch Logs (logs.<region>.amazonaws.com) "
+                "and CloudWatch alarms (cloudwatch.amazonaws.com) use it, or the first log group's create fails and "
+                "the stack rolls back (docs/deploy.md, Regulated accounts)")
         self.tasks = TaskTable(self, "Tasks", removal_policy=removal,
                                legacy_status_index=self.config.legacy_status_index,
                                warm_write_units=self.config.warm_write_units,

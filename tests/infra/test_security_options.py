@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from aws_cdk import App, Environment, Stack
-from aws_cdk.assertions import Match, Template
+from aws_cdk.assertions import Annotations, Match, Template
 from cdk_nag import AwsSolutionsChecks
 from coworker.errors import ConfigurationError
 from coworker_cdk import TaskSystem
@@ -42,11 +42,11 @@ def refused(**context: object) -> str:
 
 
 @pytest.fixture(scope="module")
-def secure(synthesize) -> tuple[Template, dict[str, Any]]:
+def secure(synthesize) -> tuple[Template, dict[str, Any], Stack]:
     """The stack with every option of this file (and the container runner), checked by cdk-nag."""
     stack, assembly = synthesize(SECURE, plugins=lambda app: [AwsSolutionsChecks(app)])
     report = json.loads((Path(assembly.directory) / "validation-report.json").read_text())
-    return Template.from_json(assembly.get_stack_by_name(stack.stack_name).template), report
+    return Template.from_json(assembly.get_stack_by_name(stack.stack_name).template), report, stack
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +153,7 @@ def test_a_key_or_web_acl_of_another_region_is_refused_when_the_stack_has_one(op
 
 
 def test_the_customer_key_encrypts_the_table_bucket_queue_topic_and_every_log_group(secure) -> None:
-    template, _ = secure
+    template, *_ = secure
     # the table: SSE of type KMS, the key named on its replica
     template.has_resource_properties("AWS::DynamoDB::GlobalTable", {
         "SSESpecification": {"SSEEnabled": True, "SSEType": "KMS"},
@@ -175,7 +175,7 @@ def test_the_customer_key_encrypts_the_table_bucket_queue_topic_and_every_log_gr
 
 
 def test_each_role_that_touches_encrypted_data_may_use_the_key_and_no_more(secure) -> None:
-    template, _ = secure
+    template, *_ = secure
     grants = _key_grants(template)
     functions = template.find_resources("AWS::Lambda::Function")
     function_roles = {f["Properties"]["Role"]["Fn::GetAtt"][0] for f in functions.values()}
@@ -192,7 +192,7 @@ def test_each_role_that_touches_encrypted_data_may_use_the_key_and_no_more(secur
 
 
 def test_the_web_acl_is_associated_with_the_api_stage(secure) -> None:
-    template, _ = secure
+    template, *_ = secure
     (stage_id,) = template.find_resources("AWS::ApiGateway::Stage")
     (association,) = template.find_resources("AWS::WAFv2::WebACLAssociation").values()
     assert association["Properties"]["WebACLArn"] == WEB_ACL
@@ -200,7 +200,7 @@ def test_the_web_acl_is_associated_with_the_api_stage(secure) -> None:
 
 
 def test_a_private_api_is_invoked_through_its_vpc_endpoints_only(secure) -> None:
-    template, _ = secure
+    template, *_ = secure
     (api,) = template.find_resources("AWS::ApiGateway::RestApi").values()
     properties = api["Properties"]
     assert properties["EndpointConfiguration"] == {"Types": ["PRIVATE"], "VpcEndpointIds": ENDPOINT_IDS}
@@ -226,10 +226,19 @@ def test_with_iam_authorization_a_private_api_allows_this_accounts_signed_caller
 
 
 def test_cdk_nag_passes_and_the_waf_finding_is_no_longer_acknowledged(secure) -> None:
-    _, report = secure
+    _, report, _ = secure
     (plugin,) = [r for r in report["pluginReports"] if r["pluginName"] == "AwsSolutions"]
     assert plugin["conclusion"] == "success" and plugin["violations"] == []
     assert "AwsSolutions-APIG3" not in {finding["ruleName"] for finding in plugin["suppressedViolations"]}
+
+
+def test_every_synth_says_what_the_keys_policy_must_allow(secure) -> None:
+    # The stack imports the key and cannot edit its policy: the deployer is told what it needs.
+    *_, stack = secure
+    Annotations.from_stack(stack).has_info("*", Match.string_like_regexp(
+        r"encrypts its table, bucket, queue, alarm topic and log groups with arn:aws:kms:.*logs\.<region>\."
+        r"amazonaws\.com.*cloudwatch\.amazonaws\.com"))
+    Annotations.from_stack(stack).has_no_warning("*", Match.string_like_regexp("kms|KMS|key policy"))
 
 
 # --- without the options, the template is as before ---------------------------------------------
