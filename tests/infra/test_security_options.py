@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from aws_cdk import App, Environment, Stack
+from aws_cdk import aws_kms as kms
 from aws_cdk.assertions import Annotations, Match, Template
 from cdk_nag import AwsSolutionsChecks
 from coworker.errors import ConfigurationError
@@ -96,6 +97,13 @@ def test_a_malformed_kms_key_arn_is_refused(value: str) -> None:
 ])
 def test_a_key_arn_is_taken(value: str) -> None:
     assert config(**{c.CTX_KMS_KEY: f" {value} "}).kms_key_arn == value
+
+
+def test_a_key_of_your_own_cdk_app_is_taken_as_it_is() -> None:
+    # Given a key made in the deployer's own app: its ARN is a token until deploy
+    key = kms.Key(Stack(App(), "Own"), "Key")
+    # When TaskSystem's options name it, then it is taken unchecked (CloudFormation resolves it)
+    assert StackConfig.from_options(handlers="examples", kms_key_arn=key.key_arn).kms_key_arn == key.key_arn
 
 
 @pytest.mark.parametrize("value", [
