@@ -87,6 +87,10 @@ _DEPLOY_CONTEXT: dict[str, str] = {
     c.CTX_EVENT_ARCHIVE_DAYS: "event_archive_days",
     c.CTX_EVENT_BUS_ACCOUNTS: "event_bus_accounts",
     c.CTX_STREAM_LAG_ALARM_SECONDS: "stream_lag_alarm_seconds",
+    c.CTX_KMS_KEY: "kms_key_arn",
+    c.CTX_WAF_WEB_ACL: "waf_web_acl_arn",
+    c.CTX_API_ENDPOINT: "api_endpoint",
+    c.CTX_API_VPC_ENDPOINTS: "api_vpc_endpoint_ids",
 }
 CONTEXT_OPTIONS: dict[str, str] = {**_SETTINGS_CONTEXT, **_DEPLOY_CONTEXT}
 _CONTEXT_KEY: dict[str, str] = {name: key for key, name in CONTEXT_OPTIONS.items()}
@@ -105,6 +109,14 @@ _ACCOUNT_ID = re.compile(c.ACCOUNT_ID)
 _SUBNET_ID = re.compile(r"subnet-[0-9a-f]{8,17}")
 _SECURITY_GROUP_ID = re.compile(r"sg-[0-9a-f]{8,17}")
 _CLUSTER_NAME = re.compile(r"[A-Za-z0-9_-]{1,255}")
+# A key by its ARN (a single-Region key's id is a UUID, a multi-Region key's mrk-<32 hex>): IAM grants
+# and the services take the key's ARN, not an alias's.
+_KMS_KEY_ARN = re.compile(r"arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/(?:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-"
+                          r"[0-9a-f]{4}-[0-9a-f]{12}|mrk-[0-9a-f]{32})")
+# A regional web ACL (API Gateway takes no CLOUDFRONT-scoped one, arn:...:global/webacl/...).
+_WEB_ACL_ARN = re.compile(r"arn:aws[a-z-]*:wafv2:[a-z0-9-]+:\d{12}:regional/webacl/[A-Za-z0-9_-]{1,128}/"
+                          r"[0-9a-f-]{36}")
+_VPC_ENDPOINT_ID = re.compile(r"vpce-[0-9a-f]{8,17}")
 _CLUSTER_ARN = re.compile(r"arn:aws[a-z-]*:ecs:[a-z0-9-]+:\d{12}:cluster/[A-Za-z0-9_-]{1,255}")
 # Context keys that no longer exist -> what replaced them (a stale cdk.json fails loudly).
 _RETIRED_CONTEXT: dict[str, str] = {
@@ -173,6 +185,12 @@ class StackConfig:
     warm_read_units: int | None = None
     lambda_concurrency_quota: int = c.DEFAULT_LAMBDA_CONCURRENCY_QUOTA  # the account's, as the deployer says
     log_retention_days: int = c.DEFAULT_LOG_RETENTION_DAYS  # of every log group the stack makes
+    # A customer-managed key (by ARN) for the table, the results bucket, the dead-letter queue, the
+    # stack's alarm topic and every log group; unset, each is encrypted with an AWS-owned or managed key.
+    kms_key_arn: str | None = None
+    waf_web_acl_arn: str | None = None  # a regional WAFv2 web ACL the API's stage is associated with
+    api_endpoint: str = c.API_ENDPOINT_REGIONAL  # or private: reached only through api_vpc_endpoint_ids
+    api_vpc_endpoint_ids: tuple[str, ...] = ()
     # The container runner, when the deployment has one (container types, or container_runner=true);
     # its task types are the settings' container_types.
     runner: RunnerConfig | None = None
@@ -353,6 +371,13 @@ class StackConfig:
             warm_read_units=number("warm_read_units", None, c.MIN_WARM_READ_UNITS),
             lambda_concurrency_quota=number("lambda_concurrency_quota", c.DEFAULT_LAMBDA_CONCURRENCY_QUOTA),
             log_retention_days=_log_retention_days(options),
+            kms_key_arn=_arn(options, "kms_key_arn", _KMS_KEY_ARN,
+                             "a customer-managed KMS key's ARN, arn:aws:kms:<region>:<account>:key/<key id> (not an "
+                             "alias: IAM grants and the services take the key itself)"),
+            waf_web_acl_arn=_arn(options, "waf_web_acl_arn", _WEB_ACL_ARN,
+                                 "a regional WAFv2 web ACL's ARN, arn:aws:wafv2:<region>:<account>:regional/webacl/"
+                                 "<name>/<id> (API Gateway takes no CLOUDFRONT-scoped, global, web ACL)"),
+            **_api_endpoint(options),
             runner=runner,
             own_event_bus=_own_event_bus(options, settings),
             event_archive_days=number("event_archive_days", c.DEFAULT_EVENT_ARCHIVE_DAYS, 0),
@@ -533,6 +558,47 @@ def _log_retention_days(options: dict[str, Any]) -> int:
     return days
 
 
+def _arn(options: dict[str, Any], name: str, pattern: re.Pattern[str], what: str) -> str | None:
+    """Option ``name`` as an ARN that ``pattern`` matches (a token, from a construct of your own app,
+    is taken as it is), or ``None`` when unset."""
+    value = options.get(name)
+    if value is None:
+        return None
+    arn = str(value).strip()
+    if not (Token.is_unresolved(arn) or pattern.fullmatch(arn)):
+        raise ConfigurationError(f"option {name} (context {_CONTEXT_KEY[name]}) must be {what}, not {value!r}")
+    return arn
+
+
+def _api_endpoint(options: dict[str, Any]) -> dict[str, Any]:
+    """Options api_endpoint and api_vpc_endpoint_ids: a private API is reached only through the
+    interface VPC endpoints listed, so it takes them; a regional one takes none."""
+    endpoint = str(options.get("api_endpoint") or c.API_ENDPOINT_REGIONAL).strip().lower()
+    if endpoint not in (c.API_ENDPOINT_REGIONAL, c.API_ENDPOINT_PRIVATE):
+        raise ConfigurationError(f"option api_endpoint (context {c.CTX_API_ENDPOINT}) must be "
+                                 f"{c.API_ENDPOINT_REGIONAL} or {c.API_ENDPOINT_PRIVATE}, "
+                                 f"not {options['api_endpoint']!r}")
+    given = options.get("api_vpc_endpoint_ids")
+    if endpoint == c.API_ENDPOINT_REGIONAL:
+        if given is not None:
+            raise ConfigurationError(
+                f"option api_vpc_endpoint_ids (context {c.CTX_API_VPC_ENDPOINTS}) names the VPC endpoints of a "
+                f"private API, and api_endpoint (context {c.CTX_API_ENDPOINT}) is {c.API_ENDPOINT_REGIONAL}: set "
+                f"{c.CTX_API_ENDPOINT}={c.API_ENDPOINT_PRIVATE}, or leave {c.CTX_API_VPC_ENDPOINTS} unset")
+        return {"api_endpoint": endpoint, "api_vpc_endpoint_ids": ()}
+    problem = (f"option api_vpc_endpoint_ids (context {c.CTX_API_VPC_ENDPOINTS}) must list the interface VPC "
+               "endpoints (com.amazonaws.<region>.execute-api) a private API is called through, as ids like "
+               "vpce-0123456789abcdef0, comma-separated")
+    if given is None:
+        raise ConfigurationError(f"{problem}: api_endpoint (context {c.CTX_API_ENDPOINT}) is "
+                                 f"{c.API_ENDPOINT_PRIVATE}, and a private API without them can be called by nobody")
+    try:
+        ids = _ids(options, "api_vpc_endpoint_ids", _VPC_ENDPOINT_ID)
+    except ConfigurationError:
+        raise ConfigurationError(f"{problem}, not {given!r}") from None
+    return {"api_endpoint": endpoint, "api_vpc_endpoint_ids": ids}
+
+
 def _api_logs(options: dict[str, Any], cloudwatch_role: bool) -> bool:
     """Whether the API stage writes access logs. API Gateway writes them only in an
     account (and region) whose settings name a CloudWatch role, else the stage's create fails and
@@ -621,6 +687,11 @@ def _refuse_unknown_context(context: dict[str, Any]) -> None:
             hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         raise ConfigurationError(f"unknown context key {', '.join(hints)}; Coworker's keys are "
                                  f"{', '.join(sorted(CONTEXT_OPTIONS))} (docs/deploy.md)")
+
+
+def context_key(name: str) -> str:
+    """The context key of option ``name`` (``kms_key_arn`` -> ``kmsKeyArn``)."""
+    return _CONTEXT_KEY[name]
 
 
 def _did_you_mean(name: str) -> str:

@@ -112,6 +112,11 @@ CTX_ALARM_TOPIC: Final = "alarmTopic"
 CTX_SILENCE_ALARM_MINUTES: Final = "coordinatorSilenceAlarmMinutes"
 CTX_OLDEST_TASK_ALARM_SECONDS: Final = "oldestTaskAlarmSeconds"
 CTX_IGNORED_ALARM_PERCENT: Final = "ignoredAlarmPercent"
+# What a regulated account asks of the stack (docs/deploy.md, Regulated accounts).
+CTX_KMS_KEY: Final = "kmsKeyArn"  # a customer-managed KMS key for the table, bucket, queue, topic and logs
+CTX_WAF_WEB_ACL: Final = "wafWebAclArn"  # a regional WAFv2 web ACL associated with the API's stage
+CTX_API_ENDPOINT: Final = "apiEndpoint"  # "regional" | "private"
+CTX_API_VPC_ENDPOINTS: Final = "apiVpcEndpointIds"  # vpce-... ids, comma-separated: the private API's callers
 # The container runner (ECS Fargate), for task types longer than Lambda allows.
 CTX_CONTAINER_RUNNER: Final = "containerRunner"  # unset: built when a type runs on it; "true" | "false"
 CTX_MAX_RUNNERS: Final = "maxRunners"
@@ -126,6 +131,8 @@ CTX_RUNNER_PUBLIC_IP: Final = "runnerPublicIp"  # "true" | "false"
 
 API_AUTH_KEY: Final = "api-key"
 API_AUTH_IAM: Final = "iam"
+API_ENDPOINT_REGIONAL: Final = "regional"
+API_ENDPOINT_PRIVATE: Final = "private"
 REMOVAL_RETAIN: Final = "retain"
 REMOVAL_DESTROY: Final = "destroy"
 LAYER_DEPS_INSTALL: Final = "install"

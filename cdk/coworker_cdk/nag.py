@@ -130,11 +130,13 @@ def _acknowledge_rest_api(api: TaskApi) -> None:
         if api.access_logs is not None else
         "No API Gateway logs (apiLogs=false): the account has no CloudWatch role for API Gateway.",
     )
-    acknowledge(
-        rest_api,
-        "AwsSolutions-APIG3",
-        "No WAF web ACL: the stage throttles the API; add WAF for public exposure.",
-    )
+    if api.web_acl_association is None:  # wafWebAclArn associates the team's web ACL with the stage
+        acknowledge(
+            rest_api,
+            "AwsSolutions-APIG3",
+            "No WAF web ACL given: the stage throttles the API; deploy with wafWebAclArn=<your regional web "
+            "ACL's ARN> for public exposure (docs/deploy.md, Regulated accounts).",
+        )
     acknowledge(
         rest_api,
         f"AwsSolutions-IAM4[{API_GATEWAY_LOGS_POLICY}]",

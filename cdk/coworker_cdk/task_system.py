@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from aws_cdk import Annotations, Aws, RemovalPolicy, Stack, Token
+from aws_cdk import aws_kms as kms
 from constructs import Construct
 from coworker.capacity import Capacity
+from coworker.errors import ConfigurationError
 
 from coworker_cdk import constants as c
 from coworker_cdk.components.api import TaskApi
@@ -32,7 +34,7 @@ from coworker_cdk.components.processing import Processing
 from coworker_cdk.components.results import ResultsBucket
 from coworker_cdk.components.runners import ContainerRunner
 from coworker_cdk.components.table import TaskTable
-from coworker_cdk.config import StackConfig
+from coworker_cdk.config import StackConfig, context_key
 from coworker_cdk.nag import acknowledge_findings
 
 
@@ -73,20 +75,37 @@ class TaskSystem(Construct):
         self.capacity = Capacity.of(self.config.settings, self.config.warm_write_units)
         Annotations.of(self).add_info(self.capacity.describe())
 
+        self._refuse_another_region()
+        # The customer-managed key (option kms_key_arn): the table, the results bucket, the dead-letter
+        # queue, the stack's alarm topic and every log group are encrypted with it. Imported: the
+        # stack neither owns nor edits its policy (docs/deploy.md, Regulated accounts, says what it allows).
+        self.key: kms.IKey | None = None
+        if self.config.kms_key_arn:
+            self.key = kms.Key.from_key_arn(self, "CustomerKey", self.config.kms_key_arn)
+            # What the stack cannot check, said at every synth: without it a log group's create fails.
+            Annotations.of(self).add_info(
+                "Coworker encrypts its table, bucket, queue, alarm topic and log groups with "
+                f"{self.config.kms_key_arn}: its key policy must let CloudWatch Logs (logs.<region>.amazonaws.com) "
+                "and CloudWatch alarms (cloudwatch.amazonaws.com) use it"
+                + (", and EventBridge (events.amazonaws.com) for the events' bus, archive and queue"
+                   if self.config.own_event_bus else "")
+                + ", or the first log group's create fails and the stack rolls back (docs/deploy.md, Regulated "
+                "accounts)")
         # The events' own bus, before the functions: its name is their COWORKER_EVENT_BUS.
         self.event_bus: CompletionEventBus | None = None
         if self.config.own_event_bus:
             self.event_bus = CompletionEventBus(self, "Events", archive_days=self.config.event_archive_days,
-                                                accounts=self.config.event_bus_accounts, removal_policy=removal)
+                                                accounts=self.config.event_bus_accounts, removal_policy=removal,
+                                                key=self.key)
             settings = self.config.settings.model_copy(update={"event_bus": self.event_bus.bus.event_bus_name})
             self.config = dataclasses.replace(self.config, settings=settings)
 
         self.tasks = TaskTable(self, "Tasks", removal_policy=removal,
                                legacy_status_index=self.config.legacy_status_index,
                                warm_write_units=self.config.warm_write_units,
-                               warm_read_units=self.config.warm_read_units)
+                               warm_read_units=self.config.warm_read_units, encryption_key=self.key)
         self.results = (
-            ResultsBucket(self, "Results", retention_days=self.config.settings.retention_days)
+            ResultsBucket(self, "Results", retention_days=self.config.settings.retention_days, encryption_key=self.key)
             if self.config.results_bucket else None
         )
         results_bucket = self.results.bucket if self.results else None
@@ -103,6 +122,7 @@ class TaskSystem(Construct):
             layer=self.layer.layer,
             functions_dir=functions_dir,
             removal_policy=removal,
+            key=self.key,
         )
         self.processing = Processing(self, "Processing", results_bucket=results_bucket, **shared)
         # Task types longer than Lambda allows (or that ask for it) run on ECS Fargate, started by
@@ -111,7 +131,8 @@ class TaskSystem(Construct):
         if self.config.runner is not None:
             self.runner = ContainerRunner(self, "Runners", config=self.config, runner=self.config.runner,
                                           table=self.tasks.table, removal_policy=removal,
-                                          runner_dir=functions_dir / c.RUNNER_DIR_NAME, results_bucket=results_bucket)
+                                          runner_dir=functions_dir / c.RUNNER_DIR_NAME, results_bucket=results_bucket,
+                                          key=self.key)
             self.runner.allow_start(self.processing.coordinator.function)
         self.api = TaskApi(self, "Api", worker=self.processing.worker.function, results_bucket=results_bucket,
                            **shared)
@@ -127,9 +148,23 @@ class TaskSystem(Construct):
             dead_letter_queue=self.processing.dead_letter_queue,
             runners=self.runner is not None,
             event_delivery_queue=self.event_bus.dead_letter_queue if self.event_bus else None,
+            key=self.key,
         )
         acknowledge_findings(tasks=self.tasks, processing=self.processing, api=self.api, results=self.results,
                              runner=self.runner, event_bus=self.event_bus)
+
+    def _refuse_another_region(self) -> None:
+        """The key and the web ACL must be in the stack's region (KMS keys, but for multi-Region
+        replicas, and regional web ACLs serve their own region only): refused at synth when both
+        regions are known, rather than at deploy, half-way through."""
+        region = Stack.of(self).region
+        for name, arn in (("kms_key_arn", self.config.kms_key_arn), ("waf_web_acl_arn", self.config.waf_web_acl_arn)):
+            if arn is None or Token.is_unresolved(region) or Token.is_unresolved(arn):
+                continue
+            if arn.split(":")[3] != region:
+                raise ConfigurationError(f"option {name} (context {context_key(name)}) is in region "
+                                         f"{arn.split(':')[3]}, and the stack deploys to {region}: give one of "
+                                         f"{region}")
 
     def _service_name(self) -> str:
         """``coworker-<stack name>``, and ``-<construct id>`` for a system not named Default: the

@@ -88,6 +88,7 @@ OPTION_SETS: dict[str, dict[str, str]] = {
     "events": {c.CTX_EVENTS: "eventbridge"},
     "no-bucket": {c.CTX_RESULTS_BUCKET: "false"},
     "iam-auth": {c.CTX_API_AUTH: c.API_AUTH_IAM},
+    "kms": {c.CTX_KMS_KEY: "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"},
 }
 WITH_RUNNER = {c.CTX_CONTAINER_RUNNER: "true"}
 # Environment variables that change nothing the code calls (see the module's docstring).
@@ -98,7 +99,8 @@ NOT_CALLING = {"COWORKER_API_AUTH"}
 class Allowance:
     """A grant the exact check accepts though no call names it literally. ``resource`` is in the
     template's vocabulary, with ``{logs}`` (the function's log group), ``{queue}`` (the dead-letter
-    queue) and ``{bucket}`` filled in. ``called``: a wildcard over names the code makes at run time,
+    queue), ``{bucket}`` and ``{key}`` (the customer-managed key, option kmsKeyArn; an allowance on
+    it counts only in a stack that has one) filled in. ``called``: a wildcard over names the code makes at run time,
     accepted only when some call of the role falls under it; otherwise a grant the code never uses
     but AWS's service does with the role, which every function role must hold as written."""
 
@@ -113,6 +115,10 @@ _XRAY = "Lambda's service sends the function's traces with its role; X-Ray's act
 _DLQ = "Lambda's service sends a failed asynchronous event to the dead-letter queue with the function's role"
 _OBJECTS = ("object names are made at run time (a hash of the task key, then the attempt and the owner): "
             "the object prefix is the narrowest resource that holds them")
+_KEY = ("the customer-managed key (kmsKeyArn) encrypts the table, the bucket and the dead-letter queue: DynamoDB, S3 "
+        "and SQS (and Lambda's service, for the queue) ask KMS for a data key to write and for its decryption to read "
+        "with the caller's rights; the code never calls KMS itself")
+KEY_USE = [Allowance(action, "{key}", _KEY) for action in ("kms:Decrypt", "kms:GenerateDataKey")]
 LAMBDA_SERVICE = [Allowance("logs:CreateLogStream", "{logs}", _LOGS), Allowance("logs:PutLogEvents", "{logs}", _LOGS),
                   Allowance("xray:PutTraceSegments", "*", _XRAY), Allowance("xray:PutTelemetryRecords", "*", _XRAY)]
 OBJECT_PREFIXES = [Allowance(action, f"{{bucket}}/{prefix}*", _OBJECTS, called=True)
@@ -120,10 +126,10 @@ OBJECT_PREFIXES = [Allowance(action, f"{{bucket}}/{prefix}*", _OBJECTS, called=T
 # The runner's task role has no service grant: its logs go through the task definition's execution
 # role, and it has no X-Ray daemon. The API has no dead-letter queue (API Gateway invokes it).
 ALLOWANCES: dict[str, list[Allowance]] = {
-    "api": LAMBDA_SERVICE + OBJECT_PREFIXES,
-    "coordinator": [*LAMBDA_SERVICE, Allowance("sqs:SendMessage", "{queue}", _DLQ)],
-    "worker": [*LAMBDA_SERVICE, Allowance("sqs:SendMessage", "{queue}", _DLQ), *OBJECT_PREFIXES],
-    RUNNER: OBJECT_PREFIXES,
+    "api": LAMBDA_SERVICE + OBJECT_PREFIXES + KEY_USE,
+    "coordinator": [*LAMBDA_SERVICE, Allowance("sqs:SendMessage", "{queue}", _DLQ), *KEY_USE],
+    "worker": [*LAMBDA_SERVICE, Allowance("sqs:SendMessage", "{queue}", _DLQ), *OBJECT_PREFIXES, *KEY_USE],
+    RUNNER: OBJECT_PREFIXES + KEY_USE,
 }
 # The runner runs the worker's code (any task type's handler, a batch callback reading results
 # too), so whatever the worker calls, the runner may: its grants are held against both.
@@ -540,13 +546,17 @@ def failure_destination(template: dict[str, Any]) -> str:
 
 
 def allowances_of(template: dict[str, Any], targets: Targets) -> dict[str, dict[tuple[str, str], Allowance]]:
-    """:data:`ALLOWANCES` with each role's log group, the dead-letter queue and the bucket filled in."""
+    """:data:`ALLOWANCES` with each role's log group, the dead-letter queue, the bucket and the
+    customer-managed key filled in (without a key, those on it are left out)."""
     queue = failure_destination(template)
+    (table,) = [body for body in template["Resources"].values() if body["Type"] == "AWS::DynamoDB::GlobalTable"]
+    (replica,) = table["Properties"]["Replicas"]
+    key = replica.get("SSESpecification", {}).get("KMSMasterKeyId")
     log_group = {role: f"{function['Properties']['LoggingConfig']['LogGroup']['Ref']}.Arn"
                  for role, function in functions_of(template).items()}
     return {role: {(allowance.action, allowance.resource.format(logs=log_group.get(role), queue=queue,
-                                                                bucket=targets.bucket)): allowance
-                   for allowance in allowed}
+                                                                bucket=targets.bucket, key=key)): allowance
+                   for allowance in allowed if key is not None or "{key}" not in allowance.resource}
             for role, allowed in ALLOWANCES.items()}
 
 

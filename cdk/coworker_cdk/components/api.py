@@ -4,6 +4,10 @@
 scheme for machines (a header, ``x-api-key``); the usage plan attached to the key throttles it.
 ``apiAuth=iam``: IAM authorization on every method (SigV4-signed requests); callers get the
 managed policy this construct creates. See docs/deploy.md, "Choosing how callers authenticate".
+
+The endpoint is regional, or private (``apiEndpoint=private``): reached only through the interface
+VPC endpoints the deployer lists, which its resource policy holds to. A WAF web ACL of the team's
+(``wafWebAclArn``) may be associated with the stage. See docs/deploy.md, "Regulated accounts".
 """
 
 from __future__ import annotations
@@ -14,16 +18,19 @@ from pathlib import Path
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_wafv2 as wafv2
 from constructs import Construct
 from coworker.data import layout
 
 from coworker_cdk import constants as c
 from coworker_cdk.bundling import function_code
 from coworker_cdk.components.function import CoworkerFunction, log_group
-from coworker_cdk.components.grants import grant_delete_items, grant_invoke, grant_table
+from coworker_cdk.components.grants import grant_delete_items, grant_invoke, grant_key_use, grant_table
 from coworker_cdk.components.results import PAYLOAD_PREFIX, RESULT_PREFIX, grant_objects
 from coworker_cdk.config import StackConfig
 
@@ -66,17 +73,21 @@ class TaskApi(Construct):
         removal_policy: RemovalPolicy,
         worker: lambda_.IFunction,
         results_bucket: s3.IBucket | None = None,
+        key: kms.IKey | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self._config = config
         self._removal_policy = removal_policy
         self._results_bucket = results_bucket
+        self._key = key  # the customer-managed key (option kms_key_arn), when there is one
         self.handler = self._build_handler(table, layer, functions_dir / c.API_DIR_NAME, worker)
         # API Gateway writes the stage's logs only in an account whose settings name a CloudWatch
         # role (apiCloudWatchRole sets it); without one the deployer turns them off (apiLogs=false).
         self.access_logs = (log_group(self, "AccessLogs", retention_days=config.log_retention_days,
-                                      removal_policy=removal_policy) if config.api_logs else None)
+                                      removal_policy=removal_policy, encryption_key=key)
+                            if config.api_logs else None)
         self.rest_api = self._build_rest_api(self.handler.function)
+        self.web_acl_association = self._associate_web_acl(config.waf_web_acl_arn)
         self.api_key: apigw.IApiKey | None = None
         self.usage_plan: apigw.UsagePlan | None = None
         self.invoke_policy: iam.ManagedPolicy | None = None
@@ -113,7 +124,9 @@ class TaskApi(Construct):
             removal_policy=self._removal_policy,
             log_retention_days=self._config.log_retention_days,
             description="Coworker API: submit, list and inspect tasks",
+            encryption_key=self._key,
         )
+        grant_key_use(self._key, handler.function)  # the table and the results bucket
         grant_table(table, handler.function, API_TABLE_ACTIONS)
         grant_delete_items(table, handler.function, layout.SCHEDULE_KEY_PREFIX)
         grant_invoke(worker, handler.function)
@@ -131,7 +144,8 @@ class TaskApi(Construct):
             # like its metrics' service, so no other stack's API shares its alarm and graphs.
             rest_api_name=config.service_name,
             description="Coworker task API",
-            endpoint_types=[apigw.EndpointType.REGIONAL],
+            endpoint_configuration=self._endpoint_configuration(),
+            policy=self._private_policy(),
             # Access and execution logs need the account-wide API Gateway CloudWatch role; this
             # creates it unless the deployer says the account already has one.
             cloud_watch_role=config.api_cloudwatch_role,
@@ -166,6 +180,43 @@ class TaskApi(Construct):
         api.root.add_method("ANY", integration, request_validator=validator)
         api.root.add_resource("{proxy+}").add_method("ANY", integration, request_validator=validator)
         return api
+
+    def _endpoint_configuration(self) -> apigw.EndpointConfiguration:
+        """Regional, or private through the deployer's interface VPC endpoints (named on the API too,
+        so each endpoint gets the API's alias, ``<api id>-<vpce id>.execute-api.<region>.amazonaws.com``,
+        which callers without the endpoint's private DNS can use)."""
+        if self._config.api_endpoint != c.API_ENDPOINT_PRIVATE:
+            return apigw.EndpointConfiguration(types=[apigw.EndpointType.REGIONAL])
+        endpoints = [ec2.InterfaceVpcEndpoint.from_interface_vpc_endpoint_attributes(
+            self, f"VpcEndpoint{index}", vpc_endpoint_id=endpoint_id, port=443)
+            for index, endpoint_id in enumerate(self._config.api_vpc_endpoint_ids)]
+        return apigw.EndpointConfiguration(types=[apigw.EndpointType.PRIVATE], vpc_endpoints=endpoints)
+
+    def _private_policy(self) -> iam.PolicyDocument | None:
+        """A private API's resource policy (API Gateway refuses to deploy one without): invoked only
+        through the listed VPC endpoints. With IAM authorization the allow names this account, so a
+        caller still needs an IAM policy of its own (the invoke policy); with API keys the caller is
+        anonymous to IAM and the key is checked by the usage plan."""
+        config = self._config
+        if config.api_endpoint != c.API_ENDPOINT_PRIVATE:
+            return None
+        caller: iam.IPrincipal = (iam.AccountRootPrincipal() if config.api_auth == c.API_AUTH_IAM
+                                  else iam.AnyPrincipal())
+        invoke, every_method = ["execute-api:Invoke"], ["execute-api:/*"]
+        return iam.PolicyDocument(statements=[
+            iam.PolicyStatement(sid="InvokeThroughTheVpcEndpoints", principals=[caller], actions=invoke,
+                                resources=every_method),
+            iam.PolicyStatement(sid="DenyOtherwise", effect=iam.Effect.DENY, principals=[iam.AnyPrincipal()],
+                                actions=invoke, resources=every_method,
+                                conditions={"StringNotEquals": {"aws:SourceVpce": list(config.api_vpc_endpoint_ids)}}),
+        ])
+
+    def _associate_web_acl(self, web_acl_arn: str | None) -> wafv2.CfnWebACLAssociation | None:
+        """The team's regional WAFv2 web ACL (option waf_web_acl_arn) in front of the stage."""
+        if web_acl_arn is None:
+            return None
+        return wafv2.CfnWebACLAssociation(self, "WebAclAssociation", web_acl_arn=web_acl_arn,
+                                          resource_arn=self.rest_api.deployment_stage.stage_arn)
 
     def _build_invoke_policy(self) -> iam.ManagedPolicy:
         """With IAM authorization: the policy to attach to the users and roles that may call the API."""

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_events as events
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
@@ -27,7 +28,9 @@ class CompletionEventBus(Construct):
 
     The bus and its archive go with the stack whatever the removal policy: the bus holds no
     events, a bus's name cannot be taken again while a retained one has it (the next deploy would
-    fail), and an archive replays only to its own bus.
+    fail), and an archive replays only to its own bus. With the customer-managed key (option
+    kms_key_arn) the bus, its archive and the queue are encrypted with it; its policy must then
+    let EventBridge (events.amazonaws.com) use it (docs/deploy.md, Regulated accounts).
     """
 
     def __init__(
@@ -38,9 +41,12 @@ class CompletionEventBus(Construct):
         archive_days: int,
         accounts: Sequence[str] = (),
         removal_policy: RemovalPolicy,
+        key: kms.IKey | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
-        self.bus = events.EventBus(self, "Bus", description="Coworker completion events (docs/events.md)")
+        self._key = key
+        self.bus = events.EventBus(self, "Bus", description="Coworker completion events (docs/events.md)",
+                                   kms_key=key)
         self.archive = self._build_archive(archive_days)
         if accounts:
             self._allow_accounts(accounts)
@@ -56,6 +62,7 @@ class CompletionEventBus(Construct):
             description="Every event on Coworker's bus, for replay (docs/events.md)",
             event_pattern=events.EventPattern(source=events.Match.prefix("")),
             retention=Duration.days(days),
+            kms_key=self._key,
         )
 
     def _allow_accounts(self, accounts: Sequence[str]) -> None:
@@ -72,7 +79,9 @@ class CompletionEventBus(Construct):
         queue = sqs.Queue(
             self,
             "DeliveryDeadLetterQueue",
-            encryption=sqs.QueueEncryption.SQS_MANAGED,  # EventBridge cannot use the AWS-managed KMS key
+            # EventBridge cannot use the AWS-managed KMS key (aws/sqs): SQS's own, or the customer's.
+            encryption=sqs.QueueEncryption.KMS if self._key else sqs.QueueEncryption.SQS_MANAGED,
+            encryption_master_key=self._key,
             enforce_ssl=True,
             retention_period=Duration.days(c.EVENT_DLQ_RETENTION_DAYS),
             removal_policy=removal_policy,

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from aws_cdk import App, CfnResource, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
@@ -28,10 +29,13 @@ assert tuple(LOG_RETENTION) == c.LOG_RETENTION_DAYS
 
 
 def log_group(scope: Construct, construct_id: str, *, retention_days: int, removal_policy: RemovalPolicy,
-              log_group_name: str | None = None) -> logs.LogGroup:
-    """A log group of the stack, keeping its events ``retention_days`` (option logRetentionDays)."""
+              log_group_name: str | None = None, encryption_key: kms.IKey | None = None) -> logs.LogGroup:
+    """A log group of the stack, keeping its events ``retention_days`` (option logRetentionDays),
+    encrypted with ``encryption_key`` (option kms_key_arn; CloudWatch Logs uses it with its own
+    service principal, which the key's policy must allow: docs/deploy.md, Regulated accounts)."""
     return logs.LogGroup(scope, construct_id, retention=LOG_RETENTION[retention_days],
-                         removal_policy=removal_policy, log_group_name=log_group_name)
+                         removal_policy=removal_policy, log_group_name=log_group_name,
+                         encryption_key=encryption_key)
 
 
 def logical_id_at(scope: Construct, *path: str) -> str:
@@ -65,9 +69,11 @@ class CoworkerFunction(Construct):
         description: str,
         reserved_concurrency: int | None = None,
         code: lambda_.Code | None = None,
+        encryption_key: kms.IKey | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
-        self.log_group = log_group(self, "Logs", retention_days=log_retention_days, removal_policy=removal_policy)
+        self.log_group = log_group(self, "Logs", retention_days=log_retention_days, removal_policy=removal_policy,
+                                   encryption_key=encryption_key)
         # A role of its own with no managed policy: AWSLambdaBasicExecutionRole would let it
         # create and write any log group in the account; it writes only to its own.
         self.role = iam.Role(self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),

@@ -12,12 +12,16 @@ import jsii
 from aws_cdk import Stack
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 from coworker.data import layout
 
 QUERY = "dynamodb:Query"
+# What the services that keep a role's data under a customer-managed key ask KMS for with the role's
+# rights: a data key to write (an object, a queue message, the table's key) and its decryption to read.
+KEY_USE = ("kms:Decrypt", "kms:GenerateDataKey")
 STREAM_READS = ("dynamodb:DescribeStream", "dynamodb:GetShardIterator", "dynamodb:GetRecords")
 
 
@@ -55,6 +59,14 @@ def grant_put_events(scope: Construct, grantee: iam.IGrantable, bus: str) -> Non
         service="events", resource="event-bus", resource_name=bus)
     grantee.grant_principal.add_to_principal_policy(
         iam.PolicyStatement(actions=["events:PutEvents"], resources=[arn]))
+
+
+def grant_key_use(key: kms.IKey | None, grantee: iam.IGrantable) -> None:
+    """:data:`KEY_USE` on the customer-managed key (option kms_key_arn), when there is one: DynamoDB,
+    S3 and SQS call KMS with the caller's rights (the code itself never calls KMS)."""
+    if key is not None:
+        grantee.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(actions=list(KEY_USE), resources=[key.key_arn]))
 
 
 def grant_invoke(function: lambda_.IFunction, grantee: iam.IGrantable) -> None:

@@ -53,10 +53,12 @@ class Monitoring(Construct):
         dead_letter_queue: sqs.IQueue,
         runners: bool = False,
         event_delivery_queue: sqs.IQueue | None = None,
+        key: kms.IKey | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self._table = table
         self._config = config
+        self._key = key  # the customer-managed key (option kms_key_arn), when there is one
         self.topic = self._build_topic(config)
         self.alarms = self._build_alarms(coordinator, dead_letter_queue, worker, rest_api)
         if runners:  # the container runner: the coordinator's RunTask calls
@@ -139,6 +141,10 @@ class Monitoring(Construct):
     def _own_topic(self) -> sns.Topic:
         # Encrypted with a key of the stack's: CloudWatch cannot publish to a topic under the
         # AWS-managed key (aws/sns), whose policy does not let it use the key and cannot be edited.
+        # Under the customer-managed key (option kms_key_arn) instead, whose policy the stack cannot
+        # edit either: it must let cloudwatch.amazonaws.com use it (docs/deploy.md, Regulated accounts).
+        if self._key is not None:
+            return self._topic(self._key)
         key = kms.Key(
             self, "AlarmTopicKey", description="Encrypts Coworker's alarm topic (CloudWatch alarms publish to it)",
             enable_key_rotation=True,
@@ -150,6 +156,10 @@ class Monitoring(Construct):
             sid="CloudWatchAlarmsPublishToTheTopic", principals=[cloudwatch_service],
             actions=["kms:Decrypt", "kms:GenerateDataKey*"], resources=["*"],
         ))
+        return self._topic(key)
+
+    def _topic(self, key: kms.IKey) -> sns.Topic:
+        cloudwatch_service = iam.ServicePrincipal("cloudwatch.amazonaws.com")
         topic = sns.Topic(self, "AlarmTopic", display_name="Coworker alarms", enforce_ssl=True, master_key=key)
         # The topic's policy replaces SNS's default one: the alarms of this account may publish.
         topic.add_to_resource_policy(iam.PolicyStatement(

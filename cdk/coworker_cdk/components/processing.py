@@ -9,6 +9,7 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sqs as sqs
@@ -20,6 +21,7 @@ from coworker_cdk.components.function import CoworkerFunction
 from coworker_cdk.components.grants import (
     SendToQueue,
     grant_invoke,
+    grant_key_use,
     grant_put_events,
     grant_stream_read,
     grant_table,
@@ -60,10 +62,13 @@ COORDINATOR_TABLE_ACTIONS = (
 )
 
 
-def grant_worker_access(table: dynamodb.ITableV2, results_bucket: s3.IBucket | None, grantee: iam.IGrantable) -> None:
-    """What a worker's code calls on the table and the results bucket: the Lambda worker's role, and
-    the container runner's task role (it runs the same code on other task types)."""
+def grant_worker_access(table: dynamodb.ITableV2, results_bucket: s3.IBucket | None, grantee: iam.IGrantable,
+                        key: kms.IKey | None = None) -> None:
+    """What a worker's code calls on the table and the results bucket (and the customer-managed
+    ``key`` they are encrypted with): the Lambda worker's role, and the container runner's task role
+    (it runs the same code on other task types)."""
     grant_table(table, grantee, WORKER_TABLE_ACTIONS)
+    grant_key_use(key, grantee)
     if results_bucket is not None:
         # Writes large results and the large payloads of the follow-ups it puts; reads large
         # payloads; never lists.
@@ -93,11 +98,13 @@ class Processing(Construct):
         functions_dir: Path,
         removal_policy: RemovalPolicy,
         results_bucket: s3.IBucket | None = None,
+        key: kms.IKey | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self._config = config
         self._removal_policy = removal_policy
         self._results_bucket = results_bucket
+        self._key = key  # the customer-managed key (option kms_key_arn), when there is one
         self.dead_letter_queue = self._build_dead_letter_queue()
         self.worker = self._build_worker(table, layer, functions_dir / c.WORKER_DIR_NAME)
         self.coordinator = self._build_coordinator(table, layer, functions_dir / c.COORDINATOR_DIR_NAME)
@@ -107,7 +114,8 @@ class Processing(Construct):
         return sqs.Queue(
             self,
             "WorkerDeadLetterQueue",
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            encryption=sqs.QueueEncryption.KMS if self._key else sqs.QueueEncryption.SQS_MANAGED,
+            encryption_master_key=self._key,
             enforce_ssl=True,
             retention_period=Duration.days(14),
             removal_policy=self._removal_policy,
@@ -132,6 +140,7 @@ class Processing(Construct):
             memory_mb=config.worker_memory_mb,
             removal_policy=self._removal_policy,
             log_retention_days=config.log_retention_days,
+            encryption_key=self._key,
             description="Coworker worker: runs a batch of claimed tasks",
             # Exactly the library's worker slots, ceil(max_concurrency / batch_size): each
             # invocation holds one slot, so this is the hard ceiling of tasks in flight.
@@ -145,7 +154,7 @@ class Processing(Construct):
             max_event_age=Duration.seconds(config.worker_max_event_age_seconds),
             on_failure=SendToQueue(self.dead_letter_queue),
         )
-        grant_worker_access(table, self._results_bucket, worker.function)
+        grant_worker_access(table, self._results_bucket, worker.function, self._key)
         return worker
 
     def _build_coordinator(
@@ -164,6 +173,7 @@ class Processing(Construct):
             memory_mb=config.coordinator_memory_mb,
             removal_policy=self._removal_policy,
             log_retention_days=config.log_retention_days,
+            encryption_key=self._key,
             description="Coworker coordinator: supervises dispatch of due tasks to workers",
             reserved_concurrency=c.COORDINATOR_RESERVED_CONCURRENCY,
         )
@@ -175,6 +185,7 @@ class Processing(Construct):
         )
         grant_table(table, coordinator.function, COORDINATOR_TABLE_ACTIONS)
         grant_stream_read(table, coordinator.function)
+        grant_key_use(self._key, coordinator.function)  # the table, its stream, the dead-letter queue
         if config.settings.events == "eventbridge":  # the coordinator publishes every event
             grant_put_events(self, coordinator.function, config.settings.event_bus)
         grant_invoke(self.worker.function, coordinator.function)

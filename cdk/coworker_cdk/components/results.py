@@ -6,6 +6,7 @@ import math
 
 from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 from coworker.engine import offload
@@ -39,7 +40,8 @@ class ResultsBucket(Construct):
     CloudFormation): empty and delete it by hand if you want it gone.
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, retention_days: float) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, retention_days: float,
+                 encryption_key: kms.IKey | None = None) -> None:
         super().__init__(scope, construct_id)
         lifecycle = []
         if retention_days:  # 0 keeps finished tasks, and so their results, for ever
@@ -50,7 +52,11 @@ class ResultsBucket(Construct):
         self.bucket = s3.Bucket(
             self,
             "Bucket",
-            encryption=s3.BucketEncryption.S3_MANAGED,
+            # SSE-S3, or SSE-KMS under the customer-managed key (option kms_key_arn) with an S3 Bucket
+            # Key, which spares a KMS request per object.
+            encryption=s3.BucketEncryption.KMS if encryption_key else s3.BucketEncryption.S3_MANAGED,
+            encryption_key=encryption_key,
+            bucket_key_enabled=True if encryption_key else None,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             enforce_ssl=True,
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,

@@ -21,6 +21,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
@@ -61,21 +62,23 @@ class ContainerRunner(Construct):
         removal_policy: RemovalPolicy,
         runner_dir: Path,
         results_bucket: s3.IBucket | None = None,
+        key: kms.IKey | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self._config = config
         self._runner = runner
+        self._key = key  # the customer-managed key (option kms_key_arn), when there is one
         self.vpc: ec2.Vpc | None = None  # the VPC built for runners, without runner_subnets
         self.cluster_resource: ecs.CfnCluster | None = None  # the cluster built, without runner_cluster
         self.subnets, self.security_groups = self._build_network(removal_policy)
         self.cluster = self._build_cluster()
         self.log_group = log_group(self, "Logs", retention_days=config.log_retention_days,
-                                   removal_policy=removal_policy)
+                                   removal_policy=removal_policy, encryption_key=key)
         # Exactly what the worker's code calls (no logs: the container's output goes through the
         # execution role's awslogs driver; no X-Ray: there is no daemon beside it).
         self.task_role = iam.Role(self, "TaskRole", assumed_by=iam.ServicePrincipal(ECS_TASKS),
                                   description="Coworker container runner: what the worker's code calls")
-        grant_worker_access(table, results_bucket, self.task_role)
+        grant_worker_access(table, results_bucket, self.task_role, key)
         self.image_context = RunnerImageContext(
             runner_dir, config.handlers_dir, install_dependencies=config.install_layer_dependencies).prepare()
         self.image = ecr_assets.DockerImageAsset(self, "Image", directory=str(self.image_context),
@@ -104,7 +107,7 @@ class ContainerRunner(Construct):
                       for i, group_id in enumerate(runner.security_groups)]
             return subnets, groups
         flow_logs = log_group(self, "FlowLogs", retention_days=self._config.log_retention_days,
-                              removal_policy=removal_policy)
+                              removal_policy=removal_policy, encryption_key=self._key)
         self.vpc = ec2.Vpc(
             self,
             "Vpc",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_kms as kms
 from constructs import Construct
 from coworker.data import layout
 
@@ -15,8 +16,9 @@ _TYPES = {
 
 
 class TaskTable(Construct):
-    """On-demand table with the sharded status index, TTL, PITR, AWS-managed encryption and a
-    stream of new and old images (batch progress is counted from it).
+    """On-demand table with the sharded status index, TTL, PITR, encryption (AWS-managed, or
+    ``encryption_key``: option kms_key_arn) and a stream of new and old images (batch progress is
+    counted from it).
 
     ``legacy_status_index`` keeps the index of releases before sharding (``status-due``) next to
     the new one, for the migration (docs/deploy.md): DynamoDB adds or removes one index per
@@ -26,13 +28,15 @@ class TaskTable(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, removal_policy: RemovalPolicy,
                  legacy_status_index: bool = False, warm_write_units: int | None = None,
-                 warm_read_units: int | None = None) -> None:
+                 warm_read_units: int | None = None, encryption_key: kms.IKey | None = None) -> None:
         super().__init__(scope, construct_id)
         warm = None
         if warm_write_units or warm_read_units:
             warm = dynamodb.WarmThroughput(write_units_per_second=warm_write_units,
                                            read_units_per_second=warm_read_units)
         self.table = self._build_table(removal_policy, legacy_status_index, warm)
+        if encryption_key is not None:
+            self._encrypt_with(encryption_key)
 
     def _build_table(self, removal_policy: RemovalPolicy, legacy_status_index: bool,
                      warm: dynamodb.WarmThroughput | None) -> dynamodb.TableV2:
@@ -59,6 +63,15 @@ class TaskTable(Construct):
             # (test stacks) turns both off.
             deletion_protection=removal_policy != RemovalPolicy.DESTROY,
         )
+
+    def _encrypt_with(self, key: kms.IKey) -> None:
+        """The table under the customer-managed key: SSE of type KMS (as with the AWS-managed key)
+        and the key named on its one replica. Written on the template: the CDK's
+        ``TableEncryptionV2.customer_managed_key`` names it per replica by region, which a stack
+        without an account and region (deployable anywhere, as this one is) cannot render."""
+        table = self.table.node.default_child
+        assert isinstance(table, dynamodb.CfnGlobalTable)
+        table.add_property_override("Replicas.0.SSESpecification.KMSMasterKeyId", key.key_arn)
 
     def _status_index(self, name: str, partition_key: str, types: dict[str, str],
                       warm: dynamodb.WarmThroughput | None) -> dynamodb.GlobalSecondaryIndexPropsV2:
