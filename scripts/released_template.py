@@ -31,6 +31,32 @@ OFFLINE = {
 SYNTH_CONTEXT = {"layerDependencies": "skip", "aws:cdk:bundling-stacks": []}
 
 
+class MissingCommitError(LookupError):
+    """The released commit is not in this clone (a shallow one)."""
+
+
+def released_commit() -> str:
+    """The commit of the snapshot in ``tests/infra/released/``: the previous release."""
+    (snapshot,) = RELEASED_DIR.glob("template-*.json")  # one release: the previous one
+    return snapshot.stem.removeprefix("template-")
+
+
+def export_tree(commit: str, dest: Path, paths: tuple[str, ...] = ()) -> Path:
+    """Write ``commit``'s files (those under ``paths``, or all) into ``dest``, with ``git archive``:
+    no worktree is registered and nothing in the clone changes, so parallel runs do not meet.
+    :class:`MissingCommitError` if the clone does not hold the commit."""
+    found = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
+    if found.returncode != 0:
+        raise MissingCommitError(
+            f"commit {commit} (the previous release) is not in the clone at {ROOT}: the upgrade rehearsal "
+            "needs it; fetch the full history (git fetch --unshallow, or a clone without --depth)")
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit, *paths], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
 def synthesize(commit: str) -> dict:
     """The template the default deployment of ``commit`` gives."""
     with tempfile.TemporaryDirectory(prefix="coworker-released-") as tmp:
