@@ -6,6 +6,9 @@ commit is checked out into a temporary ``git worktree`` and its own ``app.py`` i
 CDK CLI runs it (context from its ``cdk.json``, the default option set), with this checkout's
 virtual environment, offline, without bundling assets (their hashes do not matter to the diff)
 and without installing the layer's dependencies. The snapshot it replaces is removed.
+
+The snapshot's commit is also the code tests/integration/test_upgrade_in_flight.py runs beside
+HEAD's (:func:`released_commit`, :func:`export_tree`).
 """
 
 from __future__ import annotations
