@@ -58,6 +58,7 @@ TASK_TYPE = "upgrade.step"
 # The release's worker processes (its pool's reserved concurrency) of 2 threads each: after the
 # first wave, a held task in each thread, so the release runs none of the second.
 OLD_PROCESSES = 2
+GATE_NAME = "gate"  # the held tasks' handlers return once this file exists
 HELD = tuple(f"held-{n}" for n in range(OLD_PROCESSES * 2))
 # Settings both runtimes run with (flags of ``python -m coworker_local`` in both versions): a
 # short lock, so a killed holder's task is taken over within seconds; 3 worker slots of 2
@@ -226,18 +227,22 @@ def statuses(keys: list[str]) -> dict[str, str | None]:
 
 
 @pytest.fixture
-def runtimes() -> Iterator[list[Runtime]]:
+def runtimes(tmp_path: Path) -> Iterator[list[Runtime]]:
     started: list[Runtime] = []
     yield started
-    for runtime in started:  # a failed test leaves nothing running
-        runtime.stop(timeout=30)
+    (tmp_path / GATE_NAME).touch()  # a failed test leaves nothing running: held handlers return
+    for runtime in started:
+        try:
+            runtime.stop(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass  # killed
 
 
 @pytest.mark.both_backends
 def test_tasks_in_flight_on_the_previous_release_survive_the_switch_to_head(
         released_tree: Path, dynamodb_server: EmbeddedDatabase, tmp_path: Path, runtimes: list[Runtime]) -> None:
     table = f"upgrade-{os.getpid()}-{tmp_path.name}"
-    run_log, gate = tmp_path / "runs.jsonl", tmp_path / "gate"
+    run_log, gate = tmp_path / "runs.jsonl", tmp_path / GATE_NAME
     package = tmp_path / "handlers" / "upgrade_handlers"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text(textwrap.dedent(
@@ -281,8 +286,8 @@ def test_tasks_in_flight_on_the_previous_release_survive_the_switch_to_head(
                "HEAD's workers running tasks beside the held ones", attempts=1500)
     assert old.process.poll() is None, "the release's runtime drains its held tasks"
     # ... one old worker process dies holding held tasks; the other finishes its own
-    victims = [run for run in old_runs() if run.key == HELD[0] and run.end is None]
-    assert len(victims) == 1, victims
+    victims = [run for run in old_runs() if run.key in HELD and run.end is None]
+    assert victims, "an old worker process holding a held task"
     victim_pid = victims[0].pid
     os.kill(victim_pid, signal.SIGKILL)
     killed_at = time.time()
