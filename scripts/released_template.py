@@ -2,10 +2,10 @@
 
 The upgrade rehearsal (tests/infra/test_upgrade.py) diffs HEAD's template against this snapshot by
 logical ID. Refresh it at each release (``make released-template COMMIT=<released commit>``): the
-commit is checked out into a temporary ``git worktree`` and its own ``app.py`` is run the way the
-CDK CLI runs it (context from its ``cdk.json``, the default option set), with this checkout's
-virtual environment, offline, without bundling assets (their hashes do not matter to the diff)
-and without installing the layer's dependencies. The snapshot it replaces is removed.
+commit's files are exported into a temporary folder (``git archive``) and its own ``app.py`` is
+run the way the CDK CLI runs it (context from its ``cdk.json``, the default option set), with
+this checkout's virtual environment, offline, without bundling assets (their hashes do not
+matter to the diff) and without installing the layer's dependencies. The snapshot it replaces is removed.
 
 The snapshot's commit is also the code tests/integration/test_upgrade_in_flight.py runs beside
 HEAD's (:func:`released_commit`, :func:`export_tree`).
@@ -63,18 +63,13 @@ def export_tree(commit: str, dest: Path, paths: tuple[str, ...] = ()) -> Path:
 def synthesize(commit: str) -> dict:
     """The template the default deployment of ``commit`` gives."""
     with tempfile.TemporaryDirectory(prefix="coworker-released-") as tmp:
-        tree = Path(tmp) / "tree"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), commit], check=True,
-                       capture_output=True)
-        try:
-            cdk_json = json.loads((tree / "cdk.json").read_text())
-            context = {**cdk_json.get("context", {}), **SYNTH_CONTEXT}
-            out = Path(tmp) / "cdk.out"
-            env = {**os.environ, **OFFLINE, "CDK_OUTDIR": str(out), "CDK_CONTEXT_JSON": json.dumps(context)}
-            subprocess.run([sys.executable, "app.py"], cwd=tree, env=env, check=True)
-            return json.loads((out / f"{STACK_ID}.template.json").read_text())
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
+        tree = export_tree(commit, Path(tmp) / "tree")
+        cdk_json = json.loads((tree / "cdk.json").read_text())
+        context = {**cdk_json.get("context", {}), **SYNTH_CONTEXT}
+        out = Path(tmp) / "cdk.out"
+        env = {**os.environ, **OFFLINE, "CDK_OUTDIR": str(out), "CDK_CONTEXT_JSON": json.dumps(context)}
+        subprocess.run([sys.executable, "app.py"], cwd=tree, env=env, check=True)
+        return json.loads((out / f"{STACK_ID}.template.json").read_text())
 
 
 def main() -> None:
