@@ -2,10 +2,13 @@
 
 The upgrade rehearsal (tests/infra/test_upgrade.py) diffs HEAD's template against this snapshot by
 logical ID. Refresh it at each release (``make released-template COMMIT=<released commit>``): the
-commit is checked out into a temporary ``git worktree`` and its own ``app.py`` is run the way the
-CDK CLI runs it (context from its ``cdk.json``, the default option set), with this checkout's
-virtual environment, offline, without bundling assets (their hashes do not matter to the diff)
-and without installing the layer's dependencies. The snapshot it replaces is removed.
+commit's files are exported into a temporary folder (``git archive``) and its own ``app.py`` is
+run the way the CDK CLI runs it (context from its ``cdk.json``, the default option set), with
+this checkout's virtual environment, offline, without bundling assets (their hashes do not
+matter to the diff) and without installing the layer's dependencies. The snapshot it replaces is removed.
+
+The snapshot's commit is also the code tests/integration/test_upgrade_in_flight.py runs beside
+HEAD's (:func:`released_commit`, :func:`export_tree`).
 """
 
 from __future__ import annotations
@@ -31,21 +34,42 @@ OFFLINE = {
 SYNTH_CONTEXT = {"layerDependencies": "skip", "aws:cdk:bundling-stacks": []}
 
 
+class MissingCommitError(LookupError):
+    """The released commit is not in this clone (a shallow one)."""
+
+
+def released_commit() -> str:
+    """The commit of the snapshot in ``tests/infra/released/``: the previous release."""
+    (snapshot,) = RELEASED_DIR.glob("template-*.json")  # one release: the previous one
+    return snapshot.stem.removeprefix("template-")
+
+
+def export_tree(commit: str, dest: Path, paths: tuple[str, ...] = ()) -> Path:
+    """Write ``commit``'s files (those under ``paths``, or all) into ``dest``, with ``git archive``:
+    no worktree is registered and nothing in the clone changes, so parallel runs do not meet.
+    :class:`MissingCommitError` if the clone does not hold the commit."""
+    found = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
+    if found.returncode != 0:
+        raise MissingCommitError(
+            f"commit {commit} (the previous release) is not in the clone at {ROOT}: the upgrade rehearsal "
+            "needs it; fetch the full history (git fetch --unshallow, or a clone without --depth)")
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit, *paths], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
 def synthesize(commit: str) -> dict:
     """The template the default deployment of ``commit`` gives."""
     with tempfile.TemporaryDirectory(prefix="coworker-released-") as tmp:
-        tree = Path(tmp) / "tree"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), commit], check=True,
-                       capture_output=True)
-        try:
-            cdk_json = json.loads((tree / "cdk.json").read_text())
-            context = {**cdk_json.get("context", {}), **SYNTH_CONTEXT}
-            out = Path(tmp) / "cdk.out"
-            env = {**os.environ, **OFFLINE, "CDK_OUTDIR": str(out), "CDK_CONTEXT_JSON": json.dumps(context)}
-            subprocess.run([sys.executable, "app.py"], cwd=tree, env=env, check=True)
-            return json.loads((out / f"{STACK_ID}.template.json").read_text())
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
+        tree = export_tree(commit, Path(tmp) / "tree")
+        cdk_json = json.loads((tree / "cdk.json").read_text())
+        context = {**cdk_json.get("context", {}), **SYNTH_CONTEXT}
+        out = Path(tmp) / "cdk.out"
+        env = {**os.environ, **OFFLINE, "CDK_OUTDIR": str(out), "CDK_CONTEXT_JSON": json.dumps(context)}
+        subprocess.run([sys.executable, "app.py"], cwd=tree, env=env, check=True)
+        return json.loads((out / f"{STACK_ID}.template.json").read_text())
 
 
 def main() -> None:

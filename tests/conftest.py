@@ -44,6 +44,7 @@ _table_numbers = itertools.count()
 # worker is left alone on a long file while the other has finished.
 LONGEST_FILES_FIRST = (
     "tests/rehearsal/test_on_the_wire.py",
+    "tests/integration/test_upgrade_in_flight.py",  # (added 2026-11-29: 67 s and 69 s on a loaded machine)
     "tests/e2e/test_local_runtime.py",
     "tests/cli/test_cli.py",
     "tests/integration/test_follow_ups.py",
