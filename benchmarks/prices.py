@@ -56,9 +56,9 @@ XRAY_SAMPLED = 0.05  # the default sampling rule keeps about 5% (plus 1 per seco
 
 # Coworker's stack as `cdk deploy` makes it (tests/infra/test_stack.py checks these against the
 # synthesized template): the metrics its alarms read (the throttle alarm reads 4, the ignored
-# share 2, the stream follower's lag 1), its dashboard, its KMS keys (the alarm topic's), the
+# share 2, the stream follower's lag 1, failed slot upkeep 1), its dashboard, its KMS keys (the alarm topic's), the
 # coordinator's memory and schedule.
-STACK_ALARM_METRICS = 13
+STACK_ALARM_METRICS = 14
 STACK_DASHBOARDS = 1
 STACK_KMS_KEYS = 1
 COORDINATOR_MEMORY_GB = 256 / 1024

@@ -579,7 +579,8 @@ def test_alarms_watch_the_coordinator_the_backlog_ignored_tasks_the_dlq_and_thro
     alarms = alarms_by_id(template)
     assert set(alarms) == {"CoordinatorSilent", "OldestTaskAge", "IgnoredShare", "CoordinatorErrors",
                            "DeadLetterQueue", "TableThrottles", "WorkerErrors", "ApiServerErrors",
-                           "StreamFollowerLag"}  # events off: no EventsDropped (tests/infra/test_events_infra.py)
+                           "StreamFollowerLag", "SlotUpkeepFailed"}
+    # events off: no EventsDropped (tests/infra/test_events_infra.py)
     text = {name: json.dumps(props) for name, props in alarms.items()}
     assert '"MetricName": "Errors"' in text["CoordinatorErrors"]
     assert '"MetricName": "Errors"' in text["WorkerErrors"] and "Worker" in text["WorkerErrors"]

@@ -278,6 +278,15 @@ class Monitoring(Construct):
                 threshold=c.API_5XX_ALARM_COUNT,
             ),
             alarm(
+                "SlotUpkeepFailedAlarm",
+                self.task_metric(MetricName.SLOT_UPKEEP_FAILED, period=_ALARM_PERIOD),
+                "A coordinator run could not create or delete worker or runner slots at its start (DynamoDB "
+                "throttled or failed the write); the run went on, and the next one tries again. Lasting, "
+                "workers may be short of slots or keep surplus ones: the coordinator's logs say which write.",
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+                threshold=0,
+            ),
+            alarm(
                 "TableThrottlesAlarm",
                 self._table_throttles(_ALARM_PERIOD),
                 "DynamoDB throttled requests on the task table or its status index.",
