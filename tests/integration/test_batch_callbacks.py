@@ -48,6 +48,10 @@ def _maybe(key):
         return None
 
 
+def _head(batch_id):
+    return BatchModel.get(batches.batch_key(batch_id), consistent_read=True)
+
+
 def _watched():
     return {item.key for item in BatchModel.watched_index.query(layout.WATCHED_BATCHES_PARTITION)}
 
@@ -229,3 +233,58 @@ def test_a_pass_over_many_watched_batches_reads_the_followers_watermark_once(set
     monkeypatch.setattr(batches, "counted_through", lambda: reads.append(1) or original())
     assert callbacks.fire_due(settings).watched == 5
     assert len(reads) == 1
+
+
+def test_a_batch_whose_last_open_task_is_cancelled_fires_complete(settings):
+    # Given a batch with a complete callback whose tasks all ran but one, not yet due
+    _put_batch(settings, "b", [("t0", "quick"), ("t1", "quick"), ("later", "quick")], ALL_THREE)
+    _run(settings, ["t0", "t1"])
+    dispatch.tick(settings, RecordingInvoker())
+    assert _callback_tasks("b") == {}
+    # When that last open task is cancelled
+    lifecycle.cancel("later", settings)
+    progress.catch_up(settings)
+    dispatch.tick(settings, RecordingInvoker())
+    # Then the batch is done and its complete callback is put, once
+    assert batches.get_batch("b").done
+    assert "complete" in _callback_tasks("b")
+
+
+def test_a_put_request_that_never_recorded_its_end_holds_completion_back_only_until_its_promise(
+        settings, monkeypatch):
+    # Given a batch whose put request was killed before it recorded its end (puts_in_flight stays
+    # 1; its promise, shortened here to 1 s, stands in for the end)
+    monkeypatch.setattr(batches, "PUT_WINDOW_SECONDS", 1)
+    with monkeypatch.context() as killed:
+        killed.setattr(batches, "_close", lambda batch_id, created: None)
+        _put_batch(settings, "b", [("t0", "quick"), ("t1", "quick")], ALL_THREE)
+    assert int(_head("b").puts_in_flight) == 1
+    # When its tasks finish and the promise has passed
+    _run(settings, ["t0", "t1"])
+    for _ in range(40):  # looks, not a time budget: each waits for the promise and the follower
+        progress.catch_up(settings)
+        dispatch.tick(settings, RecordingInvoker())
+        if "complete" in _callback_tasks("b"):
+            break
+        time.sleep(0.25)
+    # Then the batch completes: its callbacks fire once, and it is let go
+    assert set(_callback_tasks("b")) == {"complete", "success"}
+    assert batches.get_batch("b").fired == ("complete", "success")
+    assert _watched() == set()
+
+
+def test_a_put_request_opened_after_the_batch_was_read_done_keeps_it_open(settings, monkeypatch):
+    # Given a batch read done, with a leftover put request whose promise has passed
+    monkeypatch.setattr(batches, "PUT_WINDOW_SECONDS", 0)
+    with monkeypatch.context() as killed:
+        killed.setattr(batches, "_close", lambda batch_id, created: None)
+        _put_batch(settings, "b", [("t0", "quick")], ALL_THREE)
+    _run(settings, ["t0"])
+    head = _head("b")
+    # When another put request opens before the coordinator closes the batch
+    monkeypatch.setattr(batches, "PUT_WINDOW_SECONDS", 30)
+    with monkeypatch.context() as open_only:
+        open_only.setattr(batches, "_close", lambda batch_id, created: None)
+        _put_batch(settings, "b", [("t1", "quick")])
+    # Then closing on the old read is refused: the new request's tasks count
+    assert batches.close(head, "b", utcnow()) is None

@@ -363,11 +363,20 @@ def close(head: BatchModel, batch_id: str, now: datetime) -> datetime | None:
 
 def unchanged_since(head: BatchModel) -> Condition:
     """Nothing that could make the batch run again (a put request, a redrive, a stop) came since
-    ``head`` was read."""
+    ``head`` was read (done).
+
+    A put request that never recorded its end (its process was killed, or its puts were cut at
+    its window: :func:`put_tasks`) leaves ``puts_in_flight`` above 0 for good; its promise
+    (``puts_until``) stands in for its end, which the batch's ``done`` has already waited for.
+    Then the condition is that no request opened or ended since the read (the count and the
+    promise as read): a leftover count no longer holds the batch's completion back for ever."""
     unchanged = (BatchModel.puts_closed_at == head.puts_closed_at if head.puts_closed_at is not None
                  else BatchModel.puts_closed_at.does_not_exist())
     unchanged &= (BatchModel.failed_at == head.failed_at if head.failed_at is not None
                   else BatchModel.failed_at.does_not_exist())
+    in_flight = int(head.puts_in_flight or 0)
+    if in_flight > 0 and head.puts_until is not None:
+        return unchanged & (BatchModel.puts_in_flight == in_flight) & (BatchModel.puts_until == head.puts_until)
     return unchanged & (BatchModel.puts_in_flight.does_not_exist() | (BatchModel.puts_in_flight <= 0))
 
 
