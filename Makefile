@@ -1,4 +1,4 @@
-.PHONY: test run bench synth lint bill lock released-template
+.PHONY: test run bench soak synth lint bill lock released-template
 
 test:  ## install what is needed, run every test
 	scripts/test.sh
@@ -12,6 +12,9 @@ bench:  ## benchmarks: capacity units (cost.py), tasks/s against the peer (throu
 
 bill:  ## the bill for 1,000,000 tasks beside SQS + Lambda and Distributed Map (bill.py), and the scale model (scale_model.py: the template as deployed, then 1,000 tasks/s)
 	scripts/bootstrap.sh --bench && .venv/bin/python benchmarks/bill.py && .venv/bin/python benchmarks/scale_model.py
+
+soak:  ## the scale run (soak.py): 100,000 tasks through the whole local system beside the peer, a tenth at a time, then 1,000,000 put alone; smaller: make soak SOAK_ARGS="--tasks 2000 --ingest-only-tasks 10000"
+	scripts/bootstrap.sh --bench && .venv/bin/python benchmarks/soak.py $(SOAK_ARGS)
 
 synth:  ## synthesize the CloudFormation template offline
 	scripts/bootstrap.sh && AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x AWS_DEFAULT_REGION=us-east-1 \
