@@ -183,8 +183,10 @@ def test_a_task_over_the_rate_is_due_again_at_a_booked_start_spaced_from_the_oth
 
 def test_a_deferred_task_runs_at_its_booked_start(make_settings, monkeypatch):
     settings = make_settings()
+    # 1 start in 3 s: on a loaded machine a claim and run took over 1 s, and the next token was
+    # free by the time k1 was tried (it ran instead of being turned away)
     for number in range(3):
-        _put(settings, f"k{number}", rkey="slow-api", limit=1, interval=1.0, ago=10 - number)
+        _put(settings, f"k{number}", rkey="slow-api", limit=1, interval=3.0, ago=10 - number)
     monkeypatch.setattr(worker, "RATE_WAIT_SECONDS", 0.0)  # turned away, however near the token
     results = [process_task(f"k{n}", "w", settings, time.monotonic() + 30) for n in range(3)]
     assert [r.outcome for r in results] == [TaskOutcome.FINISHED, TaskOutcome.DEFERRED, TaskOutcome.DEFERRED]
@@ -203,7 +205,7 @@ def test_a_deferred_task_runs_at_its_booked_start(make_settings, monkeypatch):
     # one comes back later than its token only if the claim before it ran late (a loaded machine)
     assert {r.outcome for r in ran} <= {TaskOutcome.FINISHED, TaskOutcome.DEFERRED}
     assert {int(lifecycle.get_task(key).attempts) for key in ("k1", "k2")} == {1}
-    assert _most_in_a_window(rates.read_log("key:slow-api").starts, 1000) == 1
+    assert _most_in_a_window(rates.read_log("key:slow-api").starts, 3000) == 1
 
 
 def test_a_limit_set_for_a_key_wins_and_a_type_can_be_limited(make_settings):
