@@ -12,7 +12,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from aws_cdk import Token
 from constructs import Node
@@ -327,11 +327,13 @@ class StackConfig:
                 raise ConfigurationError(f"option {name} must be {' or '.join(allowed)}, not {value!r}")
             return value
 
-        def number(name: str, default: int | None, minimum: int = 1) -> int | None:
+        def number(name: str, default: int, minimum: int = 1) -> int:
             return _whole(options, name, default, minimum)
 
+        def optional_number(name: str, minimum: int) -> int | None:
+            return _whole(options, name, None, minimum)
+
         schedule_minutes = number("schedule_minutes", c.DEFAULT_SCHEDULE_MINUTES)
-        assert schedule_minutes is not None
         _refuse_overlapping_runs(settings.supervise_seconds, schedule_minutes)
         # The coordinator is silent between runs when the schedule leaves a gap: the alarm waits longer.
         gap_minutes = max(0, math.ceil(schedule_minutes - settings.supervise_seconds / 60))
@@ -367,8 +369,8 @@ class StackConfig:
             results_bucket=_bool(options, "results_bucket", True),
             api_auth=choice("api_auth", c.API_AUTH_KEY, (c.API_AUTH_KEY, c.API_AUTH_IAM)),
             legacy_status_index=_bool(options, "legacy_status_index", False),
-            warm_write_units=number("warm_write_units", None, c.MIN_WARM_WRITE_UNITS),
-            warm_read_units=number("warm_read_units", None, c.MIN_WARM_READ_UNITS),
+            warm_write_units=optional_number("warm_write_units", c.MIN_WARM_WRITE_UNITS),
+            warm_read_units=optional_number("warm_read_units", c.MIN_WARM_READ_UNITS),
             lambda_concurrency_quota=number("lambda_concurrency_quota", c.DEFAULT_LAMBDA_CONCURRENCY_QUOTA),
             log_retention_days=_log_retention_days(options),
             kms_key_arn=_arn(options, "kms_key_arn", _KMS_KEY_ARN,
@@ -468,7 +470,6 @@ def _runner_config(options: dict[str, Any], container_types: tuple[str, ...],
                 f"set container_runner (context {c.CTX_CONTAINER_RUNNER}) to true to build it anyway")
         return None
     cpu = _whole(options, "runner_cpu", c.DEFAULT_RUNNER_CPU)
-    assert cpu is not None
     if cpu not in c.FARGATE_MEMORY_MB:
         raise ConfigurationError(f"option runner_cpu (context {c.CTX_RUNNER_CPU}) must be one of Fargate's CPU sizes "
                                  f"{', '.join(map(str, c.FARGATE_MEMORY_MB))}, not {cpu}")
@@ -511,9 +512,15 @@ def _own_event_bus(options: dict[str, Any], settings: Settings) -> bool:
     return own
 
 
+@overload
+def _whole(options: dict[str, Any], name: str, default: int, minimum: int = 1) -> int: ...
+@overload
+def _whole(options: dict[str, Any], name: str, default: None, minimum: int = 1) -> int | None: ...
 def _whole(options: dict[str, Any], name: str, default: int | None, minimum: int = 1) -> int | None:
-    """Option ``name`` as a whole number of at least ``minimum`` (``default`` when unset)."""
-    value = options.get(name, default)
+    """Option ``name`` as a whole number of at least ``minimum`` (``default`` when unset or None)."""
+    value = options.get(name)
+    if value is None:
+        value = default
     if value is None:
         return None
     try:

@@ -6,9 +6,9 @@ names a single finding on the construct that raised it, so any new finding fails
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-from aws_cdk import Acknowledgment, Stack, Validations
+from aws_cdk import Acknowledgment, CfnElement, Stack, Validations
 from constructs import IConstruct
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ def _acknowledge_rest_api(api: TaskApi) -> None:
         acknowledge(
             api.invoke_policy,
             "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:execute-api:<AWS::Region>:<AWS::AccountId>:"
-            f"<{Stack.of(rest_api).get_logical_id(rest_api.node.default_child)}>/*/*/*]",
+            f"<{Stack.of(rest_api).get_logical_id(cast(CfnElement, rest_api.node.default_child))}>/*/*/*]",
             "execute-api:Invoke on every method and stage of this one API: callers of the task API.",
         )
     acknowledge(

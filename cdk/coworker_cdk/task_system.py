@@ -116,7 +116,7 @@ class TaskSystem(Construct):
             requirements=c.LAYER_LOCK,
             install_dependencies=self.config.install_layer_dependencies,
         )
-        shared = dict(
+        shared: dict[str, Any] = dict(  # what the processing functions and the API are both built on
             config=self.config,
             table=self.tasks.table,
             layer=self.layer.layer,

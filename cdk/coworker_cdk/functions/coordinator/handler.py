@@ -6,15 +6,16 @@ import dataclasses
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from coworker.bootstrap import configure
-from coworker.engine.dispatch import invoker_from_settings, supervise
+from coworker.engine.dispatch import LambdaInvoker, invoker_from_settings, supervise
 from coworker.engine.runners import launcher_from_settings
 from coworker.errors import ConfigurationError
 from coworker.observability import logger, metrics, tracer
 
 SETTINGS = configure()
-INVOKER = invoker_from_settings(SETTINGS)
-if INVOKER is None:
+_INVOKER = invoker_from_settings(SETTINGS)
+if _INVOKER is None:
     raise ConfigurationError("COWORKER_WORKER_FUNCTION must name the worker Lambda")
+INVOKER: LambdaInvoker = _INVOKER
 LAUNCHER = launcher_from_settings(SETTINGS)  # container runners, when the stack has them
 
 
