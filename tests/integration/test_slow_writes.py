@@ -14,12 +14,12 @@ import botocore.client
 import pytest
 from coworker.data import writes
 from coworker.data.models import BatchModel, ErrorKind, TaskModel, TaskStatus, utcnow
-from coworker.engine import batches, dispatch, gates, lifecycle, progress, submit
+from coworker.engine import batches, dispatch, gates, lifecycle, progress, slots, submit
 from coworker.engine.handlers import TaskContext, task_handler
 from coworker.engine.heartbeat import Heartbeat
 from coworker.engine.outcomes import TaskOutcome
 from coworker.engine.tasks import TaskSpec
-from coworker.engine.worker import process_task, run_batch
+from coworker.engine.worker import WorkerRequest, process_task, run_batch, run_invocation
 from coworker.errors import PartialPutError
 
 from tests.support.doubles import RecordingInvoker
@@ -79,6 +79,97 @@ def _slowed(monkeypatch, module, name: str, seconds: float) -> None:
         return real(*args, **kwargs)
 
     monkeypatch.setattr(module, name, slow)
+
+
+# Handlers of "test-slow-writes-counted" running now, and the most seen at once; keys as they start.
+_running = {"now": 0, "most": 0}
+_started: list[str] = []
+_running_lock = threading.Lock()
+
+
+@task_handler("test-slow-writes-counted")
+def _counted(payload: dict, context: TaskContext) -> None:
+    with _running_lock:
+        _running["now"] += 1
+        _running["most"] = max(_running["most"], _running["now"])
+        _started.append(context.key)
+    time.sleep(float(payload.get("seconds", 0)))
+    with _running_lock:
+        _running["now"] -= 1
+
+
+def _self_feeding(settings, keys):
+    """A worker invocation in a reserved slot, handed ``keys``, as the coordinator starts one."""
+    slot, token = slots.free_slots(settings.worker_slots, 1)[0], slots.new_token()
+    assert slots.reserve(slot, token, settings.reservation_seconds)
+    return run_invocation(WorkerRequest(tuple(keys), slot, token), "w", settings, time.monotonic() + 120)
+
+
+@pytest.fixture
+def counted_handlers():
+    _running.update(now=0, most=0)
+    _started.clear()
+
+
+@pytest.mark.both_backends
+def test_a_held_outcome_write_holds_no_place_the_next_task_could_start_in(make_settings, monkeypatch,
+                                                                           counted_handlers):
+    # Given a worker of one place, two due tasks, and the first task's outcome write held until the
+    # second task's handler has started (a throttled table holding that one write)
+    settings = make_settings(max_concurrency=1, batch_size=1)
+    for key in ("first", "second"):
+        submit.put_task(TaskSpec(key=key, type="test-slow-writes-counted", payload={}), settings,
+                        now=utcnow() - timedelta(seconds=5))
+    real_complete = lifecycle.complete
+    released_by_the_second_start: list[bool] = []
+
+    def held(claim, settings, **kwargs):
+        if claim.key == "first":  # (a ceiling on the hold, not a budget: the start releases it)
+            released_by_the_second_start.append(
+                wait_until_true(lambda: "second" in _started, attempts=300, pause=0.1))
+        return real_complete(claim, settings, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "complete", held)
+
+    # When the invocation runs them
+    reports = _self_feeding(settings, ["first", "second"])
+
+    # Then the second task's handler started while the first one's outcome was still being
+    # written, never two handlers at once, and both outcomes were recorded
+    assert released_by_the_second_start == [True]
+    assert _running["most"] == 1
+    assert sorted((r.key, r.outcome) for r in reports) == [
+        ("first", TaskOutcome.FINISHED), ("second", TaskOutcome.FINISHED)]
+    assert {lifecycle.get_task(k).status for k in ("first", "second")} == {TaskStatus.FINISHED.value}
+
+
+@pytest.mark.both_backends
+def test_slow_outcome_writes_never_let_more_handlers_run_than_the_invocation_has_places(
+        make_settings, monkeypatch, counted_handlers):
+    # Given a worker of three places, twelve short tasks, and every outcome write slow
+    settings = make_settings(max_concurrency=3, batch_size=3)
+    keys = [f"c-{n}" for n in range(12)]
+    for key in keys:
+        submit.put_task(TaskSpec(key=key, type="test-slow-writes-counted", payload={"seconds": 0.2}),
+                        settings, now=utcnow() - timedelta(seconds=5))
+    _slowed(monkeypatch, lifecycle, "complete", 0.5)
+
+    # When the invocation runs them
+    reports = _self_feeding(settings, keys)
+
+    # Then every one finished once, and never more than three handlers ran at once
+    assert sorted(r.key for r in reports if r.outcome is TaskOutcome.FINISHED) == sorted(keys)
+    assert 1 <= _running["most"] <= 3
+    assert sorted(_started) == sorted(keys)
+
+
+def wait_until_true(condition, attempts: int, pause: float) -> bool:
+    """Whether ``condition`` came true within ``attempts`` looks ``pause`` apart."""
+    for _ in range(attempts):
+        if condition():
+            return True
+        time.sleep(pause)
+    return False
 
 
 def test_slow_lock_extensions_keep_every_running_task_with_its_worker(make_settings, monkeypatch):

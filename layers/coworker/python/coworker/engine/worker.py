@@ -42,6 +42,32 @@ JOIN_POLL_SECONDS = 1.0
 # claim given back and the task booked; and how many times a task tries for its tokens.
 RATE_WAIT_SECONDS = 0.1
 RATE_ATTEMPTS = 4
+# Threads a self-feeding invocation runs beyond its places, per place: a thread whose handler has
+# returned gives its place up before it writes the outcome, so under slow writes the next task's
+# claim and handler go on while that write is held (handlers at once stay at the places).
+RECORDING_THREADS_PER_PLACE = 1
+
+
+class Places:
+    """The handlers an invocation may run at once; a thread holds a place from asking for its next
+    task until that task's handler has returned (or it was not started)."""
+
+    def __init__(self, count: int) -> None:
+        self._free = threading.BoundedSemaphore(count)
+
+    def take(self) -> Callable[[], None]:
+        """Wait for a place; return the call that gives it back (only the first call does)."""
+        self._free.acquire()
+        given_back = threading.Event()
+        lock = threading.Lock()
+
+        def give_back() -> None:
+            with lock:
+                if not given_back.is_set():
+                    given_back.set()
+                    self._free.release()
+
+        return give_back
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +148,8 @@ def _record(claim: Claim, settings: Settings, context: TaskContext, result: Any,
 
 
 def process_task(key: str, owner: str, settings: Settings, deadline: float | Budget,
-                 heartbeat: Heartbeat | None = None, source: TaskSource = TaskSource.HINT) -> TaskReport:
+                 heartbeat: Heartbeat | None = None, source: TaskSource = TaskSource.HINT,
+                 handler_returned: Callable[[], None] | None = None) -> TaskReport:
     """Claim one task and carry it to a recorded outcome; never raises for task errors.
 
     The handler runs in the calling thread. ``deadline`` is the invocation's (a
@@ -131,7 +158,8 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float | Bud
     one that does not fit is left due for a fresh invocation. With a ``heartbeat`` (as every
     invocation has), the task's lock is kept from the claim on, and a handler still running at its
     limit or the deadline is recorded as timed out; without one, nothing stops a handler that
-    overruns.
+    overruns. ``handler_returned`` is called once the handler has returned, before its outcome is
+    written (the invocation's :class:`Places`).
     """
     budget = deadline if isinstance(deadline, Budget) else Budget(settings, deadline)
     now = time.monotonic()
@@ -176,7 +204,7 @@ def process_task(key: str, owner: str, settings: Settings, deadline: float | Bud
             report = TaskReport(key, turned_away, source=source, retry_at=retry_at)
         else:
             running.claim = claim
-            report = _run(running, settings, budget, planned, source)
+            report = _run(running, settings, budget, planned, source, handler_returned)
     except Exception as exc:  # noqa: BLE001 - the worker's own write or read failed: settle what is known
         report = _settle_trouble(running, exc, source)
     finally:
@@ -358,7 +386,7 @@ def _preload_payload(claim: Claim, settings: Settings) -> None:
 
 
 def _run(running: Running, settings: Settings, budget: Budget, planned: float | None,
-         source: TaskSource) -> TaskReport:
+         source: TaskSource, handler_returned: Callable[[], None] | None = None) -> TaskReport:
     """Start the handler if its time still fits and the claim still holds, and record its outcome.
 
     The handler must return by its limit (or the invocation's deadline, if sooner): the heartbeat
@@ -381,6 +409,8 @@ def _run(running: Running, settings: Settings, budget: Budget, planned: float | 
     metrics.add_metric(name=MetricName.CLAIMED, unit=MetricUnit.Count, value=1)
     try:
         result, error, retryable = _run_handler(claim, context, settings)
+        if handler_returned is not None:
+            handler_returned()
         if limit is None:  # run times plan the tasks whose limit is not known
             durations.observed.observe(claim.task.task_type, time.monotonic() - started)
         with running.lock:
@@ -460,6 +490,7 @@ class Invocation:
         self.stopping = threading.Event()
         # Keys a thread met an error with (TaskOutcome.ERROR): handed out once more at most.
         self._troubled: set[str] = set()
+        self._places = Places(1)  # (sized in run)
 
     @property
     def handler_deadline(self) -> float:
@@ -495,11 +526,14 @@ class Invocation:
             logger.warning("worker slot no longer reserved for this invocation; not starting",
                            extra={"slot": request.slot})
             return []
-        threads = self._threads()
-        if threads == 0:
+        places = self._threads()
+        if places == 0:
             return []
-        feeder = self._feeder(threads)
+        feeder = self._feeder(places)
         self.heartbeat.on_slot_lost = self.stopping.set
+        # A self-feeding invocation writes outcomes on threads of their own beyond its places.
+        threads = places * (1 + RECORDING_THREADS_PER_PLACE) if request.slot else places
+        self._places = Places(places)
         runs: list[list[TaskReport]] = [[] for _ in range(threads)]
         workers = [threading.Thread(target=self._thread_loop, args=(feeder, runs[i]), daemon=True,
                                     name=f"worker-{i}") for i in range(threads)]
@@ -528,15 +562,22 @@ class Invocation:
 
     def _thread_loop(self, feeder: Feeder, reports: list[TaskReport]) -> None:
         try:
-            while (item := feeder.next()) is not None:
-                key, source = item
+            while True:
+                give_back = self._places.take()
                 try:
-                    report = process_task(key, self.owner, self.settings, self.budget, self.heartbeat, source)
-                except Exception:  # noqa: BLE001 - one task's trouble costs the invocation no thread
-                    logger.exception("worker thread met an error with a task; it goes on with its next task",
-                                     extra={"task_key": key})
-                    metrics.add_metric(name=MetricName.WORKER_ERRORS, unit=MetricUnit.Count, value=1)
-                    report = TaskReport(key, TaskOutcome.ERROR, source=source)
+                    if (item := feeder.next()) is None:
+                        break
+                    key, source = item
+                    try:
+                        report = process_task(key, self.owner, self.settings, self.budget, self.heartbeat, source,
+                                              handler_returned=give_back)
+                    except Exception:  # noqa: BLE001 - one task's trouble costs the invocation no thread
+                        logger.exception("worker thread met an error with a task; it goes on with its next task",
+                                         extra={"task_key": key})
+                        metrics.add_metric(name=MetricName.WORKER_ERRORS, unit=MetricUnit.Count, value=1)
+                        report = TaskReport(key, TaskOutcome.ERROR, source=source)
+                finally:
+                    give_back()
                 reports.append(report)
                 if self.on_report is not None:
                     self.on_report(report)
