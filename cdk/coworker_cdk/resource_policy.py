@@ -85,7 +85,8 @@ def _document(value: Any) -> Any:
     if isinstance(value, Mapping):
         return value
     if not isinstance(value, str | os.PathLike):
-        raise ConfigurationError(f"{OPTION} must be {_FORMS}, not {value!r}")
+        raise ConfigurationError(f"{OPTION} must be an IAM policy document (a JSON object with a Statement list) "
+                                 f"given as {_FORMS}; not {value!r}")
     text = str(value).strip()
     if Token.is_unresolved(text):
         raise ConfigurationError(f"{OPTION} must be known at synth, to be checked, not a token ({text})")
