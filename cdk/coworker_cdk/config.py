@@ -22,7 +22,7 @@ from coworker.engine.handlers import handler_package
 from coworker.errors import ConfigurationError
 from pydantic import ValidationError
 
-from coworker_cdk import account
+from coworker_cdk import account, resource_policy
 from coworker_cdk import constants as c
 from coworker_cdk.declared import runners_of
 
@@ -91,6 +91,7 @@ _DEPLOY_CONTEXT: dict[str, str] = {
     c.CTX_WAF_WEB_ACL: "waf_web_acl_arn",
     c.CTX_API_ENDPOINT: "api_endpoint",
     c.CTX_API_VPC_ENDPOINTS: "api_vpc_endpoint_ids",
+    c.CTX_API_RESOURCE_POLICY: "api_resource_policy",
 }
 CONTEXT_OPTIONS: dict[str, str] = {**_SETTINGS_CONTEXT, **_DEPLOY_CONTEXT}
 _CONTEXT_KEY: dict[str, str] = {name: key for key, name in CONTEXT_OPTIONS.items()}
@@ -191,6 +192,9 @@ class StackConfig:
     waf_web_acl_arn: str | None = None  # a regional WAFv2 web ACL the API's stage is associated with
     api_endpoint: str = c.API_ENDPOINT_REGIONAL  # or private: reached only through api_vpc_endpoint_ids
     api_vpc_endpoint_ids: tuple[str, ...] = ()
+    # Statements of the API's resource policy of the deployer's own, checked (resource_policy.read_statements);
+    # components/api.py puts them after the private API's.
+    api_resource_policy: tuple[dict[str, Any], ...] = ()
     # The container runner, when the deployment has one (container types, or container_runner=true);
     # its task types are the settings' container_types.
     runner: RunnerConfig | None = None
@@ -380,6 +384,7 @@ class StackConfig:
                                  "a regional WAFv2 web ACL's ARN, arn:aws:wafv2:<region>:<account>:regional/webacl/"
                                  "<name>/<id> (API Gateway takes no CLOUDFRONT-scoped, global, web ACL)"),
             **_api_endpoint(options),
+            api_resource_policy=resource_policy.read_statements(options.get("api_resource_policy")),
             runner=runner,
             own_event_bus=_own_event_bus(options, settings),
             event_archive_days=number("event_archive_days", c.DEFAULT_EVENT_ARCHIVE_DAYS, 0),

@@ -117,6 +117,8 @@ CTX_KMS_KEY: Final = "kmsKeyArn"  # a customer-managed KMS key for the table, bu
 CTX_WAF_WEB_ACL: Final = "wafWebAclArn"  # a regional WAFv2 web ACL associated with the API's stage
 CTX_API_ENDPOINT: Final = "apiEndpoint"  # "regional" | "private"
 CTX_API_VPC_ENDPOINTS: Final = "apiVpcEndpointIds"  # vpce-... ids, comma-separated: the private API's callers
+# The API's resource policy of your own: a JSON file's path, inline JSON, or the document in cdk.json.
+CTX_API_RESOURCE_POLICY: Final = "apiResourcePolicy"
 # The container runner (ECS Fargate), for task types longer than Lambda allows.
 CTX_CONTAINER_RUNNER: Final = "containerRunner"  # unset: built when a type runs on it; "true" | "false"
 CTX_MAX_RUNNERS: Final = "maxRunners"

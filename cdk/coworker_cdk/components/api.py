@@ -6,7 +6,8 @@ scheme for machines (a header, ``x-api-key``); the usage plan attached to the ke
 managed policy this construct creates. See docs/deploy.md, "Choosing how callers authenticate".
 
 The endpoint is regional, or private (``apiEndpoint=private``): reached only through the interface
-VPC endpoints the deployer lists, which its resource policy holds to. A WAF web ACL of the team's
+VPC endpoints the deployer lists, which its resource policy holds to. The deployer's own resource
+policy statements (``apiResourcePolicy``) follow the private ones. A WAF web ACL of the team's
 (``wafWebAclArn``) may be associated with the stage. See docs/deploy.md, "Regulated accounts".
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from aws_cdk import RemovalPolicy
+from aws_cdk import Annotations, RemovalPolicy
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ec2 as ec2
@@ -28,6 +29,7 @@ from constructs import Construct
 from coworker.data import layout
 
 from coworker_cdk import constants as c
+from coworker_cdk import resource_policy as rp
 from coworker_cdk.bundling import function_code
 from coworker_cdk.components.function import CoworkerFunction, log_group
 from coworker_cdk.components.grants import grant_delete_items, grant_invoke, grant_key_use, grant_table
@@ -145,7 +147,7 @@ class TaskApi(Construct):
             rest_api_name=config.service_name,
             description="Coworker task API",
             endpoint_configuration=self._endpoint_configuration(),
-            policy=self._private_policy(),
+            policy=self._resource_policy(),
             # Access and execution logs need the account-wide API Gateway CloudWatch role; this
             # creates it unless the deployer says the account already has one.
             cloud_watch_role=config.api_cloudwatch_role,
@@ -192,24 +194,48 @@ class TaskApi(Construct):
             for index, endpoint_id in enumerate(self._config.api_vpc_endpoint_ids)]
         return apigw.EndpointConfiguration(types=[apigw.EndpointType.PRIVATE], vpc_endpoints=endpoints)
 
-    def _private_policy(self) -> iam.PolicyDocument | None:
-        """A private API's resource policy (API Gateway refuses to deploy one without): invoked only
-        through the listed VPC endpoints. With IAM authorization the allow names this account, so a
-        caller still needs an IAM policy of its own (the invoke policy); with API keys the caller is
+    def _resource_policy(self) -> iam.PolicyDocument | None:
+        """The API's resource policy: the private API's statements, then the deployer's own (option
+        api_resource_policy); none without either (API Gateway then takes every request apiAuth
+        lets in). API Gateway refuses what a resource policy does not allow, so to a policy of
+        denies only the stack adds the allow a private API has: the denies then decide."""
+        config = self._config
+        statements = [*self._private_statements(),
+                      *(iam.PolicyStatement.from_json(statement) for statement in config.api_resource_policy)]
+        if not statements:
+            return None
+        if not rp.allows(config.api_resource_policy) and config.api_endpoint != c.API_ENDPOINT_PRIVATE:
+            statements.insert(0, iam.PolicyStatement(sid=rp.SID_ALLOW_UNLESS_DENIED, principals=[self._caller()],
+                                                     actions=["execute-api:Invoke"], resources=[rp.EVERY_METHOD]))
+            Annotations.of(self).add_info(
+                f"The API's resource policy ({c.CTX_API_RESOURCE_POLICY}) has only Deny statements, and API Gateway "
+                f"refuses what a resource policy does not allow: the stack adds {rp.SID_ALLOW_UNLESS_DENIED}, an "
+                "Allow of execute-api:Invoke on every method to "
+                + ("this account's IAM principals (each still needs the invoke policy)"
+                   if config.api_auth == c.API_AUTH_IAM else "everyone (API Gateway checks the API key)")
+                + ", so that your denies decide (docs/deploy.md, Regulated accounts)")
+        return iam.PolicyDocument(statements=statements)
+
+    def _caller(self) -> iam.IPrincipal:
+        """Whom the stack's allow names: with IAM authorization this account, so a caller still needs
+        an IAM policy of its own (the invoke policy); with API keys everyone, since the caller is
         anonymous to IAM and the key is checked by the usage plan."""
+        return iam.AccountRootPrincipal() if self._config.api_auth == c.API_AUTH_IAM else iam.AnyPrincipal()
+
+    def _private_statements(self) -> list[iam.PolicyStatement]:
+        """A private API's resource policy (API Gateway refuses to deploy one without): invoked only
+        through the listed VPC endpoints."""
         config = self._config
         if config.api_endpoint != c.API_ENDPOINT_PRIVATE:
-            return None
-        caller: iam.IPrincipal = (iam.AccountRootPrincipal() if config.api_auth == c.API_AUTH_IAM
-                                  else iam.AnyPrincipal())
-        invoke, every_method = ["execute-api:Invoke"], ["execute-api:/*"]
-        return iam.PolicyDocument(statements=[
-            iam.PolicyStatement(sid="InvokeThroughTheVpcEndpoints", principals=[caller], actions=invoke,
+            return []
+        invoke, every_method = ["execute-api:Invoke"], [rp.EVERY_METHOD]
+        return [
+            iam.PolicyStatement(sid=rp.SID_VPC_ENDPOINTS, principals=[self._caller()], actions=invoke,
                                 resources=every_method),
-            iam.PolicyStatement(sid="DenyOtherwise", effect=iam.Effect.DENY, principals=[iam.AnyPrincipal()],
+            iam.PolicyStatement(sid=rp.SID_DENY_OTHERWISE, effect=iam.Effect.DENY, principals=[iam.AnyPrincipal()],
                                 actions=invoke, resources=every_method,
                                 conditions={"StringNotEquals": {"aws:SourceVpce": list(config.api_vpc_endpoint_ids)}}),
-        ])
+        ]
 
     def _associate_web_acl(self, web_acl_arn: str | None) -> wafv2.CfnWebACLAssociation | None:
         """The team's regional WAFv2 web ACL (option waf_web_acl_arn) in front of the stage."""
