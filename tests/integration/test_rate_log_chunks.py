@@ -72,6 +72,21 @@ def test_a_chunk_outlives_every_window_its_starts_could_count_in():
     assert rates.CHUNK_KEPT_SECONDS >= 2 * MAX_RATE_INTERVAL_SECONDS
 
 
+def test_a_process_keeps_a_bounded_number_of_chunks(monkeypatch):
+    monkeypatch.setattr(rates, "KNOWN_CHUNKS", 10)
+    monkeypatch.setattr(rates, "_known", collections.OrderedDict())
+    monkeypatch.setattr(rates, "_known_chunks", 0)
+    chunks = tuple(rates._Chunk(version, (version,)) for version in range(4))
+    # Given logs of 4 chunks each, remembered one after the other
+    for number in range(5):
+        rates._remember(f"gate#rate:key:{number}", rates._Log(1, [], None, chunks))
+    # Then the least recently used went first: the last two are kept (8 chunks; a third is 12)
+    assert [rates._recall(f"gate#rate:key:{number}") is not None for number in range(5)] == [False] * 3 + [True] * 2
+    assert rates._known_chunks == 8
+    rates._remember("gate#rate:key:4", None)
+    assert rates._known_chunks == 4
+
+
 def _head_writes(meter: CapacityMeter) -> list[WriteRecord]:
     return [record for record in meter.writes if record.succeeded
             and (record.new or {}).get(layout.PARTITION_KEY, {}).get("S", "").startswith(layout.RATE_GATE_PREFIX)]

@@ -106,6 +106,9 @@ MAX_MARGIN_MS = 25
 LEAD_MS = (10, 5000)
 # Groups whose log (and turn lock) a process keeps, at most: the least recently used go first.
 KNOWN_GROUPS = 4096
+# And chunks of long logs (see HEAD_STARTS), at most: about 50 starts each, 8,192 of them some
+# 16 MB (as many as 400 logs at 1,000 starts per interval hold).
+KNOWN_CHUNKS = 8192
 # A task claimed at most this long (or its group's interval, if longer) after the start it
 # booked is a returning waiter: it may take a token while others are booked (see :func:`returning`).
 RETURN_WINDOW_SECONDS = 60.0
@@ -227,15 +230,22 @@ def _turn(key: str) -> threading.Lock:
         return lock
 
 
+# Chunks of the logs kept, in all: a process keeps at most KNOWN_CHUNKS of them.
+_known_chunks = 0
+
+
 def _remember(key: str, log: _Log | None) -> None:
+    global _known_chunks
     with _known_lock:
+        dropped = _known.pop(_known_as(key), None)
+        _known_chunks -= len(dropped.chunks) if dropped is not None else 0
         if log is None:
-            _known.pop(_known_as(key), None)
             return
         _known[_known_as(key)] = log
-        _known.move_to_end(_known_as(key))
-        while len(_known) > KNOWN_GROUPS:
-            _known.popitem(last=False)
+        _known_chunks += len(log.chunks)
+        while len(_known) > KNOWN_GROUPS or (_known_chunks > KNOWN_CHUNKS and len(_known) > 1):
+            _, dropped = _known.popitem(last=False)
+            _known_chunks -= len(dropped.chunks)
 
 
 def _remember_booking(key: str, booked_until: int) -> None:
