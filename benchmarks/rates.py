@@ -23,6 +23,12 @@ Local's own consumed capacity, and the documented rules where it is silent, for 
 conditional writes), 40 tasks of one key put at once, run by two invocations of 10 threads, and 40
 free tasks beside them: write units per rate-limited task (its own item's writes and its group's
 start log) against a free task's; once at 1,000 per second (none waits), once at 10 (30 wait).
+
+**The start log's own cost** (c; ``--only log``): one thread takes N starts of one group (a log
+as long as it gets), then 200 more, one write each, metered: the largest head item written and
+the write units per start (DynamoDB Local's reported figure, and the rules'), at N = 10, 100
+and 1,000. Above 100 starts per interval the head keeps only its newest starts and seals the
+older into chunk items (``coworker.engine.rates``).
 """
 
 from __future__ import annotations
@@ -43,13 +49,14 @@ from coworker.bootstrap import configure  # noqa: E402
 from coworker.config import Settings  # noqa: E402
 from coworker.data import connection  # noqa: E402
 from coworker.data.layout import RATE_GATE_PREFIX  # noqa: E402
-from coworker.data.models import LeaseModel, RateGateModel, TaskModel, utcnow  # noqa: E402
-from coworker.engine import dispatch, slots, submit  # noqa: E402
+from coworker.data.models import LeaseModel, RateChunkModel, RateGateModel, TaskModel, utcnow  # noqa: E402
+from coworker.engine import dispatch, rates, slots, submit  # noqa: E402
+from coworker.engine.control import Rate  # noqa: E402
 from coworker.engine.outcomes import TaskOutcome  # noqa: E402
 from coworker.engine.tasks import TaskSpec  # noqa: E402
 from coworker.observability import metrics  # noqa: E402
 from coworker_local.api_client import ApiClient  # noqa: E402
-from coworker_local.capacity import CapacityMeter  # noqa: E402
+from coworker_local.capacity import CapacityMeter, item_size  # noqa: E402
 from coworker_local.database import create_table, dynamodb_client, start_database  # noqa: E402
 from system import Runtime  # noqa: E402
 
@@ -207,23 +214,52 @@ def cost(endpoint: str, limit: int) -> None:
           f"deferrals per rate-limited task: {outcomes[TaskOutcome.DEFERRED] / count:.2f}")
 
 
+def log_cost(endpoint: str, limit: int, metered: int = 200) -> None:
+    settings = Settings(table_name=f"{TABLE}-log-{limit}", dynamodb_endpoint=endpoint)
+    create_table(settings)
+    configure(settings)
+    # A 10-ms interval: starts beyond the limit are let in at once (a log keeps its last N, old or not).
+    group = rates.RateGroup("key:api.example", Rate(limit, 10))
+
+    def start(count: int) -> None:
+        for _ in range(count):
+            while not rates.admit([group])[0]:
+                time.sleep(0.01)
+
+    start(limit)
+    with CapacityMeter.for_model(RateGateModel, dynamodb_client(settings),
+                                 RateChunkModel._get_connection().connection) as meter:
+        start(metered)
+    logs = [record for record in meter.writes if (record.new or record.old or {}).get("key", {}).get("S", "")
+            .startswith(RATE_GATE_PREFIX)]
+    largest = max(max(item_size(record.old), item_size(record.new)) for record in logs)
+    rules = sum(record.table_units for record in meter.writes)
+    reported = sum(record.reported.table_units for record in meter.writes if record.reported is not None)
+    print(f"c) start log at {limit:5d} per interval: {len(meter.writes)} writes for {metered} starts "
+          f"({len(meter.writes) - len(logs)} chunks sealed); largest head {largest} bytes; write units per start "
+          f"{reported / metered:.3f} reported, {rules / metered:.3f} by the rules")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limited", type=int, default=120, help="tasks per rate-limited key")
     parser.add_argument("--free", type=int, default=600, help="tasks without a rate key")
     parser.add_argument("--seconds", type=float, default=0.2, help="each task's handler time")
-    parser.add_argument("--only", choices=["exactness", "cost"])
+    parser.add_argument("--only", choices=["exactness", "cost", "log"])
     args = parser.parse_args(argv)
     database = start_database("dynamodb-local")
     try:
         settings = Settings(table_name=TABLE, dynamodb_endpoint=database.endpoint)
         create_table(settings)
         configure(settings)
-        if args.only != "cost":
+        if args.only in (None, "exactness"):
             exactness(database.endpoint, args.limited, args.free, args.seconds)
-        if args.only != "exactness":
+        if args.only in (None, "cost"):
             cost(database.endpoint, 1000)  # under the rate: no task waits
             cost(database.endpoint, 10)  # 40 at once at 10 a second: 30 must wait
+        if args.only in (None, "log"):
+            for limit in (10, 100, 1000):
+                log_cost(database.endpoint, limit)
     finally:
         database.stop()
     return 0

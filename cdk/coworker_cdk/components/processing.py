@@ -34,7 +34,8 @@ from coworker_cdk.config import StackConfig
 # themselves more due work from the index (Query). Follow-up tasks are put (PutItem) in
 # transactions that check the claim (ConditionCheckItem); a task too large to claim is ended
 # after reading its batch (GetItem). A batch callback's handler reads the batch's results by key
-# (coworker.read_results: BatchGetItem).
+# (coworker.read_results: BatchGetItem). A rate group's start log above 100 starts per interval
+# seals its older starts into chunk items (PutItem) that workers read back (BatchGetItem).
 WORKER_TABLE_ACTIONS = (
     "dynamodb:GetItem",
     "dynamodb:BatchGetItem",

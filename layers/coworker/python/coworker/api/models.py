@@ -69,7 +69,8 @@ DEFAULT_TYPE_PAGE = 50
 MAX_TYPE_PAGE = 100
 # GET /rate-limits pages, by group. At most MAX_RATE_LIMITS (100) are set, each answered in under
 # 8 KB (a group name of 260 characters, 14 bytes of answer each at worst, and its state), so the
-# bound is each page's read: one BatchGetItem of its groups' start logs (100 keys at most).
+# bound is each page's read: one BatchGetItem of its groups' start logs (100 keys at most), and
+# of the chunks their heads name (about N / 50 for a group limited above 100 starts per interval).
 DEFAULT_RATE_PAGE = 50
 MAX_RATE_PAGE = 100
 

@@ -33,6 +33,7 @@ start with any of them; :func:`reserved_prefix`)::
     lease#coordinator                the coordinator's single-flight lease   (engine.slots)
     gate#<group>                     a concurrency group's places            (engine.gates)
     gate#rate:<group>                a rate group's recent starts            (engine.rates)
+    gate#rate-log:<group>#<version>  older starts of a rate group above 100  (engine.rates)
     schedule#<name>                  a recurring schedule                    (engine.schedules)
     stream#<shard>, stream#counted-through   the stream follower's place     (engine.progress)
 
@@ -88,6 +89,9 @@ COUNTED_THROUGH_KEY: Final = STREAM_KEY_PREFIX + "counted-through"
 GATE_PREFIX: Final = "gate#"
 # Rate groups' start logs (``gate#rate:<group>`` items: under the gates' reserved prefix).
 RATE_GATE_PREFIX: Final = GATE_PREFIX + "rate:"
+# Sealed chunks of a long start log (``gate#rate-log:<group>#<version>``): no concurrency group
+# (``key:``/``type:``) nor start log (``rate:``) has a key that starts so.
+RATE_CHUNK_PREFIX: Final = GATE_PREFIX + "rate-log:"
 # Recurring schedules (``schedule#<name>`` items).
 SCHEDULE_KEY_PREFIX: Final = "schedule#"
 RESERVED_KEY_PREFIXES: Final = (BATCH_KEY_PREFIX, CONTROL_KEY_PREFIX, SLOT_KEY_PREFIX, LEASE_KEY_PREFIX,
@@ -131,6 +135,12 @@ def stripe_shards(stripe: int, stripes: int, shards: int) -> list[int]:
     divide the shards, and in ``shards / gcd`` in general. A worker reads only those for its own work.
     """
     return sorted({residue % shards for residue in range(stripe % stripes, math.lcm(stripes, shards), stripes)})
+
+
+def rate_chunk_key(group: str, version: int) -> str:
+    """The key of the chunk of rate group ``group``'s start log sealed by its head's ``version``
+    (the text after the last ``#`` is the version: a group name with a ``#`` is still told apart)."""
+    return f"{RATE_CHUNK_PREFIX}{group}#{version}"
 
 
 def reserved_prefix(key: str) -> str | None:

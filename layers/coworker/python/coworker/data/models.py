@@ -456,6 +456,24 @@ class RateGateModel(Model):
     interval_ms = NumberAttribute(null=True)
     # Tasks turned away are given a start time from here on, spaced interval / limit apart.
     booked_until = NumberAttribute(null=True)
+    # Above engine.rates.HEAD_STARTS starts per interval, the head keeps only its newest starts:
+    # the older ones are sealed in chunk items (:class:`RateChunkModel`), named here by the
+    # version whose write sealed each, oldest first. Absent: ``starts`` is the whole log.
+    chunks: ListAttribute[int] = ListAttribute(of=NumberAttribute, null=True)  # type: ignore[arg-type]  # as starts
+
+
+class RateChunkModel(Model):
+    """Older starts of a rate group's log, ``gate#rate-log:<group>#<version>``, sealed by the write of
+    the head's ``version`` (see :mod:`coworker.engine.rates`): written once, never changed, and
+    deleted by TTL once its starts are older than any interval."""
+
+    class Meta:
+        table_name = layout.DEFAULT_TABLE_NAME
+        region = "us-east-1"
+
+    key = UnicodeAttribute(hash_key=True, attr_name=layout.PARTITION_KEY)
+    starts: ListAttribute[int] = ListAttribute(of=NumberAttribute)  # type: ignore[arg-type]  # as above
+    delete_after_epoch = TTLAttribute(attr_name=layout.TTL_ATTRIBUTE)
 
 
 class ScheduleIndex(GlobalSecondaryIndex["ScheduleModel"]):
@@ -498,4 +516,4 @@ class ScheduleModel(Model):
 # Every model of the table: bound together (``connection.bind``), sharing one client.
 ALL_MODELS: tuple[type[Model], ...] = (TaskModel, BatchModel, LeaseModel, ControlModel, GateModel,
                                        StreamCheckpointModel, SecretModel, CursorStateModel, ScheduleModel,
-                                       RateGateModel, DurationsModel)
+                                       RateGateModel, RateChunkModel, DurationsModel)

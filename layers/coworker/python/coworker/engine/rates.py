@@ -7,10 +7,27 @@ A task belongs to up to two rate groups:
   per ``rate_interval_seconds``); a key with neither is not limited;
 * its **type**, ``type:<type>``, when a rate is set for the type in the control record.
 
-Each group has a *start log*, one item ``gate#rate:<group>`` in the task table: its last N start
-times (epoch ms, non-decreasing) and a version, and the limit of its last start when that start's
-task carried it (a limit set through the API lives in the control record only: kept in the log,
-it would outlive its lifting and be shown as still in force).
+Each group has a *start log*, headed by one item ``gate#rate:<group>`` in the task table: its last
+N start times (epoch ms, non-decreasing) and a version, and the limit of its last start when that
+start's task carried it (a limit set through the API lives in the control record only: kept in
+the log, it would outlive its lifting and be shown as still in force).
+
+**A long log is packed** (:func:`_laid_out`). Up to HEAD_STARTS (100) starts per interval the
+head holds the last N, as releases before this layout wrote it (about 30 + 9 N bytes and the
+group's name: 942 bytes at N = 100 for ``key:api.example``). Above, it holds only its newest
+starts: once it holds more than SEAL_AT (50), the write that adds a start first seals all but its
+newest into a *chunk*, an item ``gate#rate-log:<group>#<version>`` named by the head version that
+write makes, and the head names the chunks that may hold one of the last N (about N / 50). A
+chunk never changes (every writer that tries that version read the same head, and a head's
+starts but its newest are final: only the newest is ever given back), so it is written before
+the head's conditional write, by any writer that tries, and a process keeps the chunks it has
+read. A start then writes a head of at most about 700 bytes at any N (and a chunk every 50 starts
+or so), while the N-th last start it checks against is read from the head or a chunk. TTL deletes
+a chunk two days after its last start (past the longest interval, a day: a deleted chunk held no
+start a window can still count), as well as one whose head write was refused, which no head names.
+While a fleet runs the release before this layout beside this one, a group above 100 keeps to its
+limit only among this release's processes (the older one counts the head's starts alone); at 100
+and below nothing changed.
 
 **Taking a token** (after the claim and the concurrency places, just before the handler starts;
 :func:`admit`): the start is stamped ``t = max(now + lead, last start)`` and written, on the
@@ -47,10 +64,14 @@ A task in several groups takes its token in each, in order; one refused gives ba
 took, each only if no start was stamped after it (a token given back late is simply unused: the
 log is never wrong in the direction of too many starts).
 
-**Cost** in write units (a log of N starts is about 10 + 8 N bytes; 1 unit up to 1 KB, so up to
-about 100 starts per interval): an admitted start pays 1 per group; a racing writer of another
-process 1 failed write and a consistent read; a task turned away its claim and give-back (6 with
-the index moves) and 1 for its booking (docs/operations.md has the measured figures).
+**Cost** in write units (1 unit per KB written; a head is within 1 KB at any N for a group name of
+up to about 90 characters, and of any length above 100 starts per interval): an admitted start
+pays 1 per group, and above 100 starts per interval a chunk write about every 50 starts (1.02 a
+start at N = 1,000, measured; it was about 8 with the last N in one item); a racing writer of
+another process 1 failed write and a consistent read (and a BatchGetItem of the chunks sealed
+meanwhile; the first read of a long log in a process reads its N / 50 chunks, about 1 read unit
+each); a task turned away its claim and give-back (6 with the index moves) and 1 for its booking
+(docs/operations.md has the measured figures; ``benchmarks/rates.py --only log`` the log's own).
 """
 
 from __future__ import annotations
@@ -68,8 +89,8 @@ from pynamodb.expressions.condition import Condition
 from pynamodb.expressions.update import Action
 
 from coworker.data import index, layout, writes
-from coworker.data.layout import RATE_GATE_PREFIX
-from coworker.data.models import RateGateModel, TaskModel, TaskStatus, utcnow
+from coworker.data.layout import RATE_GATE_PREFIX, rate_chunk_key
+from coworker.data.models import RateChunkModel, RateGateModel, TaskModel, TaskStatus, utcnow
 from coworker.engine import control
 from coworker.engine.control import Rate
 from coworker.observability import logger
@@ -85,9 +106,25 @@ MAX_MARGIN_MS = 25
 LEAD_MS = (10, 5000)
 # Groups whose log (and turn lock) a process keeps, at most: the least recently used go first.
 KNOWN_GROUPS = 4096
+# And chunks of long logs (see HEAD_STARTS), at most: about 50 starts each, 8,192 of them some
+# 16 MB (as many as 400 logs at 1,000 starts per interval hold).
+KNOWN_CHUNKS = 8192
 # A task claimed at most this long (or its group's interval, if longer) after the start it
 # booked is a returning waiter: it may take a token while others are booked (see :func:`returning`).
 RETURN_WINDOW_SECONDS = 60.0
+# A start log keeps its last N starts in its head item up to this N (about 9 bytes a start: 1 KB,
+# one write unit, for a group name of up to about 90 characters), exactly as releases before
+# chunks did; above it the head keeps only its newest starts, and the older ones are sealed
+# into chunk items (see :func:`_laid_out`).
+HEAD_STARTS = 100
+# A head above HEAD_STARTS that holds more than this many starts seals all but its newest into a
+# chunk: it holds at most this many and the starts one write adds, and names about N / SEAL_AT
+# chunks (the head of a limit of 1,000 stays within about 700 bytes).
+SEAL_AT = 50
+# How long a sealed chunk is kept (by TTL) after its last start: the longest interval
+# (engine.tasks.MAX_RATE_INTERVAL_SECONDS, a day) and a day more, so a chunk deleted leaves out
+# only starts that no window of the interval can hold any more.
+CHUNK_KEPT_SECONDS = 2 * 86_400
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,11 +185,25 @@ def from_epoch_ms(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Chunk:
+    """Older starts of a log, sealed by the head's write of ``version`` (its name); never changed.
+    Empty when TTL deleted it: its starts were older than any interval."""
+
+    version: int
+    starts: tuple[int, ...]
+
+
 @dataclasses.dataclass
 class _Log:
     version: int
-    starts: list[int]
+    starts: list[int]  # the head's own starts (the newest)
     booked_until: int | None = None
+    chunks: tuple[_Chunk, ...] = ()  # the older starts the head names, oldest first
+
+    def all_starts(self) -> list[int]:
+        """The log's starts, oldest first: its chunks' and the head's."""
+        return [start for chunk in self.chunks for start in chunk.starts] + self.starts
 
 
 # The log each group had when this process last read or wrote it: a process that runs a key's
@@ -179,15 +230,22 @@ def _turn(key: str) -> threading.Lock:
         return lock
 
 
+# Chunks of the logs kept, in all: a process keeps at most KNOWN_CHUNKS of them.
+_known_chunks = 0
+
+
 def _remember(key: str, log: _Log | None) -> None:
+    global _known_chunks
     with _known_lock:
+        dropped = _known.pop(_known_as(key), None)
+        _known_chunks -= len(dropped.chunks) if dropped is not None else 0
         if log is None:
-            _known.pop(_known_as(key), None)
             return
         _known[_known_as(key)] = log
-        _known.move_to_end(_known_as(key))
-        while len(_known) > KNOWN_GROUPS:
-            _known.popitem(last=False)
+        _known_chunks += len(log.chunks)
+        while len(_known) > KNOWN_GROUPS or (_known_chunks > KNOWN_CHUNKS and len(_known) > 1):
+            _, dropped = _known.popitem(last=False)
+            _known_chunks -= len(dropped.chunks)
 
 
 def _remember_booking(key: str, booked_until: int) -> None:
@@ -202,7 +260,7 @@ def _remember_booking(key: str, booked_until: int) -> None:
 def _recall(key: str) -> _Log | None:
     with _known_lock:
         log = _known.get(_known_as(key))
-        return dataclasses.replace(log, starts=list(log.starts)) if log is not None else None
+        return dataclasses.replace(log, starts=list(log.starts)) if log is not None else None  # (chunks: a tuple)
 
 
 def read_log(group_name: str) -> RateGateModel | None:
@@ -214,13 +272,48 @@ def read_log(group_name: str) -> RateGateModel | None:
 
 
 def _read(group: RateGroup) -> _Log:
+    """The group's log as stored: its head (one consistent read) and the chunks it names that this
+    process has not seen yet (sealed chunks never change: one consistent BatchGetItem, if any)."""
     item = read_log(group.name)
     log = _Log(0, [])
     if item is not None:
+        known = _recall(group.gate_key)
         log = _Log(int(item.version or 0), [int(s) for s in item.starts or ()],
-                   int(item.booked_until) if item.booked_until is not None else None)
+                   int(item.booked_until) if item.booked_until is not None else None,
+                   _chunks_of(group.name, [int(v) for v in item.chunks or ()], known.chunks if known else ()))
     _remember(group.gate_key, log)
     return log
+
+
+def _chunks_of(group_name: str, versions: Sequence[int], known: Sequence[_Chunk] = ()) -> tuple[_Chunk, ...]:
+    """The chunks of ``group_name``'s log sealed by ``versions``: those in ``known`` as they are,
+    the others read (one consistent BatchGetItem per 100); one deleted by TTL is empty."""
+    have = {chunk.version: chunk for chunk in known}
+    read = _read_chunks([rate_chunk_key(group_name, version) for version in versions if version not in have])
+    return tuple(have.get(version) or _Chunk(version, read.get(rate_chunk_key(group_name, version), ()))
+                 for version in versions)
+
+
+def _read_chunks(keys: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """The starts of the chunks ``keys`` (one consistent BatchGetItem per 100), by key; those
+    deleted by TTL are left out."""
+    if not keys:
+        return {}
+    return {item.key: tuple(int(s) for s in item.starts or ())
+            for item in RateChunkModel.batch_get(list(keys), consistent_read=True)}
+
+
+def logged_starts(*items: RateGateModel | None) -> list[list[int]]:
+    """Every start each group's stored log holds, oldest first (its chunks', then its head's): the
+    chunks of them all in one consistent BatchGetItem per 100."""
+    def named(item: RateGateModel | None) -> list[str]:
+        if item is None:
+            return []
+        return [rate_chunk_key(item.key[len(RATE_GATE_PREFIX):], int(v)) for v in item.chunks or ()]
+
+    read = _read_chunks([key for item in items for key in named(item)])
+    return [[start for key in named(item) for start in read.get(key, ())]
+            + ([int(s) for s in item.starts or ()] if item is not None else []) for item in items]
 
 
 def margin_ms(rate: Rate) -> int:
@@ -299,10 +392,10 @@ def _take(group: RateGroup, floor_ms: int, wait_ms: int, waiter: bool) -> Token 
     return ask.answer
 
 
-def _stamps(log: _Log, rate: Rate, asks: Sequence[_Ask], now_floor: int) -> tuple[list[int], list[int]]:
-    """What ``asks`` get, in turn, after ``log``, none stamped before ``now_floor``: ``(the log's
-    last starts with theirs, per ask its stamp, or if refused, minus when its next token frees)``."""
-    starts = list(log.starts)
+def _stamps(log: _Log, rate: Rate, asks: Sequence[_Ask], now_floor: int) -> list[int]:
+    """What ``asks`` get, in turn, after ``log``, none stamped before ``now_floor``: per ask its
+    stamp, or if refused, minus when its next token frees."""
+    starts = log.all_starts()[-rate.limit:]
     stamps: list[int] = []
     for ask in asks:
         floor = max(ask.floor_ms, now_floor)
@@ -317,7 +410,48 @@ def _stamps(log: _Log, rate: Rate, asks: Sequence[_Ask], now_floor: int) -> tupl
             continue
         starts = [*starts, stamp][-rate.limit:]
         stamps.append(stamp)
-    return starts, stamps
+    return stamps
+
+
+def _laid_out(log: _Log, rate: Rate, new: Sequence[int], version: int) -> tuple[list[int], tuple[_Chunk, ...],
+                                                                                _Chunk | None]:
+    """How ``log`` is written with the ``new`` starts as ``version``: ``(the head's starts, the
+    chunks it names, the chunk this write seals or None)``.
+
+    Up to HEAD_STARTS starts per interval, the head holds the last N (and names no chunk), as
+    releases before chunks wrote it. Above, a head holding more than SEAL_AT starts seals all but
+    its newest into a chunk named by ``version``, and names only the chunks that may hold one of
+    the last N starts. A write reads the N-th last start wherever it is, but writes a bounded head
+    (and a chunk every SEAL_AT starts or so), so a start costs about 1 write unit at any N.
+
+    Why a chunk can be written before the head's conditional write, by every writer that tries
+    ``version``, and never changes: every such writer read the same head (``version - 1``: its
+    writes are conditional on it) and seals the same starts of it; and a head's starts but its
+    newest are final (a start is given back only while it is the newest one). A writer whose head
+    write is refused leaves a chunk that no head names; TTL deletes it."""
+    if rate.limit <= HEAD_STARTS:
+        return [*log.all_starts(), *new][-rate.limit:], (), None
+    head, chunks, sealed = list(log.starts), list(log.chunks), None
+    if len(head) > SEAL_AT:
+        sealed = _Chunk(version, tuple(head[:-1]))
+        head, chunks = head[-1:], [*chunks, sealed]
+    head = [*head, *new][-rate.limit:]
+    kept: list[_Chunk] = []
+    held = len(head)
+    for chunk in reversed(chunks):  # the newest chunks that, with the head, hold the last N
+        if held >= rate.limit:
+            break
+        kept.insert(0, chunk)
+        held += len(chunk.starts)
+    return head, tuple(kept), sealed if sealed in kept else None
+
+
+def _seal(group: RateGroup, chunk: _Chunk) -> None:
+    """Write ``chunk`` of ``group``'s log before the head that names it (if another writer of the
+    same version wrote it first, it holds the same starts)."""
+    expires = datetime.fromtimestamp(chunk.starts[-1] / 1000 + CHUNK_KEPT_SECONDS, tz=UTC).replace(microsecond=0)
+    writes.put_if_new(RateChunkModel(rate_chunk_key(group.name, chunk.version), starts=list(chunk.starts),
+                                     delete_after_epoch=expires), f"seal starts of {group.name!r}")
 
 
 def _take_all(group: RateGroup, asks: Sequence[_Ask]) -> list[Token | int]:
@@ -329,19 +463,27 @@ def _take_all(group: RateGroup, asks: Sequence[_Ask]) -> list[Token | int]:
     for _ in range(RACE_RETRIES):
         # Stamped from now on: a request made before a long wait for the turn is not stamped in
         # the past (a start whose stamp passed before its write came back would be given back).
-        starts, stamps = _stamps(log, rate, asks, epoch_ms(utcnow()) + lead_ms())
+        stamps = _stamps(log, rate, asks, epoch_ms(utcnow()) + lead_ms())
         if any(stamp < 0 for stamp in stamps) and not fresh:
             log, fresh = _read(group), True  # what this process saw may be old: look again
             continue
         if all(stamp < 0 for stamp in stamps):
             return [-stamp for stamp in stamps]
-        actions = [RateGateModel.starts.set(starts), RateGateModel.version.set(log.version + 1), *_limit_shown(group)]
+        version = log.version + 1
+        head, chunks, sealed = _laid_out(log, rate, [stamp for stamp in stamps if stamp >= 0], version)
+        actions = [RateGateModel.starts.set(head), RateGateModel.version.set(version), *_limit_shown(group)]
+        if chunks:
+            actions.append(RateGateModel.chunks.set([chunk.version for chunk in chunks]))
+        elif log.chunks:
+            actions.append(RateGateModel.chunks.remove())
         sent = time.monotonic()
+        if sealed is not None:
+            _seal(group, sealed)
         if writes.update(RateGateModel(group.gate_key), actions, _version_is(log.version),
                          f"take a start of {group.name!r}", refresh=False):
             _write_took((time.monotonic() - sent) * 1000)
-            _remember(group.gate_key, _Log(log.version + 1, starts, log.booked_until))
-            return [Token(group, log.version + 1, stamp) if stamp >= 0 else -stamp for stamp in stamps]
+            _remember(group.gate_key, _Log(version, head, log.booked_until, chunks))
+            return [Token(group, version, stamp) if stamp >= 0 else -stamp for stamp in stamps]
         log, fresh = _read(group), True
     # The log kept changing: try again after about one start's share of the interval.
     return [max(ask.floor_ms, 0) + math.ceil(rate.interval_ms / rate.limit) for ask in asks]
@@ -398,7 +540,7 @@ def _give_back(token: Token) -> None:
     actions = [RateGateModel.starts.set(starts), RateGateModel.version.set(token.version + 1)]
     if writes.update(RateGateModel(key), actions, _version_is(token.version),
                      f"give back a start of {token.group.name!r}", refresh=False):
-        _remember(key, _Log(token.version + 1, starts, log.booked_until))
+        _remember(key, _Log(token.version + 1, starts, log.booked_until, log.chunks))
     else:
         _remember(key, None)
 
@@ -515,7 +657,7 @@ def rebook(group_name: str, rate: Rate | None, settle_seconds: float, now: datet
         horizon = int(item.booked_until)
         base, spacing = now_ms + math.ceil(settle_seconds * 1000), 0
         if rate is not None:
-            base = max(base, free_at([int(s) for s in item.starts or ()], rate))
+            base = max(base, free_at(logged_starts(item)[0], rate))
             spacing = math.ceil((rate.interval_ms + margin_ms(rate)) / rate.limit)
         found, complete = index.due_between((TaskStatus.TODO, TaskStatus.FAILED), from_epoch_ms(now_ms),
                                             from_epoch_ms(horizon), REBOOK_READS,
@@ -582,23 +724,28 @@ class RateState:
 
 
 def states(groups: Mapping[str, Rate | None], now: datetime | None = None) -> dict[str, RateState]:
-    """The state of each group's log (one BatchGetItem per 100 groups, consistent), by group
+    """The state of each group's log (one BatchGetItem per 100 groups, consistent, and one per
+    100 chunks their heads name: about N / SEAL_AT for a group above HEAD_STARTS), by group
     name, under the limit set for it (``None``: none is set; then the one its last start's task
     carried, if it did)."""
     now_ms = epoch_ms(now or utcnow())
     keys = [RATE_GATE_PREFIX + name for name in groups]
     items = {item.key: item for item in RateGateModel.batch_get(keys, consistent_read=True)} if keys else {}
-    return {name: _state_of(items.get(RATE_GATE_PREFIX + name), rate, now_ms) for name, rate in groups.items()}
+    found = [items.get(key) for key in keys]
+    return {name: _state_of(item, starts, rate, now_ms)
+            for (name, rate), item, starts in zip(groups.items(), found, logged_starts(*found), strict=True)}
 
 
 def state(group_name: str, now: datetime | None = None) -> RateState:
     """The state of ``group_name``'s log under the limit in force (the control record's, else the
-    one its last start's task carried): two consistent reads."""
-    return _state_of(read_log(group_name), control.read(consistent=True).rate_limits.get(group_name),
+    one its last start's task carried): two consistent reads (and one BatchGetItem of its log's
+    chunks, above HEAD_STARTS)."""
+    item = read_log(group_name)
+    return _state_of(item, logged_starts(item)[0], control.read(consistent=True).rate_limits.get(group_name),
                      epoch_ms(now or utcnow()))
 
 
-def _state_of(item: RateGateModel | None, rate: Rate | None, now_ms: int) -> RateState:
+def _state_of(item: RateGateModel | None, starts: Sequence[int], rate: Rate | None, now_ms: int) -> RateState:
     if item is None:
         return RateState(rate, 0, None, None)
     booked = int(item.booked_until) if item.booked_until is not None else None
@@ -610,7 +757,6 @@ def _state_of(item: RateGateModel | None, rate: Rate | None, now_ms: int) -> Rat
         rate = Rate(int(item.limit), int(item.interval_ms))
     if rate is None:
         return RateState(None, 0, None, booked_until, logged=True)
-    starts = [int(s) for s in item.starts or ()]
     recent = sum(1 for s in starts if s > now_ms - rate.interval_ms)
     free = free_at(starts, rate)
     return RateState(rate, recent, from_epoch_ms(free) if free > now_ms else None, booked_until,
