@@ -15,7 +15,9 @@ database does). It prints, from the handlers' own start times and the engine's c
 * start attempts whose token write came back past its stamp (the token is given back, or wasted
   when another start was stamped after it, and taken again; after four, the task is booked behind
   every waiter);
-* claims per rate-limited task, and every warning by its text, and what the tasks ended as.
+* claims per rate-limited task, and every warning by its text, and what the tasks ended as;
+* for the tasks turned away with a booked start, the time from that booked start (the last one
+  booked) to their handler's start: p50, p95 and the most.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ _started: dict[str, float] = {}
 _claims: collections.Counter[str] = collections.Counter()
 _warnings: collections.Counter[str] = collections.Counter()
 _spent: collections.Counter[str] = collections.Counter()
+_booked: dict[str, float] = {}  # key -> the start last booked for it (epoch s)
 _guard = threading.Lock()
 
 
@@ -85,6 +88,7 @@ class _TimedTurn:
 
 def _instrument(share: float, slowest: float, chance: random.Random) -> None:
     update, claim, turn, start_on = writes.update, lifecycle.claim, rates._turn, rates.start_on
+    take_rate_tokens = worker._take_rate_tokens
 
     def slow_update(item, *args, **kwargs):
         if chance.random() < share:
@@ -105,7 +109,15 @@ def _instrument(share: float, slowest: float, chance: random.Random) -> None:
             _spent["token writes back past their stamp"] += not on_time
         return on_time
 
+    def booking_noted(claim, *args, **kwargs):
+        turned_away, retry_at = take_rate_tokens(claim, *args, **kwargs)
+        if retry_at is not None:
+            with _guard:
+                _booked[claim.key] = retry_at.timestamp()
+        return turned_away, retry_at
+
     writes.update = slow_update
+    worker._take_rate_tokens = booking_noted
     lifecycle.claim = counted_claim
     rates._turn = lambda key: _TimedTurn(turn(key))
     rates.start_on = timed_start_on
@@ -158,6 +170,11 @@ def main() -> None:
         for what, amount in _spent.items():
             print(f"{what}: {amount:.1f}" + (" thread-seconds" if "turn" in what else ""))
         print("claims per rate-limited task:", sorted(_claims[key] for key in created))
+        late = sorted(_started[key] - _booked[key] for key in _booked if key in _started)
+        if late:
+            p95 = late[min(len(late) - 1, round(0.95 * (len(late) - 1)))]
+            print(f"booked start to handler start ({len(late)} tasks booked): p50 {statistics.median(late):.2f} s, "
+                  f"p95 {p95:.2f} s, most {late[-1]:.2f} s")
         statuses = collections.Counter(lifecycle.get_task(key).status for key in created)
         print("rate-limited tasks now:", dict(statuses))
         for message, count in _warnings.most_common():

@@ -257,7 +257,8 @@ def test_rate_limit_a_key_from_the_dashboard_and_lift_it(browser, runtime):
     # its tasks wait their turn in the queue and all run
     tasks = [{"key": f"{run}-rate{i}", "type": "quick", "rate_key": f"dash-{run}"} for i in range(6)]
     assert runtime.post("/tasks", json={"batch_id": f"rated-{run}", "tasks": tasks}).status_code == 201
-    runtime.wait_for(lambda: runtime.get(f"/batches/rated-{run}").json()["done"], 180, "the rate-limited tasks")  # (a ceiling)
+    # (180 s: a ceiling on a loaded machine, not a budget)
+    runtime.wait_for(lambda: runtime.get(f"/batches/rated-{run}").json()["done"], 180, "the rate-limited tasks")
     assert {runtime.task(t["key"])["status"] for t in tasks} == {"finished"}
 
     page.locator(f"{row} button[data-verb='lift']").click()
