@@ -201,7 +201,7 @@ class StackConfig:
     # With events=eventbridge and no eventBus named, the stack makes the bus (its name replaces
     # settings.event_bus in TaskSystem), its archive and a delivery DLQ for consumers' rules.
     own_event_bus: bool = False
-    event_archive_days: int = c.DEFAULT_EVENT_ARCHIVE_DAYS
+    event_archive_days: int | None = c.DEFAULT_EVENT_ARCHIVE_DAYS  # None: no archive; 0: kept for ever
     event_bus_accounts: tuple[str, ...] = ()  # other accounts the own bus's policy lets put events
     stream_lag_alarm_seconds: int = c.DEFAULT_STREAM_LAG_ALARM_SECONDS
     # The ``service`` dimension of the functions' metrics (POWERTOOLS_SERVICE_NAME): one per
@@ -387,7 +387,7 @@ class StackConfig:
             api_resource_policy=resource_policy.read_statements(options.get("api_resource_policy")),
             runner=runner,
             own_event_bus=_own_event_bus(options, settings),
-            event_archive_days=number("event_archive_days", c.DEFAULT_EVENT_ARCHIVE_DAYS, 0),
+            event_archive_days=_event_archive_days(options),
             event_bus_accounts=_ids(options, "event_bus_accounts", _ACCOUNT_ID, "123456789012 (12 digits)"),
             stream_lag_alarm_seconds=number("stream_lag_alarm_seconds", c.DEFAULT_STREAM_LAG_ALARM_SECONDS),
         )._within_quota()
@@ -515,6 +515,21 @@ def _own_event_bus(options: dict[str, Any], settings: Settings) -> bool:
             f"option {', '.join(given)} configures the event bus the stack makes with events=eventbridge (context "
             f"{c.CTX_EVENTS}) and no eventBus (context {c.CTX_EVENT_BUS}), which this deployment does not have: {why}")
     return own
+
+
+def _event_archive_days(options: dict[str, Any]) -> int | None:
+    """Option event_archive_days: days the own bus's archive keeps events (0: for ever, as
+    EventBridge reads it), or ``None`` for no archive (:data:`constants.NO_EVENT_ARCHIVE`)."""
+    value = options.get("event_archive_days")
+    if isinstance(value, str) and value.strip().lower() == c.NO_EVENT_ARCHIVE:
+        return None
+    try:
+        return _whole(options, "event_archive_days", c.DEFAULT_EVENT_ARCHIVE_DAYS, 0)
+    except ConfigurationError:
+        raise ConfigurationError(
+            f"option event_archive_days (context {c.CTX_EVENT_ARCHIVE_DAYS}) must be a whole number of days of at "
+            f"least 0 (0 keeps the archive's events for ever), or {c.NO_EVENT_ARCHIVE} for no archive, "
+            f"not {value!r}") from None
 
 
 @overload

@@ -80,6 +80,26 @@ def test_the_archive_retention_is_an_option(synthesize) -> None:
     template.has_resource_properties("AWS::Events::Archive", {"RetentionDays": 90})
 
 
+def test_event_archive_days_none_makes_no_archive_and_the_default_keeps_one(own_bus, synthesize) -> None:
+    template, _ = synth(synthesize, {**EVENTS_ON, "eventArchiveDays": "none"})
+    assert not resources(template, "AWS::Events::Archive")
+    only(template, "AWS::Events::EventBus")  # the bus and its queue stay
+    assert [lid for lid in resources(template, "AWS::SQS::Queue") if "Events" in lid]
+    assert resources(own_bus[0], "AWS::Events::Archive")  # eventArchiveDays unset: archived
+
+
+def test_event_archive_days_reads_none_and_whole_days_and_refuses_anything_else() -> None:
+    def days(value: object) -> int | None:
+        return StackConfig.from_options(handlers="examples", events="eventbridge",
+                                        event_archive_days=value).event_archive_days
+
+    assert (days("none"), days(" None "), days("0"), days(0), days("7")) == (None, None, 0, 0, 7)
+    for bad in ("off", "forever", -1, "1.5", True):
+        with pytest.raises(ConfigurationError, match=r"option event_archive_days \(context eventArchiveDays\) "
+                                                     r"must be .* or none for no archive"):
+            days(bad)
+
+
 def test_the_bus_policy_lets_the_accounts_named_put_events_and_nobody_else(own_bus, synthesize) -> None:
     template, _ = own_bus
     bus_id, _ = only(template, "AWS::Events::EventBus")

@@ -24,7 +24,8 @@ EVENTS_SERVICE = "events.amazonaws.com"
 
 
 class CompletionEventBus(Construct):
-    """A custom bus for Coworker's events, archived, with its delivery dead-letter queue.
+    """A custom bus for Coworker's events, archived (unless ``archive_days`` is None), with its
+    delivery dead-letter queue.
 
     The bus and its archive go with the stack whatever the removal policy: the bus holds no
     events, a bus's name cannot be taken again while a retained one has it (the next deploy would
@@ -38,7 +39,7 @@ class CompletionEventBus(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        archive_days: int,
+        archive_days: int | None,
         accounts: Sequence[str] = (),
         removal_policy: RemovalPolicy,
         key: kms.IKey | None = None,
@@ -47,7 +48,8 @@ class CompletionEventBus(Construct):
         self._key = key
         self.bus = events.EventBus(self, "Bus", description="Coworker completion events (docs/events.md)",
                                    kms_key=key)
-        self.archive = self._build_archive(archive_days)
+        # No archive (archive_days None) means no replay: a consumer that misses events has lost them.
+        self.archive = self._build_archive(archive_days) if archive_days is not None else None
         if accounts:
             self._allow_accounts(accounts)
         self.dead_letter_queue = self._build_dead_letter_queue(removal_policy)
