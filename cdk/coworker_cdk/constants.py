@@ -96,6 +96,7 @@ CTX_EVENTS: Final = "events"  # completion events: off | eventbridge | log
 CTX_EVENT_BUS: Final = "eventBus"  # unset: the stack makes its own bus; a name or ARN: that bus, as it is
 CTX_EVENT_ARCHIVE_DAYS: Final = "eventArchiveDays"  # own bus's archive; 0: for ever, none: no archive
 CTX_EVENT_BUS_ACCOUNTS: Final = "eventBusAccounts"  # accounts that may put to the stack's own bus
+CTX_EVENT_BUS_ORGANIZATION: Final = "eventBusOrganizationId"  # an organization whose accounts may put to it
 CTX_STREAM_LAG_ALARM_SECONDS: Final = "streamLagAlarmSeconds"
 CTX_LEGACY_STATUS_INDEX: Final = "legacyStatusIndex"  # "true" while migrating a pre-sharding table
 CTX_WARM_WRITE_UNITS: Final = "warmWriteUnits"  # pre-warmed write units per second (table + index)
@@ -189,6 +190,7 @@ NO_EVENT_ARCHIVE: Final = "none"
 # (the rule's target names it); SQS keeps a message at most 14 days.
 EVENT_DLQ_RETENTION_DAYS: Final = 14
 ACCOUNT_ID: Final = r"\d{12}"
+ORGANIZATION_ID: Final = r"o-[a-z0-9]{10,32}"  # AWS Organizations' own pattern for an organization's id
 
 # --- container runner ----------------------------------------------------------------------
 DEFAULT_RUNNER_CPU: Final = 1024  # 1 vCPU
