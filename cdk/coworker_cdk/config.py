@@ -86,6 +86,7 @@ _DEPLOY_CONTEXT: dict[str, str] = {
     c.CTX_RUNNER_PUBLIC_IP: "runner_public_ip",
     c.CTX_EVENT_ARCHIVE_DAYS: "event_archive_days",
     c.CTX_EVENT_BUS_ACCOUNTS: "event_bus_accounts",
+    c.CTX_EVENT_BUS_ORGANIZATION: "event_bus_organization_id",
     c.CTX_STREAM_LAG_ALARM_SECONDS: "stream_lag_alarm_seconds",
     c.CTX_KMS_KEY: "kms_key_arn",
     c.CTX_WAF_WEB_ACL: "waf_web_acl_arn",
@@ -105,8 +106,9 @@ OPTION_NAMES: frozenset[str] = frozenset(CONTEXT_OPTIONS.values())
 _RUNNER_OPTIONS = ("max_runners", "runner_threads", "runner_start_seconds", "runner_cpu", "runner_memory_mb",
                    "runner_cluster", "runner_subnets", "runner_security_groups", "runner_public_ip")
 # Options of the stack's own event bus: refused with a named bus or without events=eventbridge.
-_OWN_BUS_OPTIONS = ("event_archive_days", "event_bus_accounts")
+_OWN_BUS_OPTIONS = ("event_archive_days", "event_bus_accounts", "event_bus_organization_id")
 _ACCOUNT_ID = re.compile(c.ACCOUNT_ID)
+_ORGANIZATION_ID = re.compile(c.ORGANIZATION_ID)
 _SUBNET_ID = re.compile(r"subnet-[0-9a-f]{8,17}")
 _SECURITY_GROUP_ID = re.compile(r"sg-[0-9a-f]{8,17}")
 _CLUSTER_NAME = re.compile(r"[A-Za-z0-9_-]{1,255}")
@@ -201,8 +203,9 @@ class StackConfig:
     # With events=eventbridge and no eventBus named, the stack makes the bus (its name replaces
     # settings.event_bus in TaskSystem), its archive and a delivery DLQ for consumers' rules.
     own_event_bus: bool = False
-    event_archive_days: int = c.DEFAULT_EVENT_ARCHIVE_DAYS
+    event_archive_days: int | None = c.DEFAULT_EVENT_ARCHIVE_DAYS  # None: no archive; 0: kept for ever
     event_bus_accounts: tuple[str, ...] = ()  # other accounts the own bus's policy lets put events
+    event_bus_organization_id: str | None = None  # an organization whose principals it lets put events too
     stream_lag_alarm_seconds: int = c.DEFAULT_STREAM_LAG_ALARM_SECONDS
     # The ``service`` dimension of the functions' metrics (POWERTOOLS_SERVICE_NAME): one per
     # deployment (TaskSystem sets it), so two deployments in an account share no graph or alarm.
@@ -387,8 +390,9 @@ class StackConfig:
             api_resource_policy=resource_policy.read_statements(options.get("api_resource_policy")),
             runner=runner,
             own_event_bus=_own_event_bus(options, settings),
-            event_archive_days=number("event_archive_days", c.DEFAULT_EVENT_ARCHIVE_DAYS, 0),
+            event_archive_days=_event_archive_days(options),
             event_bus_accounts=_ids(options, "event_bus_accounts", _ACCOUNT_ID, "123456789012 (12 digits)"),
+            event_bus_organization_id=_organization_id(options),
             stream_lag_alarm_seconds=number("stream_lag_alarm_seconds", c.DEFAULT_STREAM_LAG_ALARM_SECONDS),
         )._within_quota()
 
@@ -515,6 +519,36 @@ def _own_event_bus(options: dict[str, Any], settings: Settings) -> bool:
             f"option {', '.join(given)} configures the event bus the stack makes with events=eventbridge (context "
             f"{c.CTX_EVENTS}) and no eventBus (context {c.CTX_EVENT_BUS}), which this deployment does not have: {why}")
     return own
+
+
+def _organization_id(options: dict[str, Any]) -> str | None:
+    """Option event_bus_organization_id: an AWS Organizations id (a token is taken as it is), or
+    ``None`` when unset."""
+    value = options.get("event_bus_organization_id")
+    if value is None:
+        return None
+    organization = str(value).strip()
+    if not (Token.is_unresolved(organization) or _ORGANIZATION_ID.fullmatch(organization)):
+        raise ConfigurationError(
+            f"option event_bus_organization_id (context {c.CTX_EVENT_BUS_ORGANIZATION}) must be an AWS "
+            "Organizations id, o- and 10 to 32 lowercase letters or digits (o-a1b2c3d4e5; `aws organizations "
+            f"describe-organization` shows it), not {value!r}")
+    return organization
+
+
+def _event_archive_days(options: dict[str, Any]) -> int | None:
+    """Option event_archive_days: days the own bus's archive keeps events (0: for ever, as
+    EventBridge reads it), or ``None`` for no archive (:data:`constants.NO_EVENT_ARCHIVE`)."""
+    value = options.get("event_archive_days")
+    if isinstance(value, str) and value.strip().lower() == c.NO_EVENT_ARCHIVE:
+        return None
+    try:
+        return _whole(options, "event_archive_days", c.DEFAULT_EVENT_ARCHIVE_DAYS, 0)
+    except ConfigurationError:
+        raise ConfigurationError(
+            f"option event_archive_days (context {c.CTX_EVENT_ARCHIVE_DAYS}) must be a whole number of days of at "
+            f"least 0 (0 keeps the archive's events for ever), or {c.NO_EVENT_ARCHIVE} for no archive, "
+            f"not {value!r}") from None
 
 
 @overload

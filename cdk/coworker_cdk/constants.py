@@ -94,8 +94,9 @@ CTX_INLINE_PAYLOAD_BYTES: Final = "inlinePayloadBytes"
 CTX_STATUS_SHARDS: Final = "statusShards"
 CTX_EVENTS: Final = "events"  # completion events: off | eventbridge | log
 CTX_EVENT_BUS: Final = "eventBus"  # unset: the stack makes its own bus; a name or ARN: that bus, as it is
-CTX_EVENT_ARCHIVE_DAYS: Final = "eventArchiveDays"  # of the stack's own bus's archive; 0 keeps for ever
+CTX_EVENT_ARCHIVE_DAYS: Final = "eventArchiveDays"  # own bus's archive; 0: for ever, none: no archive
 CTX_EVENT_BUS_ACCOUNTS: Final = "eventBusAccounts"  # accounts that may put to the stack's own bus
+CTX_EVENT_BUS_ORGANIZATION: Final = "eventBusOrganizationId"  # an organization whose accounts may put to it
 CTX_STREAM_LAG_ALARM_SECONDS: Final = "streamLagAlarmSeconds"
 CTX_LEGACY_STATUS_INDEX: Final = "legacyStatusIndex"  # "true" while migrating a pre-sharding table
 CTX_WARM_WRITE_UNITS: Final = "warmWriteUnits"  # pre-warmed write units per second (table + index)
@@ -182,10 +183,14 @@ MAX_EVENT_AGE_SECONDS: Final = 6 * 60 * 60
 # The archive of the stack's own bus keeps every event this long, for replay to a consumer that
 # missed some (a rule disabled, a target down past EventBridge's 24 h of retries).
 DEFAULT_EVENT_ARCHIVE_DAYS: Final = 30
+# eventArchiveDays=none: no archive. Not "off" or "0": 0 is EventBridge's "keep for ever" (and a
+# false word of the boolean options), so a word that reads as a number of days would mislead.
+NO_EVENT_ARCHIVE: Final = "none"
 # Deliveries a consumer's rule on the stack's bus could not make go to the stack's delivery DLQ
 # (the rule's target names it); SQS keeps a message at most 14 days.
 EVENT_DLQ_RETENTION_DAYS: Final = 14
 ACCOUNT_ID: Final = r"\d{12}"
+ORGANIZATION_ID: Final = r"o-[a-z0-9]{10,32}"  # AWS Organizations' own pattern for an organization's id
 
 # --- container runner ----------------------------------------------------------------------
 DEFAULT_RUNNER_CPU: Final = 1024  # 1 vCPU

@@ -95,7 +95,9 @@ class TaskSystem(Construct):
         self.event_bus: CompletionEventBus | None = None
         if self.config.own_event_bus:
             self.event_bus = CompletionEventBus(self, "Events", archive_days=self.config.event_archive_days,
-                                                accounts=self.config.event_bus_accounts, removal_policy=removal,
+                                                accounts=self.config.event_bus_accounts,
+                                                organization_id=self.config.event_bus_organization_id,
+                                                removal_policy=removal,
                                                 key=self.key)
             settings = self.config.settings.model_copy(update={"event_bus": self.event_bus.bus.event_bus_name})
             self.config = dataclasses.replace(self.config, settings=settings)

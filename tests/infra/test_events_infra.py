@@ -19,6 +19,7 @@ from coworker_cdk.config import StackConfig
 from tests.infra.test_stack import alarm_metric, alarms_by_id, functions_by_role, policy_statements, resources, role_of
 
 OTHER_ACCOUNT = "210987654321"
+ORGANIZATION = "o-a1b2c3d4e5"
 EVENTS_ON = {"events": "eventbridge", "alarmEmail": "ops@example.com"}
 
 
@@ -80,6 +81,26 @@ def test_the_archive_retention_is_an_option(synthesize) -> None:
     template.has_resource_properties("AWS::Events::Archive", {"RetentionDays": 90})
 
 
+def test_event_archive_days_none_makes_no_archive_and_the_default_keeps_one(own_bus, synthesize) -> None:
+    template, _ = synth(synthesize, {**EVENTS_ON, "eventArchiveDays": "none"})
+    assert not resources(template, "AWS::Events::Archive")
+    only(template, "AWS::Events::EventBus")  # the bus and its queue stay
+    assert [lid for lid in resources(template, "AWS::SQS::Queue") if "Events" in lid]
+    assert resources(own_bus[0], "AWS::Events::Archive")  # eventArchiveDays unset: archived
+
+
+def test_event_archive_days_reads_none_and_whole_days_and_refuses_anything_else() -> None:
+    def days(value: object) -> int | None:
+        return StackConfig.from_options(handlers="examples", events="eventbridge",
+                                        event_archive_days=value).event_archive_days
+
+    assert (days("none"), days(" None "), days("0"), days(0), days("7")) == (None, None, 0, 0, 7)
+    for bad in ("off", "forever", -1, "1.5", True):
+        with pytest.raises(ConfigurationError, match=r"option event_archive_days \(context eventArchiveDays\) "
+                                                     r"must be .* or none for no archive"):
+            days(bad)
+
+
 def test_the_bus_policy_lets_the_accounts_named_put_events_and_nobody_else(own_bus, synthesize) -> None:
     template, _ = own_bus
     bus_id, _ = only(template, "AWS::Events::EventBus")
@@ -92,6 +113,31 @@ def test_the_bus_policy_lets_the_accounts_named_put_events_and_nobody_else(own_b
     # without eventBusAccounts the bus has no policy: only its own account puts
     template, _ = synth(synthesize, EVENTS_ON)
     assert not resources(template, "AWS::Events::EventBusPolicy")
+
+
+def bus_policies(template: Template) -> dict[str, dict]:
+    """The own bus's policy statements, by the Sid given in event_bus.py (CDK makes one
+    AWS::Events::EventBusPolicy each, and writes the Sid as cdk-<Sid>)."""
+    statements = [p["Properties"]["Statement"] for p in resources(template, "AWS::Events::EventBusPolicy").values()]
+    return {st["Sid"].removeprefix("cdk-"): st for st in statements}
+
+
+def test_the_bus_policy_lets_an_organization_put_events_alongside_the_accounts(synthesize) -> None:
+    template, _ = synth(synthesize, {**EVENTS_ON, "eventBusAccounts": OTHER_ACCOUNT,
+                                     "eventBusOrganizationId": ORGANIZATION})
+    bus_id, _ = only(template, "AWS::Events::EventBus")
+    policies = bus_policies(template)
+    assert set(policies) == {"OtherAccountsPutEvents", "OrganizationPutEvents"}
+    organization = policies["OrganizationPutEvents"]
+    assert organization == {
+        "Sid": "cdk-OrganizationPutEvents", "Effect": "Allow", "Principal": {"AWS": "*"},
+        "Action": "events:PutEvents", "Resource": {"Fn::GetAtt": [bus_id, "Arn"]},
+        "Condition": {"StringEquals": {"aws:PrincipalOrgID": ORGANIZATION}}}  # what an account is let do
+    assert {k: v for k, v in policies["OtherAccountsPutEvents"].items() if k not in ("Sid", "Principal")} == {
+        k: v for k, v in organization.items() if k not in ("Sid", "Principal", "Condition")}
+    # the organization alone: its statement and no account's
+    template, _ = synth(synthesize, {**EVENTS_ON, "eventBusOrganizationId": ORGANIZATION})
+    assert set(bus_policies(template)) == {"OrganizationPutEvents"}
 
 
 def test_a_dead_letter_queue_takes_what_rules_on_the_bus_cannot_deliver(own_bus) -> None:
@@ -151,10 +197,30 @@ def test_options_of_the_own_bus_are_refused_without_one() -> None:
         StackConfig.from_options(handlers="examples", event_bus_accounts=OTHER_ACCOUNT)
     with pytest.raises(ConfigurationError, match="event_bus_accounts must list ids like 123456789012"):
         StackConfig.from_options(handlers="examples", events="eventbridge", event_bus_accounts="12345")
+    with pytest.raises(ConfigurationError, match="event_bus_organization_id.*eventBus names a bus of yours"):
+        StackConfig.from_options(handlers="examples", events="eventbridge", event_bus="orders",
+                                 event_bus_organization_id=ORGANIZATION)
+    with pytest.raises(ConfigurationError, match="event_bus_organization_id.*events is log"):
+        StackConfig.from_options(handlers="examples", events="log", event_bus_organization_id=ORGANIZATION)
     config = StackConfig.from_options(handlers="examples", events="eventbridge",
                                       event_bus_accounts=f"{OTHER_ACCOUNT}, 111122223333", event_archive_days=0)
     assert config.own_event_bus and config.event_bus_accounts == (OTHER_ACCOUNT, "111122223333")
     assert config.event_archive_days == 0  # EventBridge keeps the archive's events for ever
+    assert config.event_bus_organization_id is None
+
+
+def test_the_organization_id_is_checked() -> None:
+    def organization(value: object) -> str | None:
+        return StackConfig.from_options(handlers="examples", events="eventbridge",
+                                        event_bus_organization_id=value).event_bus_organization_id
+
+    assert organization(f" {ORGANIZATION} ") == ORGANIZATION
+    assert organization("o-" + "z9" * 16) == "o-" + "z9" * 16  # 32 after o-
+    for bad in ("o-a1b2c3d4e", "o-" + "a" * 33, "O-A1B2C3D4E5", "o_a1b2c3d4e5", "a1b2c3d4e5", "o-a1b2c3d4e5,o-b"):
+        with pytest.raises(ConfigurationError, match=r"option event_bus_organization_id \(context "
+                                                     r"eventBusOrganizationId\) must be an AWS Organizations id, "
+                                                     r"o- and 10 to 32 lowercase letters or digits"):
+            organization(bad)
 
 
 # --- alarms and dashboard ------------------------------------------------------------------------
@@ -202,7 +268,7 @@ def test_the_dashboard_shows_the_lag_and_the_events(own_bus, events_off) -> None
 
 def test_cdk_nag_passes_with_the_own_bus(synthesize) -> None:
     # an unacknowledged finding makes the synth raise; the report says what was acknowledged
-    _, assembly = synthesize({**EVENTS_ON, "eventBusAccounts": OTHER_ACCOUNT},
+    _, assembly = synthesize({**EVENTS_ON, "eventBusAccounts": OTHER_ACCOUNT, "eventBusOrganizationId": ORGANIZATION},
                              plugins=lambda app: [AwsSolutionsChecks(app)])
     report = json.loads((Path(assembly.directory) / "validation-report.json").read_text())
     (plugin,) = [r for r in report["pluginReports"] if r["pluginName"] == "AwsSolutions"]

@@ -1,5 +1,6 @@
 """The completion events' own bus (events=eventbridge, no eventBus named): the bus, its archive,
-the accounts its policy lets put events, and a dead-letter queue for consumers' rules.
+the accounts and the organization its policy lets put events, and a dead-letter queue for
+consumers' rules.
 
 The stack makes no rule: what reacts to Task Ignored or Batch Completed is the consumer's (its
 pattern, its target, its retry policy). A consumer's rule on this bus names the delivery DLQ
@@ -24,7 +25,8 @@ EVENTS_SERVICE = "events.amazonaws.com"
 
 
 class CompletionEventBus(Construct):
-    """A custom bus for Coworker's events, archived, with its delivery dead-letter queue.
+    """A custom bus for Coworker's events, archived (unless ``archive_days`` is None), with its
+    delivery dead-letter queue.
 
     The bus and its archive go with the stack whatever the removal policy: the bus holds no
     events, a bus's name cannot be taken again while a retained one has it (the next deploy would
@@ -38,8 +40,9 @@ class CompletionEventBus(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        archive_days: int,
+        archive_days: int | None,
         accounts: Sequence[str] = (),
+        organization_id: str | None = None,
         removal_policy: RemovalPolicy,
         key: kms.IKey | None = None,
     ) -> None:
@@ -47,9 +50,12 @@ class CompletionEventBus(Construct):
         self._key = key
         self.bus = events.EventBus(self, "Bus", description="Coworker completion events (docs/events.md)",
                                    kms_key=key)
-        self.archive = self._build_archive(archive_days)
+        # No archive (archive_days None) means no replay: a consumer that misses events has lost them.
+        self.archive = self._build_archive(archive_days) if archive_days is not None else None
         if accounts:
             self._allow_accounts(accounts)
+        if organization_id:
+            self._allow_organization(organization_id)
         self.dead_letter_queue = self._build_dead_letter_queue(removal_policy)
 
     def _build_archive(self, days: int) -> events.Archive:
@@ -71,6 +77,17 @@ class CompletionEventBus(Construct):
         self.bus.add_to_resource_policy(iam.PolicyStatement(
             sid="OtherAccountsPutEvents",
             principals=[iam.AccountPrincipal(account) for account in accounts],
+            actions=["events:PutEvents"],
+            resources=[self.bus.event_bus_arn],
+        ))
+
+    def _allow_organization(self, organization_id: str) -> None:
+        """The bus's resource policy: principals of this AWS organization may put events on it, as
+        an account of eventBusAccounts may (Principal "*" held to the organization by aws:PrincipalOrgID,
+        so an account that joins it later needs no deploy)."""
+        self.bus.add_to_resource_policy(iam.PolicyStatement(
+            sid="OrganizationPutEvents",
+            principals=[iam.OrganizationPrincipal(organization_id)],
             actions=["events:PutEvents"],
             resources=[self.bus.event_bus_arn],
         ))
