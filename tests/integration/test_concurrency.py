@@ -126,7 +126,7 @@ def test_the_limit_holds_under_concurrent_workers_and_every_task_finishes(make_s
     tasks += typed
     _peak.clear()
     outcomes: collections.Counter[TaskOutcome] = collections.Counter()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # a ceiling for a loaded machine: the loop ends once all are finished
 
     def work(owner: str) -> None:
         while time.monotonic() < deadline:

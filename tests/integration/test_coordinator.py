@@ -47,6 +47,31 @@ def test_tick_fills_free_slots_oldest_first_never_past_max_concurrency(make_sett
     assert len({request.slot for request in invoker.requests}) == 3
 
 
+def test_a_ticks_slot_reservations_are_written_together(make_settings, monkeypatch):
+    # Given three free slots' worth of due work, and each reservation write held until all three
+    # are under way (a throttled table holding every write for a while)
+    settings = make_settings(max_concurrency=9, batch_size=3)
+    _put_many(settings, 9)
+    together = threading.Barrier(3, timeout=60)  # (a ceiling: the third write releases the others)
+    reserve = dispatch.slots.reserve
+
+    def held(*args, **kwargs):
+        together.wait()
+        return reserve(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch.slots, "reserve", held)
+    invoker = RecordingInvoker()
+
+    # When a tick dispatches it
+    report = dispatch.tick(settings, invoker)
+
+    # Then the three reservations were in flight at once (one after another, the first would wait
+    # for the others for good), and each slot's worker got its keys
+    assert not together.broken
+    assert report.invocations == 3 and sorted(invoker.keys) == [f"t{i:03d}" for i in range(9)]
+    assert sorted(len(batch) for batch in invoker.batches) == [3, 3, 3]
+
+
 def test_dispatched_but_unclaimed_work_counts_against_capacity(make_settings):
     """The defect: with 2 slots, ticks kept handing out keys whose workers had not claimed yet."""
     settings = make_settings(max_concurrency=2, batch_size=1)

@@ -185,11 +185,13 @@ def start_workers(settings: Settings, invoker: Invoker, keys: Sequence[str],
         free = slots.free_slots(settings.worker_slots, math.ceil(len(keys) / settings.batch_size), now)
     requests: list[WorkerRequest] = []
     remaining = list(dict.fromkeys(keys))
-    for slot in free:
-        if not remaining:
-            break
-        token = slots.new_token()
-        if slots.reserve(slot, token, settings.reservation_seconds, now):
+    candidates = list(free)
+    while remaining and candidates:
+        # As many slots as the keys left need, reserved at once: a tick waits for the slowest of
+        # their writes, not for their sum (a throttled table holds each for seconds).
+        wanted = candidates[:math.ceil(len(remaining) / settings.batch_size)]
+        candidates = candidates[len(wanted):]
+        for slot, token in _reserve_all(wanted, settings.reservation_seconds, now):
             number = slots.slot_number(slot)
             # The keys of the slot's own stripe first: the ones self-feeding workers of other
             # slots leave alone (see feeder.Feeder), so they do not race this worker for them.
@@ -201,6 +203,23 @@ def start_workers(settings: Settings, invoker: Invoker, keys: Sequence[str],
             requests.append(WorkerRequest(tuple(hints), slot, token))
     fan_out(invoker, requests)
     return requests
+
+
+def _reserve_all(wanted: Sequence[str], seconds: float, now: datetime) -> list[tuple[str, str]]:
+    """Reserve the ``wanted`` slots, their writes sent together: the ``(slot, token)`` reserved,
+    in ``wanted``'s order (a slot another dispatcher took meanwhile is left out)."""
+    tokens = [slots.new_token() for _ in wanted]
+
+    def reserve(slot_and_token: tuple[str, str]) -> bool:
+        return slots.reserve(*slot_and_token, seconds, now)
+
+    pairs = list(zip(wanted, tokens, strict=True))
+    if len(pairs) <= 1:
+        reserved = [reserve(pair) for pair in pairs]
+    else:
+        with ThreadPoolExecutor(max_workers=min(FAN_OUT_THREADS, len(pairs))) as pool:
+            reserved = list(pool.map(reserve, pairs))
+    return [pair for pair, ok in zip(pairs, reserved, strict=True) if ok]
 
 
 def dispatch_submitted(settings: Settings, invoker: Invoker | None, keys: Sequence[str]) -> int:
