@@ -272,19 +272,22 @@ from coworker.bootstrap import configure
 from coworker.config import Settings
 from coworker.engine import rates
 from coworker.engine.control import Rate
-from coworker.engine.tasks import MAX_RATE_INTERVAL_SECONDS
 
 configure(Settings.from_env())
 group = rates.RateGroup(sys.argv[1], Rate(int(sys.argv[2]), int(sys.argv[3])))
-begin, seconds, threads = float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
+threads = int(sys.argv[4])
+print("ready", flush=True)
+begin = float(sys.stdin.readline())
 stamps, guard = [], threading.Lock()
 
 def run():
-    while time.time() < begin + seconds:
+    while time.time() < begin + CEILING_SECONDS:
         tokens, _, free_ms = rates.admit([group])
         if tokens:
             with guard:
                 stamps.append(tokens[0].stamp)
+        elif free_ms / 1000 - time.time() > FULL_SECONDS:
+            return  # the window is full: no token for a while
         else:
             time.sleep(min(0.05, max(0.0, free_ms / 1000 - time.time())))
 
@@ -296,28 +299,39 @@ for worker in workers:
     worker.join()
 print(json.dumps(stamps))
 """
+# A racing thread stops once the next token is this far off (the window is full), or at the ceiling.
+FULL_SECONDS = 5.0
+CEILING_SECONDS = 120.0
 
 
 def test_starts_of_a_packed_log_keep_to_the_limit_across_threads_and_processes(settings):
-    rate = Rate(120, 1000)
+    # Given two processes of 6 threads each, taking tokens of one group of 300 starts a minute as
+    # fast as they can until the minute's tokens are gone (its log packed: the head and chunks)
+    rate = Rate(300, 60_000)
     group = rates.RateGroup("key:racing.example", rate)
-    seconds, threads = 4.0, 6
-    begin = time.time() + 3  # (the other interpreter starts meanwhile)
+    threads = 6
     env = {**os.environ, **settings.as_environment(), "PYTHONPATH": os.pathsep.join(sys.path)}
-    other = subprocess.Popen([sys.executable, "-c", RACING_PROCESS, group.name, str(rate.limit), str(rate.interval_ms),
-                              str(begin), str(seconds), str(threads)], env=env, stdout=subprocess.PIPE,
+    script = RACING_PROCESS.replace("CEILING_SECONDS", repr(CEILING_SECONDS))
+    script = script.replace("FULL_SECONDS", repr(FULL_SECONDS))
+    other = subprocess.Popen([sys.executable, "-c", script, group.name, str(rate.limit), str(rate.interval_ms),
+                              str(threads)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-    # Given two processes of 6 threads each, taking tokens of one group of 120 starts a second for
-    # 4 seconds (its log packed: the head and chunks)
+    assert other.stdout is not None and other.stdin is not None
+    assert other.stdout.readline().strip() == "ready", other.stderr.read() if other.stderr else ""
+    begin = time.time() + 0.5  # both start together, whatever the other's start-up took
+    other.stdin.write(f"{begin}\n")
+    other.stdin.flush()
     mine: list[int] = []
     guard = threading.Lock()
 
     def run() -> None:
-        while time.time() < begin + seconds:
+        while time.time() < begin + CEILING_SECONDS:
             tokens, _, free_ms = rates.admit([group])
             if tokens:
                 with guard:
                     mine.append(tokens[0].stamp)
+            elif free_ms / 1000 - time.time() > FULL_SECONDS:
+                return
             else:
                 time.sleep(min(0.05, max(0.0, free_ms / 1000 - time.time())))
 
@@ -326,18 +340,17 @@ def test_starts_of_a_packed_log_keep_to_the_limit_across_threads_and_processes(s
     for worker in workers:
         worker.start()
     for worker in workers:
-        worker.join(120)
-    out, err = other.communicate(timeout=120)
+        worker.join(CEILING_SECONDS + 60)
+    out, err = other.communicate(timeout=CEILING_SECONDS + 60)
     assert other.returncode == 0, err
     theirs = json.loads(out.strip().splitlines()[-1])
 
-    # Then no window of the interval holds more than the limit, both processes started tasks, and
-    # together they used most of the limit (the margin and the lead take a little)
+    # Then together they took exactly the minute's 300 tokens (every one, however slowly, and
+    # not one more), both processes took some, and the log was packed into chunks
     stamps = mine + theirs
     by_process = collections.Counter({"this": len(mine), "other": len(theirs)})
     assert _most_in_a_window(stamps, rate.interval_ms) <= rate.limit, by_process
+    assert len(stamps) == rate.limit, by_process
     assert mine and theirs, by_process
     head = rates.read_log(group.name)
     assert head is not None and head.chunks
-    assert len(stamps) >= 0.4 * rate.limit * seconds, by_process  # (75-85% on DynamoDB Local, idle)
-    print(f"{len(stamps)} starts in {seconds} s at {rate.limit} per second: {dict(by_process)}")
