@@ -48,7 +48,8 @@ def _put(settings, keys, **kw) -> None:
 
 
 class Intruder:
-    """A second worker that tries to claim ``keys`` every 0.1 s; what it took, and when."""
+    """A second worker that tries to claim ``keys`` every 0.1 s once a worker has claimed them
+    (before, it could win the first claim on a loaded machine); what it took, and when."""
 
     def __init__(self, settings, keys) -> None:
         self.settings, self.keys = settings, list(keys)
@@ -57,8 +58,13 @@ class Intruder:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
+        held: set[str] = set()  # keys some worker has claimed: a takeover is what is tried
         while not self._stop.wait(0.1):
             for key in self.keys:
+                if key not in held:
+                    if lifecycle.get_task(key).lock_owner is None:
+                        continue  # (not claimed yet: the first claim is the worker's, not a race)
+                    held.add(key)
                 if lifecycle.claim(key, "intruder", self.settings) is not None:
                     self.taken.append((key, time.monotonic()))
 
