@@ -14,42 +14,15 @@ process, with its own older view of the log, can tell whether that condition is 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 from coworker.data.models import utcnow
 from coworker.engine import rates
 from coworker.engine.control import Rate
 
+from tests.support.rate_races import take_in_a_second_process
+
 # Long enough that no window closes while the test runs, however busy the machine.
 RATE = Rate(2, 600_000)
-
-# The second process: its own interpreter, so its own cached view of the log. It takes one token
-# and prints its stamp (or null when refused).
-SECOND_PROCESS = """
-import json, sys
-from coworker.bootstrap import configure
-from coworker.config import Settings
-from coworker.engine import rates
-from coworker.engine.control import Rate
-
-configure(Settings.from_env())
-group = rates.RateGroup(sys.argv[1], Rate(int(sys.argv[2]), int(sys.argv[3])))
-tokens, _, _ = rates.admit([group])
-print(json.dumps(tokens[0].stamp if tokens else None))
-"""
-
-
-def _take_in_a_second_process(settings, group: rates.RateGroup) -> int | None:
-    env = {**os.environ, **settings.as_environment(), "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run([sys.executable, "-c", SECOND_PROCESS, group.name, str(group.rate.limit),
-                           str(group.rate.interval_ms)], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
 
 def _take(group: rates.RateGroup) -> int | None:
     tokens, _, _ = rates.admit([group], now=utcnow())
@@ -66,7 +39,7 @@ def test_a_process_with_an_older_view_of_the_log_cannot_start_beyond_the_limit(s
     first = _take(group)
     assert first is not None
     # and another process then took the group's last free one
-    second = _take_in_a_second_process(settings, group)
+    second = take_in_a_second_process(settings, group)
     assert second is not None, "the second process was refused a token while one was free"
     seen, stored = rates._recall(group.gate_key), rates.read_log(group.name)
     assert seen is not None and stored is not None

@@ -23,6 +23,8 @@ from coworker.engine.outcomes import TaskOutcome, TaskSource
 from coworker.engine.tasks import NewTask, TaskSpec
 from coworker.engine.worker import process_task
 
+from tests.support.rate_races import most_in_a_window
+
 pytestmark = pytest.mark.both_backends
 
 _starts: dict[str, list[float]] = collections.defaultdict(list)
@@ -51,17 +53,6 @@ def _put(settings, key, rkey=None, limit=None, interval=None, type_="test-rated"
     spec = TaskSpec(key=key, type=type_, payload={"group": rkey or type_}, rate_key=rkey, rate_limit=limit,
                     rate_interval_seconds=interval, **extra)
     submit.put_task(spec, settings, now=utcnow() - timedelta(seconds=ago))
-
-
-def _most_in_a_window(stamps: list[int], interval_ms: int) -> int:
-    """The most stamps (epoch ms) in any half-open window (t - interval, t]."""
-    stamps = sorted(stamps)
-    most, first = 0, 0
-    for last, stamp in enumerate(stamps):
-        while stamps[first] <= stamp - interval_ms:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
 
 
 @pytest.fixture(autouse=True)
@@ -143,7 +134,7 @@ def test_starts_of_one_key_never_pass_the_rate_under_racing_workers(make_setting
     left = [lifecycle.get_task(key) for key in everything if lifecycle.get_task(key).status != "finished"]
     assert not left, [(t.key, t.status, t.due_at, t.rate_booked_at, utcnow()) for t in left][:5]
     assert len(stamped["key:site-a"]) >= len(limited)
-    assert _most_in_a_window(stamped["key:site-a"], 400) <= 3
+    assert most_in_a_window(stamped["key:site-a"], 400) <= 3
     # (How much of the rate was used, a loaded machine decides: benchmarks/rates.py measures it.)
     # and each handler began on its stamp, never before it (how late, a loaded machine decides:
     # benchmarks/rates.py measures the handlers' own start times)
@@ -205,7 +196,7 @@ def test_a_deferred_task_runs_at_its_booked_start(make_settings, monkeypatch):
     # one comes back later than its token only if the claim before it ran late (a loaded machine)
     assert {r.outcome for r in ran} <= {TaskOutcome.FINISHED, TaskOutcome.DEFERRED}
     assert {int(lifecycle.get_task(key).attempts) for key in ("k1", "k2")} == {1}
-    assert _most_in_a_window(rates.read_log("key:slow-api").starts, 3000) == 1
+    assert most_in_a_window(rates.read_log("key:slow-api").starts, 3000) == 1
 
 
 def test_a_limit_set_for_a_key_wins_and_a_type_can_be_limited(make_settings):
@@ -293,7 +284,7 @@ def test_slow_token_writes_stretch_the_lead_and_every_task_still_starts_on_its_s
         if report.outcome is TaskOutcome.DEFERRED:
             feeder.hand_at(report.key, report.retry_at)
     assert {lifecycle.get_task(f"s{n}").status for n in range(4)} == {"finished"}
-    assert _most_in_a_window(stamped["key:slow-writes"], 1000) <= 2
+    assert most_in_a_window(stamped["key:slow-writes"], 1000) <= 2
     assert len(_starts["slow-writes"]) == 4 and not _early, _early  # each began on its stamp
     assert rates.lead_ms() >= 300  # it grew with the writes
 

@@ -25,6 +25,8 @@ from coworker.engine.tasks import MAX_RATE_INTERVAL_SECONDS
 from coworker_local.capacity import CapacityMeter, WriteRecord, item_size
 from coworker_local.database import dynamodb_client
 
+from tests.support.rate_races import most_in_a_window, take_in_a_second_process
+
 pytestmark = pytest.mark.both_backends
 
 # Long enough that no window closes while a test runs, however busy the machine.
@@ -190,31 +192,6 @@ def test_a_limit_lowered_to_an_unpacked_size_keeps_the_starts_the_chunks_held(se
     assert head is not None and head.chunks is None and head.starts == sorted(stamps) + more
 
 
-# The second process: its own interpreter, so its own view of the log (none: it reads the head and
-# its chunks). It takes one token and prints its stamp, or null when refused.
-SECOND_PROCESS = """
-import json, sys
-from coworker.bootstrap import configure
-from coworker.config import Settings
-from coworker.engine import rates
-from coworker.engine.control import Rate
-from coworker.engine.tasks import MAX_RATE_INTERVAL_SECONDS
-
-configure(Settings.from_env())
-group = rates.RateGroup(sys.argv[1], Rate(int(sys.argv[2]), int(sys.argv[3])))
-tokens, _, _ = rates.admit([group])
-print(json.dumps(tokens[0].stamp if tokens else None))
-"""
-
-
-def _take_in_a_second_process(settings, group: rates.RateGroup) -> int | None:
-    env = {**os.environ, **settings.as_environment(), "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run([sys.executable, "-c", SECOND_PROCESS, group.name, str(group.rate.limit),
-                           str(group.rate.interval_ms)], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def test_a_process_that_never_saw_the_log_reads_its_chunks_and_is_refused_at_the_limit(settings):
     group = rates.RateGroup("key:cold-reader.example", Rate(150, LONG))
     # Given the limit's worth of starts, most of them in chunks (the head holds at most about 50)
@@ -223,7 +200,7 @@ def test_a_process_that_never_saw_the_log_reads_its_chunks_and_is_refused_at_the
     assert head is not None and head.chunks and len(head.starts) < 150
 
     # When another process, which never read the log, asks for a token: it is refused
-    assert _take_in_a_second_process(settings, group) is None
+    assert take_in_a_second_process(settings, group) is None
 
 
 @pytest.mark.parametrize("condition", ["kept", "dropped"])
@@ -235,7 +212,7 @@ def test_a_process_with_an_older_view_of_a_packed_log_cannot_start_beyond_the_li
     # Given this process took all tokens but one, and keeps the log it wrote (head and chunks)
     first = _admit_all(group, 149)
     # and another process, reading the head and its chunks, took the last free one
-    second = _take_in_a_second_process(settings, group)
+    second = take_in_a_second_process(settings, group)
     assert second is not None, "the second process was refused a token while one was free"
     seen, stored = rates._recall(group.gate_key), rates.read_log(group.name)
     assert seen is not None and stored is not None and stored.chunks
@@ -251,17 +228,6 @@ def test_a_process_with_an_older_view_of_a_packed_log_cannot_start_beyond_the_li
         assert third != []
         stamps = [*first, second, third[0].stamp]
         assert max(stamps) - min(stamps) < LONG
-
-
-def _most_in_a_window(stamps: list[int], interval_ms: int) -> int:
-    """The most stamps (epoch ms) in any half-open window (t - interval, t]."""
-    stamps = sorted(stamps)
-    most, first = 0, 0
-    for last, stamp in enumerate(stamps):
-        while stamps[first] <= stamp - interval_ms:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
 
 
 # A process racing this one for tokens of one group: its threads take tokens until a deadline and
@@ -349,7 +315,7 @@ def test_starts_of_a_packed_log_keep_to_the_limit_across_threads_and_processes(s
     # not one more), both processes took some, and the log was packed into chunks
     stamps = mine + theirs
     by_process = collections.Counter({"this": len(mine), "other": len(theirs)})
-    assert _most_in_a_window(stamps, rate.interval_ms) <= rate.limit, by_process
+    assert most_in_a_window(stamps, rate.interval_ms) <= rate.limit, by_process
     assert len(stamps) == rate.limit, by_process
     assert mine and theirs, by_process
     head = rates.read_log(group.name)
