@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import io
 import itertools
 import json
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 
@@ -35,8 +33,8 @@ from coworker_local.database import (  # noqa: E402
     DYNAMODB_LOCAL,
     MOTO,
     EmbeddedDatabase,
+    admin_client,
     create_table,
-    dynamodb_client,
     embedded_database,
 )
 from coworker_local.dynamodb_local import unavailable_reason  # noqa: E402
@@ -140,16 +138,11 @@ KEPT_TABLES = 4
 _made_tables: collections.deque[Settings] = collections.deque()
 
 
-@functools.cache
-def _client_of(endpoint: str | None, region: str) -> Any:
-    return dynamodb_client(Settings(dynamodb_endpoint=endpoint, region=region))
-
-
 def _delete_old_tables() -> None:
     while len(_made_tables) > KEPT_TABLES:
         settings = _made_tables.popleft()
         with contextlib.suppress(Exception):  # (gone already, or its server stopped)
-            _client_of(settings.dynamodb_endpoint, settings.region).delete_table(TableName=settings.table_name)
+            admin_client(settings).delete_table(TableName=settings.table_name)
 
 
 @pytest.fixture

@@ -41,8 +41,8 @@ from coworker.engine.tasks import NewTask, TaskSpec
 from coworker_local.database import (
     FAKE_CREDENTIALS,
     EmbeddedDatabase,
+    admin_client,
     create_table,
-    dynamodb_client,
     start_database,
 )
 
@@ -112,7 +112,7 @@ class LocalTaskSystem:
     def stop(self) -> None:
         """Delete this system's table."""
         if self.settings is not None:
-            dynamodb_client(self.settings).delete_table(TableName=self.settings.table_name)
+            admin_client(self.settings).delete_table(TableName=self.settings.table_name)
             self.settings = None
         if self._result_dir is not None:
             shutil.rmtree(self._result_dir, ignore_errors=True)

@@ -42,3 +42,30 @@ def test_a_run_whose_surplus_slot_cannot_be_deleted_logs_counts_it_and_still_tic
     assert MetricName.SLOT_UPKEEP_FAILED in counted
     assert any(line["message"].startswith("could not keep the worker slots") for line in log_lines()), log_lines()
     assert {slots.slot_key(n) for n in range(4)} <= {item.key for item in LeaseModel.scan()}
+
+
+def test_slots_made_meanwhile_by_another_coordinator_are_kept_and_the_rest_are_made(make_settings, monkeypatch):
+    # Given 6 slots wanted, none seen by this coordinator's read, while another coordinator makes
+    # slot 2 and takes it (between the read and the puts)
+    settings = make_settings(max_concurrency=6, batch_size=1)
+    table = [item.key for item in LeaseModel.scan()]
+    for key in table:
+        LeaseModel(key).delete()
+    real_batch_get = LeaseModel.batch_get
+
+    def read_then_race(keys, **kwargs):
+        seen = list(real_batch_get(keys, **kwargs))
+        monkeypatch.setattr(LeaseModel, "batch_get", real_batch_get)
+        slots.ensure_slots(3)  # the other coordinator's upkeep: slots 0..2
+        assert slots.reserve(slots.slot_key(2), "other", 60)
+        return iter(seen)
+
+    monkeypatch.setattr(LeaseModel, "batch_get", read_then_race)
+
+    # When this coordinator keeps its 6 slots
+    created = slots.ensure_slots(settings.worker_slots)
+
+    # Then it made the 3 missing ones (its transaction refused, one by one), and slot 2 keeps its holder
+    assert created == 3
+    assert sorted(item.key for item in LeaseModel.scan()) == [slots.slot_key(n) for n in range(6)]
+    assert LeaseModel.get(slots.slot_key(2)).holder == "other"

@@ -31,6 +31,8 @@ class Target(Protocol):
 _bound_to: tuple[str, str, str | None] | None = None
 # Transactions are not a model's: they go through a plain connection of their own.
 _transaction_connections: dict[tuple[str, str | None], Connection] = {}
+# The shared client of each (region, endpoint): binding to another table keeps it.
+_clients: dict[tuple[str, str | None], Any] = {}
 
 
 def bind(settings: Target) -> None:
@@ -63,9 +65,16 @@ def build_clients() -> None:
     service model (about 30,000 objects that every full garbage collection walks). Built once
     here, before any thread starts, one client serves every model (they share table, region,
     endpoint and settings; botocore clients are thread-safe). No request is sent.
+
+    A client carries no table, so binding to another table on the same region and endpoint (the
+    tests, a local runtime's next table) keeps the one built before.
     """
-    client = ALL_MODELS[0]._get_connection().connection.client
-    for model_class in ALL_MODELS[1:]:
+    meta: Any = TaskModel.Meta
+    endpoint = (meta.region, getattr(meta, "host", None))
+    client = _clients.get(endpoint)
+    if client is None:
+        client = _clients[endpoint] = ALL_MODELS[0]._get_connection().connection.client
+    for model_class in ALL_MODELS:
         share_client(model_class._get_connection().connection, client)
     share_client(transaction_connection(), client)
 

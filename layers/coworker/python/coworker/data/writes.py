@@ -166,6 +166,17 @@ def transact(build: Callable[[TransactWrite], None], what: str) -> list[str | No
     raise StorageError(f"could not {what}: too many transaction conflicts")  # pragma: no cover
 
 
+def put_all_if_new(items: Sequence[Model], what: str) -> bool:
+    """Put ``items`` (at most :data:`MAX_TRANSACTION_ITEMS`) in one transaction, each only if its
+    key is new; ``False``, with nothing written, when any of the keys exists already."""
+
+    def build(transaction: TransactWrite) -> None:
+        for item in items:
+            transaction.save(item, condition=type(item)._hash_key_attribute().does_not_exist())
+
+    return transact(build, f"put {what}") is None
+
+
 def update_task_and_put(task: TaskModel, actions: Sequence[Any], condition: Condition,
                         new_tasks: Sequence[TaskModel]) -> bool:
     """Apply a conditional task update and create ``new_tasks`` (each only if its key is new), in

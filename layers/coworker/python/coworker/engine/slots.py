@@ -106,22 +106,27 @@ def release(key: str, holder: str, now: datetime | None = None) -> bool:
 def ensure_slots(count: int, now: datetime | None = None, pool: SlotPool = WORKERS) -> int:
     """Create the slots ``0..count-1`` that do not exist yet (free); returns how many were made.
 
-    One BatchGetItem per 100 slots, plus one conditional put per missing slot. A slot made by a
-    release before the sharded index (no ``status_shard``) gets it here, keeping its holder.
+    One BatchGetItem per 100 slots, then the missing slots put together: one transaction per 100,
+    each put only if its key is new. When another coordinator made one of them meanwhile, that
+    transaction writes nothing and its slots are put one by one instead. A slot made by a release
+    before the sharded index (no ``status_shard``) gets it here, keeping its holder.
     """
     now = now or utcnow()
     wanted = [slot_key(number, pool) for number in range(count)]
     existing = {item.key: item for item in LeaseModel.batch_get(
         wanted, attributes_to_get=[layout.PARTITION_KEY, layout.STATUS_INDEX_PARTITION_KEY])}
+    for key, item in existing.items():
+        if item.status_shard is None:
+            _update(key, [LeaseModel.status_shard.set(pool.status)], LeaseModel.key.exists())
+    missing = [LeaseModel(key, status=pool.status, status_shard=pool.status, due_at=now,
+                          state=LeaseState.FREE, updated_at=now) for key in wanted if key not in existing]
     created = 0
-    for key in wanted:
-        if key in existing:
-            if existing[key].status_shard is None:
-                _update(key, [LeaseModel.status_shard.set(pool.status)], LeaseModel.key.exists())
+    for start in range(0, len(missing), writes.MAX_TRANSACTION_ITEMS):
+        chunk = missing[start:start + writes.MAX_TRANSACTION_ITEMS]
+        if len(chunk) > 1 and writes.put_all_if_new(chunk, f"{len(chunk)} {pool.status} slots"):
+            created += len(chunk)
             continue
-        slot = LeaseModel(key, status=pool.status, status_shard=pool.status, due_at=now,
-                          state=LeaseState.FREE, updated_at=now)
-        created += writes.put_if_new(slot, f"slot {key!r}")
+        created += sum(writes.put_if_new(slot, f"slot {slot.key!r}") for slot in chunk)
     return created
 
 
