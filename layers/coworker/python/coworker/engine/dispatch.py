@@ -597,6 +597,49 @@ def _keep_slots(count: int, pool: slots.SlotPool) -> None:
             metrics.add_metric(name=MetricName.SLOT_UPKEEP_FAILED, unit=MetricUnit.Count, value=1)
 
 
+class LeaseKeeper:
+    """Keeps the coordinator's lease on a thread of its own, so a held lease write never holds a
+    tick: it extends the lease every ``every`` seconds and knows until when the lease is surely
+    held (the start of its last write that landed, plus the lease's lifetime, on the monotonic
+    clock). The loop ticks while at least a tick of that time is left, and stops once an
+    extension found the lease taken by another coordinator."""
+
+    def __init__(self, holder: str, seconds: float, every: float, taken_at: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.holder = holder
+        self.seconds = seconds
+        self.every = every
+        self.clock = clock
+        self.held_until = taken_at + seconds
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._keep, name="coordinator-lease", daemon=True)
+
+    def start(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def time_left(self) -> float:
+        return self.held_until - self.clock()
+
+    def _keep(self) -> None:
+        while not self._stop.wait(self.every):
+            started = self.clock()
+            try:
+                kept = slots.extend(COORDINATOR_LEASE, self.holder, self.seconds)
+            except Exception:  # noqa: BLE001 - a failed write is tried again; time left tells the loop
+                logger.exception("could not extend the coordinator lease; trying again")
+                continue
+            if not kept:
+                self.lost.set()
+                return
+            self.held_until = max(self.held_until, started + self.seconds)
+
+    def stop(self, wait: float) -> None:
+        self._stop.set()
+        self._thread.join(wait)
+
+
 class Supervisor:
     """The coordinator's long-running loop: one tick every ``tick_seconds``, on a fixed cadence,
     while it holds the single-flight lease ``lease#coordinator``.
@@ -620,21 +663,25 @@ class Supervisor:
         self.backlog_measured_at: float | None = None
         self.on_tick: Callable[[TickReport | None, str | None], None] | None = None
 
-    def _take_lease(self, remaining: Callable[[], float], stop: threading.Event) -> bool:
-        """Wait for the lease (an overlapping run still holds it) while time remains."""
+    def _take_lease(self, remaining: Callable[[], float], stop: threading.Event) -> LeaseKeeper | None:
+        """Wait for the lease (an overlapping run still holds it) while time remains; the keeper
+        of the lease taken, not started yet."""
         while True:
+            started = self.clock()
             if slots.take(COORDINATOR_LEASE, self.holder, self.lease_seconds, LeaseState.HELD):
-                return True
+                return LeaseKeeper(self.holder, self.lease_seconds, self.settings.tick_seconds, started, self.clock)
             if remaining() < self.settings.tick_seconds or stop.wait(min(1.0, self.settings.tick_seconds)):
-                return False
+                return None
 
     def run(self, remaining: Callable[[], float], stop: threading.Event | None = None) -> list[TickReport]:
         """Tick until ``remaining()`` (seconds) drops below one tick, or ``stop`` is set."""
         stop = stop or threading.Event()
         settings = self.settings
-        if not self._take_lease(remaining, stop):
+        lease = self._take_lease(remaining, stop)
+        if lease is None:
             logger.info("another coordinator holds the lease; this run ends")
             return []
+        lease.start()
         reports: list[TickReport] = []
         # Batch progress is counted on a thread of its own: a slow counter write never holds a tick.
         counting = progress.CountingLoop(settings, settings.tick_seconds, settings.tick_seconds / 2).start()
@@ -644,9 +691,15 @@ class Supervisor:
                 _keep_slots(settings.max_runners, slots.RUNNERS)
             next_at = self.clock()
             while not stop.is_set() and remaining() >= settings.tick_seconds:
-                if not slots.extend(COORDINATOR_LEASE, self.holder, self.lease_seconds):
+                if lease.lost.is_set():
                     logger.warning("coordinator lease lost to another coordinator; stopping")
                     return reports
+                if lease.time_left() < settings.tick_seconds:
+                    # Its extensions are held up (slow writes): no tick until one lands, since
+                    # the lease might end inside it. The next beat looks again.
+                    next_at = self.clock() + settings.tick_seconds
+                    stop.wait(settings.tick_seconds)
+                    continue
                 measure = (self.backlog_measured_at is None
                            or self.clock() - self.backlog_measured_at >= settings.backlog_seconds)
                 try:
@@ -673,6 +726,7 @@ class Supervisor:
                 stop.wait(max(0.0, next_at - self.clock()))
         finally:
             counting.stop(wait=settings.tick_seconds)
+            lease.stop(wait=settings.tick_seconds)  # (an extension landing later finds the lease released)
             slots.release(COORDINATOR_LEASE, self.holder)
         return reports
 
