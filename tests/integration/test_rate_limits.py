@@ -112,20 +112,24 @@ def test_starts_of_one_key_never_pass_the_rate_under_racing_workers(make_setting
     outcomes: collections.Counter[TaskOutcome] = collections.Counter()
     deadline = time.monotonic() + 300  # a bound for a broken build, not a budget: it takes seconds
     everything = limited + free
+    finished: set[str] = set()  # (only these threads finish tasks: each report says so)
     _starts.clear()
 
     def work(owner: str) -> None:
         while time.monotonic() < deadline:
-            open_keys = [k for k in everything if lifecycle.get_task(k, consistent=False).status != "finished"]
+            with _guard:
+                open_keys = [k for k in everything if k not in finished]
             if not open_keys:
                 return
             for key in open_keys:
                 report = process_task(key, owner, settings, time.monotonic() + 120)
                 with _guard:
                     outcomes[report.outcome] += 1
-            time.sleep(0.02)
+                    if report.outcome is TaskOutcome.FINISHED:
+                        finished.add(key)
+            time.sleep(0.05)
 
-    threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(20)]
+    threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(10)]
     for thread in threads:
         thread.start()
     for thread in threads:
