@@ -1,7 +1,7 @@
 """How long the coordinator's ticks take while writes are held (issue 52), in one run.
 
     .venv/bin/python benchmarks/slow_ticks.py [--tasks 1500] [--batches 50] [--slow-share 0.3]
-                                              [--slow-seconds 6] [--phase-seconds 20]
+                                              [--slow-seconds 6] [--phase-seconds 20] [--spare slot#]
 
 A supervisor (1-s ticks, 6 worker slots of 5 threads, workers run in this process, each task
 sleeping 1 s) drains batch tasks from DynamoDB Local: first for ``--phase-seconds`` with every
@@ -51,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--slow-share", type=float, default=0.3)
     parser.add_argument("--slow-seconds", type=float, default=6.0)
     parser.add_argument("--phase-seconds", type=float, default=20.0)
+    parser.add_argument("--spare", default="", metavar="PREFIX",
+                        help="hold no write to a key starting with PREFIX (slot#: the slots' reservations, "
+                             "acquisitions and heartbeats; lease#: the coordinator's lease), to see what a "
+                             "held tick waits on")
     args = parser.parse_args(argv)
     database = start_database("dynamodb-local")
     try:
@@ -75,7 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         real_call = botocore.client.BaseClient._make_api_call
 
         def slow_writes(client: object, operation: str, params: dict) -> object:
-            if held.is_set() and operation in WRITES:
+            key = params.get("Key", params.get("Item", {})).get("key", {}).get("S", "")
+            if held.is_set() and operation in WRITES and not (args.spare and key.startswith(args.spare)):
                 with chance_lock:
                     pause = chance.uniform(0, args.slow_seconds) if chance.random() < args.slow_share else 0.0
                 time.sleep(pause)
@@ -114,8 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         database.stop()
     print(f"slow ticks: {args.tasks} 1-s tasks in {args.batches} batches, 1-s ticks, 6 slots of 5 threads, "
           f"{args.phase_seconds:g} s a phase")
+    spared = f" (none to {args.spare}*)" if args.spare else ""
     for phase, name in ((False, "writes pass at once"), (True, f"{args.slow_share:.0%} of writes held up to "
-                                                                f"{args.slow_seconds:g} s")):
+                                                                f"{args.slow_seconds:g} s{spared}")):
         values = durations[phase]
         print(f"  {name}: {len(values)} ticks, duration p50 {statistics.median(values) if values else 0:.2f} s, "
               f"p95 {percentile(values, 0.95):.2f} s, max {max(values, default=0):.2f} s; "

@@ -592,3 +592,40 @@ def test_a_coordinator_whose_lease_was_taken_over_stops(make_settings):
     thread.join(120)
     assert not thread.is_alive()
     assert _lease_holder() == "second"
+
+
+def test_a_held_slot_reservation_holds_no_tick_and_its_worker_starts_when_it_lands(make_settings, monkeypatch):
+    # Given due work for two workers, and a table that holds the reservation of slot 0
+    settings = make_settings(max_concurrency=4, batch_size=2, tick_seconds=0.2, idle_exit=False)
+    _put(settings, [f"k{i}" for i in range(4)])
+    held, let_go = threading.Event(), threading.Event()
+    real_reserve = slots.reserve
+
+    def held_reserve(slot, *args, **kwargs):
+        if slot == slots.slot_key(0):
+            held.set()
+            let_go.wait(120)
+        return real_reserve(slot, *args, **kwargs)
+
+    monkeypatch.setattr(slots, "reserve", held_reserve)
+    invoker = RecordingInvoker()
+    ticks_while_held: list[object] = []
+    supervisor = dispatch.Supervisor(settings, invoker)
+    supervisor.on_tick = lambda report, error: held.is_set() and not let_go.is_set() and ticks_while_held.append(report)
+
+    # When the coordinator supervises
+    thread, stop, _ = _supervise_in_a_thread(supervisor)
+    try:
+        # Then it goes on ticking while the reservation is held, the other slot's worker started
+        wait_until(lambda: len(ticks_while_held) >= 3, "three ticks while a reservation is held", attempts=150)
+        assert [request.slot for request in invoker.requests] == [slots.slot_key(1)]
+        # and once the write lands, slot 0's worker starts with keys no other worker was given
+        let_go.set()
+        wait_until(lambda: len(invoker.requests) == 2, "the held reservation's worker to start")
+    finally:
+        let_go.set()
+        stop.set()
+        thread.join()
+    handed = [key for request in invoker.requests for key in request.keys]
+    assert sorted(handed) == ["k0", "k1", "k2", "k3"]
+    assert invoker.requests[1].slot == slots.slot_key(0)
