@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from coworker.data import connection, layout
 from coworker.data.layout import shard_of
-from coworker.data.models import LeaseModel, LeaseState, utcnow
+from coworker.data.models import LeaseModel, utcnow
 from coworker.engine import control, dispatch, lifecycle, slots, submit
 from coworker.engine import feeder as feeder_module
 from coworker.engine.dispatch import InProcessInvoker
@@ -20,7 +20,6 @@ from coworker.engine.outcomes import TaskOutcome, TaskSource
 from coworker.engine.tasks import TaskSpec
 from coworker.engine.worker import WorkerRequest, run_invocation
 
-from tests.support.doubles import RecordingInvoker
 from tests.support.waits import wait_until
 
 # The tests of the lifecycle contract (expired locks, killed or stalled workers, the supervisor's
@@ -501,131 +500,3 @@ def test_slots_left_from_a_larger_concurrency_neither_hide_free_slots_nor_linger
     dispatch.Supervisor(smaller, InProcessInvoker(smaller)).run(lambda: end - time.monotonic())
     left = [item.key for item in LeaseModel.scan(LeaseModel.key.startswith(layout.SLOT_KEY_PREFIX))]
     assert left == ["slot#0000"]
-
-
-def _supervise_in_a_thread(supervisor: dispatch.Supervisor) -> tuple[threading.Thread, threading.Event, list]:
-    stop = threading.Event()
-    reports: list = []
-    thread = threading.Thread(target=lambda: reports.extend(supervisor.run(lambda: 60.0, stop)))
-    thread.start()
-    return thread, stop, reports
-
-
-def test_a_held_lease_extension_holds_no_tick(make_settings, monkeypatch):
-    # Given a coordinator whose lease extensions are held up (a throttled table), its lease 10 s
-    settings = make_settings(tick_seconds=0.2, idle_exit=False)
-    held, let_go = threading.Event(), threading.Event()
-    real_extend = slots.extend
-
-    def held_extend(key, *args, **kwargs):
-        if key == layout.COORDINATOR_LEASE:
-            held.set()
-            let_go.wait(120)
-        return real_extend(key, *args, **kwargs)
-
-    monkeypatch.setattr(slots, "extend", held_extend)
-    ticks_while_held: list[object] = []
-    supervisor = dispatch.Supervisor(settings, RecordingInvoker())
-    supervisor.on_tick = lambda report, error: held.is_set() and ticks_while_held.append(report)
-
-    # When it supervises
-    thread, stop, _ = _supervise_in_a_thread(supervisor)
-    try:
-        # Then it goes on ticking while an extension is held
-        wait_until(lambda: len(ticks_while_held) >= 3, "three ticks while the lease's extension is held",
-                   attempts=150)
-    finally:
-        let_go.set()
-        stop.set()
-        thread.join()
-    assert _lease_holder() is None  # and released it on the way out
-
-
-def test_no_tick_starts_once_the_lease_may_have_ended(make_settings, monkeypatch):
-    # Given a coordinator's 1-s lease whose extensions never land
-    monkeypatch.setattr(dispatch, "MIN_LEASE_SECONDS", 1.0)
-    settings = make_settings(tick_seconds=0.2, idle_exit=False)
-    let_go = threading.Event()
-    real_extend, real_tick = slots.extend, dispatch.tick
-
-    def never_lands(key, *args, **kwargs):
-        if key == layout.COORDINATOR_LEASE:
-            let_go.wait(120)
-            return False
-        return real_extend(key, *args, **kwargs)
-
-    tick_starts: list[float] = []
-
-    def timed_tick(*args, **kwargs):
-        tick_starts.append(time.monotonic())
-        return real_tick(*args, **kwargs)
-
-    monkeypatch.setattr(slots, "extend", never_lands)
-    monkeypatch.setattr(dispatch, "tick", timed_tick)
-    before_the_lease = time.monotonic()
-
-    # When it supervises until well past its lease's end
-    thread, stop, _ = _supervise_in_a_thread(dispatch.Supervisor(settings, RecordingInvoker()))
-    try:
-        wait_until(lambda: time.monotonic() > before_the_lease + 3.0, "3 s after the lease was taken")
-    finally:
-        let_go.set()
-        stop.set()
-        thread.join()
-
-    # Then it ticked while the lease held, and no tick started after it may have ended
-    assert tick_starts and max(tick_starts) < before_the_lease + 1.0, (before_the_lease, tick_starts)
-
-
-def test_a_coordinator_whose_lease_was_taken_over_stops(make_settings):
-    # Given a coordinator supervising
-    settings = make_settings(tick_seconds=0.2, idle_exit=False)
-    supervisor = dispatch.Supervisor(settings, RecordingInvoker(), holder="first")
-    thread, _, reports = _supervise_in_a_thread(supervisor)
-    wait_until(lambda: _lease_holder() == "first", "the first coordinator to take the lease")
-
-    # When another takes the lease over (as after a stall past its expiry)
-    assert slots.release(layout.COORDINATOR_LEASE, "first")
-    assert slots.take(layout.COORDINATOR_LEASE, "second", 60, LeaseState.HELD)
-
-    # Then the first stops on its next extension, leaving the lease to the second
-    thread.join(120)
-    assert not thread.is_alive()
-    assert _lease_holder() == "second"
-
-
-def test_a_held_slot_reservation_holds_no_tick_and_its_worker_starts_when_it_lands(make_settings, monkeypatch):
-    # Given due work for two workers, and a table that holds the reservation of slot 0
-    settings = make_settings(max_concurrency=4, batch_size=2, tick_seconds=0.2, idle_exit=False)
-    _put(settings, [f"k{i}" for i in range(4)])
-    held, let_go = threading.Event(), threading.Event()
-    real_reserve = slots.reserve
-
-    def held_reserve(slot, *args, **kwargs):
-        if slot == slots.slot_key(0):
-            held.set()
-            let_go.wait(120)
-        return real_reserve(slot, *args, **kwargs)
-
-    monkeypatch.setattr(slots, "reserve", held_reserve)
-    invoker = RecordingInvoker()
-    ticks_while_held: list[object] = []
-    supervisor = dispatch.Supervisor(settings, invoker)
-    supervisor.on_tick = lambda report, error: held.is_set() and not let_go.is_set() and ticks_while_held.append(report)
-
-    # When the coordinator supervises
-    thread, stop, _ = _supervise_in_a_thread(supervisor)
-    try:
-        # Then it goes on ticking while the reservation is held, the other slot's worker started
-        wait_until(lambda: len(ticks_while_held) >= 3, "three ticks while a reservation is held", attempts=150)
-        assert [request.slot for request in invoker.requests] == [slots.slot_key(1)]
-        # and once the write lands, slot 0's worker starts with keys no other worker was given
-        let_go.set()
-        wait_until(lambda: len(invoker.requests) == 2, "the held reservation's worker to start")
-    finally:
-        let_go.set()
-        stop.set()
-        thread.join()
-    handed = [key for request in invoker.requests for key in request.keys]
-    assert sorted(handed) == ["k0", "k1", "k2", "k3"]
-    assert invoker.requests[1].slot == slots.slot_key(0)
