@@ -6,7 +6,9 @@ to a file; each test process (each xdist worker) appends one JSON line per test:
 user and system time, ``reaped`` that of the children it waited for during the test (a
 subprocess, a runtime stopped), and ``live`` the change in every descendant still running
 (chiefly the session's DynamoDB Local JVM). Sum by file or tier with a few lines of Python.
-Linux only; without ``COWORKER_CPU_LOG`` it records nothing.
+Linux only; without ``COWORKER_CPU_LOG`` it records nothing. A child reaped after the test that
+started it (a module's runtime, a server process) puts its whole life's CPU in the ``reaped`` of
+the test that reaps it: read large ``reaped`` figures with that in mind.
 """
 
 from __future__ import annotations
