@@ -178,6 +178,60 @@ def wait_until_true(condition, attempts: int, pause: float) -> bool:
     return False
 
 
+def test_an_outcome_written_past_the_handlers_deadline_lands_before_the_invocation_returns(
+        make_settings, monkeypatch, counted_handlers):
+    # Given a worker whose handlers' deadline is 5 s before its own end (its margin), and a task
+    # whose outcome write is held until well past the moment the invocation used to return (1 s
+    # after that deadline): a slow write near a worker's end, as on a loaded machine
+    settings = make_settings(max_concurrency=1, batch_size=1, timeout_margin_seconds=5)
+    submit.put_task(TaskSpec(key="late", type="test-slow-writes-counted", payload={}), settings,
+                    now=utcnow() - timedelta(seconds=5))
+    slot, token = slots.free_slots(settings.worker_slots, 1)[0], slots.new_token()
+    assert slots.reserve(slot, token, settings.reservation_seconds)
+    deadline = time.monotonic() + 12
+    real_complete = lifecycle.complete
+
+    def held(claim, settings, **kwargs):
+        time.sleep(max(0.0, deadline - 3.5 - time.monotonic()))  # (the handlers' deadline + 1.5 s)
+        return real_complete(claim, settings, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "complete", held)
+
+    # When the invocation runs it
+    reports = run_invocation(WorkerRequest(("late",), slot, token), "w", settings, deadline)
+
+    # Then it waited for that write, within its end: the outcome is in its reports and recorded
+    # (cut off, a Lambda's frozen write leaves the task to its lock's expiry: worker_lost)
+    assert time.monotonic() < deadline
+    assert [(r.key, r.outcome) for r in reports] == [("late", TaskOutcome.FINISHED)]
+    assert lifecycle.get_task("late").status == TaskStatus.FINISHED.value
+
+
+@task_handler("test-slow-writes-overrun")
+def _overrun(payload: dict, context: TaskContext) -> None:
+    time.sleep(15)  # (told its deadline has passed, it goes on regardless)
+
+
+def test_an_invocation_does_not_wait_to_its_end_for_a_handler_that_overruns(make_settings):
+    # Given a worker whose handlers' deadline is 3 s before its own end, and a task whose handler
+    # sleeps far past it (it ignores being told)
+    settings = make_settings(max_concurrency=1, batch_size=1, timeout_margin_seconds=3)
+    submit.put_task(TaskSpec(key="overrun", type="test-slow-writes-overrun", payload={}), settings,
+                    now=utcnow() - timedelta(seconds=5))
+    slot, token = slots.free_slots(settings.worker_slots, 1)[0], slots.new_token()
+    assert slots.reserve(slot, token, settings.reservation_seconds)
+    deadline = time.monotonic() + 8
+
+    # When the invocation runs it
+    reports = run_invocation(WorkerRequest(("overrun",), slot, token), "w", settings, deadline)
+
+    # Then the heartbeat recorded the timeout and the invocation returned a moment after the
+    # handlers' deadline (1 s), not at its own end: there is no outcome write to wait for
+    assert time.monotonic() < deadline - 1
+    assert [(r.key, r.outcome) for r in reports] == [("overrun", TaskOutcome.FAILED)]
+    assert lifecycle.get_task("overrun").errors[-1].kind == ErrorKind.TIMEOUT.value
+
+
 def test_slow_lock_extensions_keep_every_running_task_with_its_worker(make_settings, monkeypatch):
     # Given five long tasks, 6-s locks with a beat every 2 s, and every lock extension 1.5 s slow
     settings = make_settings(max_concurrency=5, batch_size=5, lock_seconds=6, heartbeat_seconds=2)

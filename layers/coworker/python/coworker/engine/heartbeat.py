@@ -170,6 +170,12 @@ class Heartbeat:
         with self._lock:
             return [running.claim for running in self._running.values()]
 
+    def recording(self) -> bool:
+        """Whether a worker thread is writing what became of a watched task now: its outcome, once
+        its handler has returned, or the claim given back unstarted."""
+        with self._lock:
+            return any(running.done for running in self._running.values())
+
     def beat(self) -> None:
         """One round: extend the slot and every watched lock now, side by side, and wait for them
         (tests call it; the loop schedules each lock by its own expiry instead)."""

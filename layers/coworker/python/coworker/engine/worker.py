@@ -46,6 +46,10 @@ RATE_ATTEMPTS = 4
 # returned gives its place up before it writes the outcome, so under slow writes the next task's
 # claim and handler go on while that write is held (handlers at once stay at the places).
 RECORDING_THREADS_PER_PLACE = 1
+# How long before the invocation's end (its Lambda timeout, a runner's SIGKILL) it stops waiting
+# for an outcome still being written, at most: a write cut off by the end is lost, and its task
+# waits for its lock to lapse and ends ``worker_lost``.
+RECORD_SAFETY_SECONDS = 0.5
 
 
 class Places:
@@ -545,7 +549,7 @@ class Invocation:
             # (the deadline is read again and again: a runner told to stop brings it forward).
             for thread in workers:
                 while thread.is_alive():
-                    left = self.handler_deadline + min(1.0, settings.timeout_margin_seconds / 2) - time.monotonic()
+                    left = self._return_by() - time.monotonic()
                     if left <= 0:
                         break
                     thread.join(timeout=min(left, JOIN_POLL_SECONDS))
@@ -559,6 +563,18 @@ class Invocation:
         metrics.add_metric(name=MetricName.FEED_PAGES, unit=MetricUnit.Count, value=feeder.pages)
         durations.observed.flush()
         return reports
+
+    def _return_by(self) -> float:
+        """When :meth:`run` stops waiting for its threads: a moment after the handlers' deadline
+        (a handler still running then is abandoned, recorded by the heartbeat); while an outcome
+        is still being written, up to just before the invocation's end, so that a slow write near
+        the deadline lands rather than being cut off with the invocation."""
+        margin = self.settings.timeout_margin_seconds
+        soon = self.handler_deadline + min(1.0, margin / 2)
+        if not self.heartbeat.recording():
+            return soon
+        end = min(self.deadline, self.handler_deadline + margin)  # (a runner's: its stop's SIGKILL)
+        return max(soon, end - min(RECORD_SAFETY_SECONDS, margin / 4))
 
     def _thread_loop(self, feeder: Feeder, reports: list[TaskReport]) -> None:
         try:
