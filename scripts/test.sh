@@ -4,6 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh --browser
 # Three test processes on two cores: many tests wait (on a tick, a lock's expiry, a subprocess)
-# while another could run. Measured 2026-11-29, whole suite beside one CPU-bound process: 14:06
-# with 3 (the same as 2 on a quiet machine, 14:13); see README.
+# while another could run. Measured 2026-11-29, whole suite beside one CPU-bound process: 11:12
+# and 12:20 with 3, 16:31 with 2 (README).
 exec .venv/bin/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder -p no:cacheprovider --durations=20 "$@"
