@@ -104,11 +104,13 @@ def _counted(payload: dict, context: TaskContext) -> None:
         _running["now"] -= 1
 
 
-def _self_feeding(settings, keys):
-    """A worker invocation in a reserved slot, handed ``keys``, as the coordinator starts one."""
+def _self_feeding(settings, keys, deadline: float | None = None):
+    """A worker invocation in a reserved slot, handed ``keys``, as the coordinator starts one (its
+    end ``deadline``, by default 120 s from now)."""
     slot, token = slots.free_slots(settings.worker_slots, 1)[0], slots.new_token()
     assert slots.reserve(slot, token, settings.reservation_seconds)
-    return run_invocation(WorkerRequest(tuple(keys), slot, token), "w", settings, time.monotonic() + 120)
+    return run_invocation(WorkerRequest(tuple(keys), slot, token), "w", settings,
+                          deadline if deadline is not None else time.monotonic() + 120)
 
 
 @pytest.fixture
@@ -186,8 +188,6 @@ def test_an_outcome_written_past_the_handlers_deadline_lands_before_the_invocati
     settings = make_settings(max_concurrency=1, batch_size=1, timeout_margin_seconds=5)
     submit.put_task(TaskSpec(key="late", type="test-slow-writes-counted", payload={}), settings,
                     now=utcnow() - timedelta(seconds=5))
-    slot, token = slots.free_slots(settings.worker_slots, 1)[0], slots.new_token()
-    assert slots.reserve(slot, token, settings.reservation_seconds)
     deadline = time.monotonic() + 12
     real_complete = lifecycle.complete
 
@@ -198,7 +198,7 @@ def test_an_outcome_written_past_the_handlers_deadline_lands_before_the_invocati
     monkeypatch.setattr(lifecycle, "complete", held)
 
     # When the invocation runs it
-    reports = run_invocation(WorkerRequest(("late",), slot, token), "w", settings, deadline)
+    reports = _self_feeding(settings, ["late"], deadline)
 
     # Then it waited for that write, within its end: the outcome is in its reports and recorded
     # (cut off, a Lambda's frozen write leaves the task to its lock's expiry: worker_lost)
@@ -218,12 +218,10 @@ def test_an_invocation_does_not_wait_to_its_end_for_a_handler_that_overruns(make
     settings = make_settings(max_concurrency=1, batch_size=1, timeout_margin_seconds=3)
     submit.put_task(TaskSpec(key="overrun", type="test-slow-writes-overrun", payload={}), settings,
                     now=utcnow() - timedelta(seconds=5))
-    slot, token = slots.free_slots(settings.worker_slots, 1)[0], slots.new_token()
-    assert slots.reserve(slot, token, settings.reservation_seconds)
     deadline = time.monotonic() + 8
 
     # When the invocation runs it
-    reports = run_invocation(WorkerRequest(("overrun",), slot, token), "w", settings, deadline)
+    reports = _self_feeding(settings, ["overrun"], deadline)
 
     # Then the heartbeat recorded the timeout and the invocation returned a moment after the
     # handlers' deadline (1 s), not at its own end: there is no outcome write to wait for
