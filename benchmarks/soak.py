@@ -89,6 +89,7 @@ TYPES = ("bench-noop", "bench-sleep")
 SLEEP_SECONDS = 0.01
 CALLBACK = {"complete": {"type": "bench-callback"}}
 PROBE_REPEATS = 5
+INGEST_STEP = 25_000  # the ingest-only pass says how far it got at least this often
 SAMPLE_SECONDS = 0.5
 WINDOW_LIMIT_SECONDS = 3600  # a guard against a window that never ends, not a budget
 DISTANCE_TARGET_SECONDS = 3.0
@@ -215,12 +216,13 @@ class Soak:
     def ingest(self, tasks: int, marks: Sequence[int], batch_id: str, prefix: str,
                run_at: str | None = None) -> tuple[float, float, dict]:
         """Put ``tasks`` in ``batch_id`` (due at ``run_at``, else at once), timing the read routes
-        at each of ``marks``: (seconds of putting, CPU ms per task of the runtime and the
-        database, probes by mark)."""
+        at each of ``marks`` and saying how far it got every INGEST_STEP tasks: (seconds of
+        putting, CPU ms per task of the runtime and the database, probes by mark)."""
         probes: dict[int, dict[str, float]] = {}
         seconds = cpu = 0.0
         done = 0
-        for mark in [*marks, tasks]:
+        steps = set(range(INGEST_STEP, tasks, INGEST_STEP))
+        for mark in sorted({*marks, *steps, tasks}):
             if mark <= done:
                 continue
             cpu0 = self.coworker_cpu() + self.db_cpu()
