@@ -86,6 +86,10 @@ def local_settings(environ: dict[str, str] | None = None, **overrides: Any) -> S
     return Settings.from_env(environ, **{k: v for k, v in overrides.items() if v is not None})
 
 
+# The dashboard's count of finished tasks (a table scan, on a thread of its own): a request waits
+# this long for a count under way, and a new scan waits this many times the last one's duration.
+FINISHED_COUNT_WAIT_SECONDS = 1.0
+FINISHED_SCAN_PAUSE_FACTOR = 4.0
 # Where a local run looks for your handlers package when ``--handlers`` is not given: this
 # variable, else a ``handlers/`` folder in the current directory (the stack's default too).
 HANDLERS_DIR_VARIABLE = "COWORKER_HANDLERS_DIR"
@@ -265,7 +269,9 @@ class LocalRuntime:
         self.started_at = time.time()
         self.batches: list[str] = []  # batch ids submitted by the demo, shown on the dashboard
         self._finished_lock = threading.Lock()
-        self._finished: tuple[float, int] = (0.0, 0)
+        self._finished: tuple[float, int] | None = None  # (when counted, monotonic; the count)
+        self._finished_counting: threading.Thread | None = None
+        self._finished_next_at = 0.0  # (monotonic) no new count starts before this
         self._temporary_result_dir: Path | None = None
 
     @property
@@ -405,25 +411,51 @@ class LocalRuntime:
         if self._temporary_result_dir is not None:
             shutil.rmtree(self._temporary_result_dir, ignore_errors=True)
 
-    def finished_count(self, max_age: float = 1.0) -> int:
-        """Finished tasks in the table, counted by a scan at most once per ``max_age`` seconds.
+    def finished_count(self, max_age: float = 1.0) -> tuple[int | None, float | None]:
+        """Finished tasks in the table and the count's age in seconds (``None, None`` before the
+        first count ends).
 
-        Finished tasks leave the status index, so the API does not count them (on AWS a scan per
-        dashboard refresh would be a cost to avoid; on a local table of a few thousand items it
-        is a few milliseconds).
+        Finished tasks leave the status index, so the API does not count them; this scans the
+        table (on AWS a scan per dashboard refresh would be a cost to avoid). The scan runs on a
+        thread of its own, started when the last count is older than ``max_age`` and no sooner
+        after the last scan ended than FINISHED_SCAN_PAUSE_FACTOR times that scan took; a caller
+        waits for it at most FINISHED_COUNT_WAIT_SECONDS, else gets the last count. A table of a
+        few thousand items is counted in milliseconds, so the answer is fresh; one of a million
+        takes minutes to scan, and the dashboard still answers at once, with an older count.
         """
+        with self._finished_lock:
+            counting = self._finished_counting
+            stale = self._finished is None or time.monotonic() - self._finished[0] >= max_age
+            if (counting is None or not counting.is_alive()) and stale and time.monotonic() >= self._finished_next_at:
+                counting = threading.Thread(target=self._count_finished, name="finished-count", daemon=True)
+                self._finished_counting = counting
+                counting.start()
+        if counting is not None:
+            counting.join(FINISHED_COUNT_WAIT_SECONDS)
+        with self._finished_lock:
+            if self._finished is None:
+                return None, None
+            at, count = self._finished
+            return count, round(time.monotonic() - at, 1)
+
+    def _count_finished(self) -> None:
         from coworker.data.layout import BATCH_KEY_PREFIX
         from coworker.data.models import TaskModel, TaskStatus
 
+        began = time.monotonic()
+        try:
+            count = sum(1 for task in TaskModel.scan(
+                filter_condition=(TaskModel.status == TaskStatus.FINISHED.value)
+                & ~TaskModel.key.startswith(BATCH_KEY_PREFIX),
+                attributes_to_get=["key"]))
+        except Exception:  # noqa: BLE001 - the dashboard keeps the last count; the next refresh tries again
+            logger.exception("could not count the finished tasks")
+            count = None
+        ended = time.monotonic()
         with self._finished_lock:
-            at, count = self._finished
-            if time.monotonic() - at >= max_age:
-                count = sum(1 for task in TaskModel.scan(
-                    filter_condition=(TaskModel.status == TaskStatus.FINISHED.value)
-                    & ~TaskModel.key.startswith(BATCH_KEY_PREFIX),
-                    attributes_to_get=["key"]))
-                self._finished = (time.monotonic(), count)
-            return count
+            if count is not None:
+                self._finished = (began, count)
+            self._finished_next_at = ended + FINISHED_SCAN_PAUSE_FACTOR * (ended - began)
 
     @staticmethod
     def _last_backlog(ticks: list[TickRecord]) -> dict[str, Any] | None:
@@ -439,6 +471,7 @@ class LocalRuntime:
         ticks = list(self.coordinator.history) if self.coordinator else []
         coordinator_state = self.coordinator.state if self.coordinator else "off"
         last = next((t for t in reversed(ticks) if t.report is not None), None)
+        finished, finished_age = self.finished_count()
         return {
             "uptime_seconds": round(time.time() - self.started_at, 1),
             "database": {
@@ -448,7 +481,8 @@ class LocalRuntime:
                 "table_created": self.table_created,
             },
             "console": self.console.url if self.console else None,  # dynamodb-admin (--console)
-            "finished_tasks": self.finished_count(),
+            "finished_tasks": finished,  # (a scan's count, ``finished_tasks_age_seconds`` old)
+            "finished_tasks_age_seconds": finished_age,
             # without secrets: the dashboard's page shows these (the cursor secret signs cursors)
             "settings": {k: "(set)" if "secret" in k and v else v for k, v in self.settings.model_dump().items()},
             "effective_lock_seconds": self.settings.effective_lock_seconds,

@@ -74,9 +74,11 @@ function renderCounts(stats, info) {
       text = fmt(entry.count) + (entry.capped ? "+" : "");
     } else if (status === "finished" && info) {
       // Finished tasks leave the status index, so the API does not count them; the local runtime
-      // counts them in its table (a scan, cheap on a local table).
-      text = fmt(info.finished_tasks);
-      notes.push("finished: counted by the local runtime (finished tasks leave the status index)");
+      // counts them in its table (a scan on a thread of its own: a large table's count is older).
+      const age = info.finished_tasks_age_seconds;
+      text = info.finished_tasks === null ? "counting…" : fmt(info.finished_tasks);
+      notes.push("finished: counted by the local runtime (finished tasks leave the status index)"
+        + (age !== null && age !== undefined && age >= 10 ? `, ${duration(age)} ago` : ""));
     }
     $("count-" + status).textContent = text;
   }
