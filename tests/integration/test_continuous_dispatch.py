@@ -20,6 +20,7 @@ from coworker.engine.outcomes import TaskOutcome, TaskSource
 from coworker.engine.tasks import TaskSpec
 from coworker.engine.worker import WorkerRequest, run_invocation
 
+from tests.support.doubles import RecordingInvoker
 from tests.support.waits import wait_until
 
 # The tests of the lifecycle contract (expired locks, killed or stalled workers, the supervisor's
@@ -448,6 +449,39 @@ def test_supervisor_skips_missed_beats_after_an_overrun(settings, monkeypatch):
     assert starts == [0.0, 3.0, 4.0]  # beats at 1 and 2 were missed, the phase is kept
 
 
+def test_the_supervisor_renews_its_lease_every_half_lease_and_stops_at_the_renewal_that_finds_it_taken(
+        settings, monkeypatch):
+    # Given a supervisor of 1-s ticks (a 10-s lease) whose ticks cost 0.1 s, and whose lease
+    # another coordinator takes at 22 s (as after a stall)
+    clock = FakeClock()
+    starts: list[float] = []
+    renewals: list[float] = []
+    real_extend = slots.extend
+
+    def tick(*args, **kwargs):
+        starts.append(clock.now)
+        if clock.now >= 22:
+            LeaseModel(layout.COORDINATOR_LEASE).update(actions=[LeaseModel.holder.set("another")])
+        clock.now += 0.1
+        return dispatch.TickReport(0, 0, 0, 0, 0, 0, 0)
+
+    def extend(key, *args, **kwargs):
+        renewals.append(clock.now)
+        return real_extend(key, *args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "tick", tick)
+    monkeypatch.setattr(slots, "extend", extend)
+    supervisor = dispatch.Supervisor(settings.model_copy(update={"tick_seconds": 1.0}), None, clock=clock)
+
+    # When it runs for up to a minute
+    supervisor.run(lambda: 60 - clock.now, stop=clock)
+
+    # Then it wrote its lease every 5 s, not every tick, and stopped at the renewal after 22 s
+    assert renewals == [5.0, 10.0, 15.0, 20.0, 25.0]
+    assert starts[-1] == 24.0
+    assert _lease_holder() == "another"  # (a lost lease is not released)
+
+
 def _lease_holder() -> str | None:
     try:
         return LeaseModel.get(layout.COORDINATOR_LEASE, consistent_read=True).holder
@@ -500,3 +534,57 @@ def test_slots_left_from_a_larger_concurrency_neither_hide_free_slots_nor_linger
     dispatch.Supervisor(smaller, InProcessInvoker(smaller)).run(lambda: end - time.monotonic())
     left = [item.key for item in LeaseModel.scan(LeaseModel.key.startswith(layout.SLOT_KEY_PREFIX))]
     assert left == ["slot#0000"]
+
+
+def _supervise_in_a_thread(supervisor: dispatch.Supervisor) -> tuple[threading.Thread, threading.Event, list]:
+    stop = threading.Event()
+    reports: list = []
+    thread = threading.Thread(target=lambda: reports.extend(supervisor.run(lambda: 60.0, stop)))
+    thread.start()
+    return thread, stop, reports
+
+
+def test_a_held_slot_reservation_holds_no_tick_and_its_worker_starts_when_it_lands(make_settings, monkeypatch):
+    # Given due work for two workers, and a table that holds the reservation of slot 0
+    settings = make_settings(max_concurrency=4, batch_size=2, tick_seconds=0.2, idle_exit=False)
+    _put(settings, [f"k{i}" for i in range(4)])
+    held, let_go = threading.Event(), threading.Event()
+    real_reserve = slots.reserve
+    reserving: list[str] = []
+
+    def held_reserve(slot, *args, **kwargs):
+        reserving.append(slot)
+        if slot == slots.slot_key(0):
+            held.set()
+            let_go.wait(120)
+        return real_reserve(slot, *args, **kwargs)
+
+    monkeypatch.setattr(slots, "reserve", held_reserve)
+    invoker = RecordingInvoker()
+    ticks_while_held: list[object] = []
+    supervisor = dispatch.Supervisor(settings, invoker)
+    supervisor.on_tick = lambda report, error: held.is_set() and not let_go.is_set() and ticks_while_held.append(report)
+
+    # When the coordinator supervises
+    thread, stop, _ = _supervise_in_a_thread(supervisor)
+    try:
+        # Then it goes on ticking while the reservation is held, the other slot's worker started
+        wait_until(lambda: len(ticks_while_held) >= 3, "three ticks while a reservation is held", attempts=150)
+        assert [request.slot for request in invoker.requests] == [slots.slot_key(1)]
+        # and work due meanwhile (ahead of the keys in flight) is not planned onto the slot whose
+        # reservation is in flight
+        for key in ("k4", "k5"):
+            submit.put_task(TaskSpec(key=key, type="quick"), settings, now=utcnow() - timedelta(minutes=5))
+        seen = len(ticks_while_held)
+        wait_until(lambda: len(ticks_while_held) >= seen + 3, "three more ticks while it is held", attempts=150)
+        assert reserving.count(slots.slot_key(0)) == 1
+        # and once the write lands, slot 0's worker starts with keys no other worker was given
+        let_go.set()
+        wait_until(lambda: len(invoker.requests) == 2, "the held reservation's worker to start")
+    finally:
+        let_go.set()
+        stop.set()
+        thread.join()
+    handed = [key for request in invoker.requests for key in request.keys]
+    assert sorted(handed) == ["k0", "k1", "k2", "k3"]
+    assert invoker.requests[1].slot == slots.slot_key(0)

@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -76,6 +76,12 @@ STOPPED_SWEEP_BUDGET = 1000
 # The coordinator's lease outlives this many missed ticks before another may take over.
 LEASE_TICKS = 3
 MIN_LEASE_SECONDS = 10.0
+# It is extended once less than this share of it is left, not every tick: one write on the loop's
+# path every few ticks (a throttled table holds each for seconds), a stall of half a lease
+# (at least 5 s and 1.5 ticks) still tolerated.
+LEASE_RENEW_SHARE = 0.5
+# A supervisor's tick waits for its slot reservations half a tick, and at least this long.
+MIN_RESERVATION_WAIT_SECONDS = 1.0
 
 
 class Invoker(Protocol):
@@ -171,20 +177,24 @@ def fan_out(invoker: Invoker, requests: Sequence[WorkerRequest]) -> int:
 
 
 def start_workers(settings: Settings, invoker: Invoker, keys: Sequence[str],
-                  free: Sequence[str] | None = None, now: datetime | None = None) -> list[WorkerRequest]:
+                  free: Sequence[str] | None = None, now: datetime | None = None,
+                  reservations: Reservations | None = None) -> list[WorkerRequest]:
     """Reserve free slots and start one worker per slot's worth of keys (as many as slots allow).
 
     Each worker is handed as many keys as it runs threads. Returns the requests sent. Keys
     beyond the reserved slots stay due: running workers feed on them, or a later tick hands
-    them out.
+    them out. With ``reservations`` (a supervisor's), the reservations are made on its threads
+    and waited for a bounded time (see :class:`Reservations`).
     """
     if not keys:
         return []
     now = now or utcnow()
     if free is None:
         free = slots.free_slots(settings.worker_slots, math.ceil(len(keys) / settings.batch_size), now)
-    requests: list[WorkerRequest] = []
     remaining = list(dict.fromkeys(keys))
+    if reservations is not None:
+        return reservations.start(settings, invoker, remaining, free, now)
+    requests: list[WorkerRequest] = []
     candidates = list(free)
     while remaining and candidates:
         # As many slots as the keys left need, reserved at once: a tick waits for the slowest of
@@ -192,17 +202,99 @@ def start_workers(settings: Settings, invoker: Invoker, keys: Sequence[str],
         wanted = candidates[:math.ceil(len(remaining) / settings.batch_size)]
         candidates = candidates[len(wanted):]
         for slot, token in _reserve_all(wanted, settings.reservation_seconds, now):
-            number = slots.slot_number(slot)
-            # The keys of the slot's own stripe first: the ones self-feeding workers of other
-            # slots leave alone (see feeder.Feeder), so they do not race this worker for them.
-            own = [key for key in remaining if shard_of(key, settings.worker_slots) == number]
-            rest = [key for key in remaining if shard_of(key, settings.worker_slots) != number]
-            hints = (own + rest)[:settings.slot_threads(number)]
-            taken = set(hints)
-            remaining = [key for key in remaining if key not in taken]
+            hints, remaining = _hints_for(settings, slot, remaining)
             requests.append(WorkerRequest(tuple(hints), slot, token))
     fan_out(invoker, requests)
     return requests
+
+
+def _hints_for(settings: Settings, slot: str, keys: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The keys handed to ``slot``'s worker (as many as it runs threads), and the keys left."""
+    number = slots.slot_number(slot)
+    # The keys of the slot's own stripe first: the ones self-feeding workers of other slots
+    # leave alone (see feeder.Feeder), so they do not race this worker for them.
+    own = [key for key in keys if shard_of(key, settings.worker_slots) == number]
+    rest = [key for key in keys if shard_of(key, settings.worker_slots) != number]
+    hints = (own + rest)[:settings.slot_threads(number)]
+    taken = set(hints)
+    return hints, [key for key in keys if key not in taken]
+
+
+class Reservations:
+    """Where a supervisor's ticks reserve slots and start their workers: on threads of their own,
+    so that a tick waits for them at most ``wait_seconds``. A reservation write held longer (a
+    throttled table) lands while the next ticks run, and its worker starts when it does; its keys
+    stay in ``memory`` meanwhile, so no tick hands them out again, and leave it if the slot was
+    taken. Keys are given to the slots before their writes are sent; a slot another dispatcher
+    took leaves its keys due (the next tick, or a feeding worker, takes them)."""
+
+    def __init__(self, wait_seconds: float, memory: HintMemory | None = None) -> None:
+        self.wait_seconds = wait_seconds
+        self.memory = memory
+        self._pool = ThreadPoolExecutor(max_workers=FAN_OUT_THREADS, thread_name_prefix="reserve")
+        self._pending: dict[Future[WorkerRequest | None], str] = {}  # (to the slot each reserves)
+        self._lock = threading.Lock()
+
+    def unclaimed(self, free: Sequence[str]) -> list[str]:
+        """The slots of ``free`` with no reservation of this supervisor's in flight (the index
+        still lists a slot as free while its reservation write is held)."""
+        with self._lock:
+            claimed = set(self._pending.values())
+        return [slot for slot in free if slot not in claimed]
+
+    def start(self, settings: Settings, invoker: Invoker, keys: Sequence[str], free: Sequence[str],
+              now: datetime) -> list[WorkerRequest]:
+        """Reserve slots of ``free`` for ``keys`` and start their workers; the requests sent
+        within ``wait_seconds`` (the rest are sent when their reservations land)."""
+        planned: list[tuple[str, list[str]]] = []
+        remaining = list(keys)
+        for slot in free:
+            if not remaining:
+                break
+            hints, remaining = _hints_for(settings, slot, remaining)
+            planned.append((slot, hints))
+        if self.memory is not None:
+            self.memory.remember([key for _, hints in planned for key in hints])
+        with self._lock:
+            futures = [self._pool.submit(self._reserve_and_start, settings, invoker, slot, hints, now)
+                       for slot, hints in planned]
+            self._pending.update(zip(futures, (slot for slot, _ in planned), strict=True))
+        for future in futures:
+            future.add_done_callback(self._done)
+        done, _ = wait(futures, timeout=self.wait_seconds)
+        return [request for future in futures if future in done and (request := future.result()) is not None]
+
+    def _reserve_and_start(self, settings: Settings, invoker: Invoker, slot: str, hints: list[str],
+                           now: datetime) -> WorkerRequest | None:
+        token = slots.new_token()
+        try:
+            reserved = slots.reserve(slot, token, settings.reservation_seconds, now)
+        except Exception:  # noqa: BLE001 - the keys stay due; a later tick hands them out
+            logger.exception("could not reserve a worker slot", extra={"slot": slot})
+            reserved = False
+        if not reserved:
+            if self.memory is not None:
+                self.memory.forget(hints)
+            return None
+        request = WorkerRequest(tuple(hints), slot, token)
+        return request if fan_out(invoker, [request]) else None
+
+    def _done(self, future: Future[WorkerRequest | None]) -> None:
+        with self._lock:
+            self._pending.pop(future, None)
+
+    def pending(self) -> int:
+        """Reservations sent and not landed yet."""
+        with self._lock:
+            return len(self._pending)
+
+    def shutdown(self, wait_seconds: float) -> None:
+        """Let the reservations in flight land for up to ``wait_seconds``, then stop taking more."""
+        with self._lock:
+            pending = list(self._pending)
+        if pending:
+            wait(pending, timeout=wait_seconds)
+        self._pool.shutdown(wait=False)
 
 
 def _reserve_all(wanted: Sequence[str], seconds: float, now: datetime) -> list[tuple[str, str]]:
@@ -249,16 +341,23 @@ class HintMemory:
         self._seconds = seconds
         self._clock = clock
         self._until: dict[str, float] = {}
+        self._lock = threading.Lock()  # (reservations landing late forget their keys from other threads)
 
     def __contains__(self, key: str) -> bool:
         return self._until.get(key, 0.0) > self._clock()
 
     def remember(self, keys: Sequence[str]) -> None:
         now = self._clock()
-        if len(self._until) > 10_000:
-            self._until = {k: t for k, t in self._until.items() if t > now}
-        for key in keys:
-            self._until[key] = now + self._seconds
+        with self._lock:
+            if len(self._until) > 10_000:
+                self._until = {k: t for k, t in self._until.items() if t > now}
+            for key in keys:
+                self._until[key] = now + self._seconds
+
+    def forget(self, keys: Sequence[str]) -> None:
+        with self._lock:
+            for key in keys:
+                self._until.pop(key, None)
 
 
 _runner_memories: dict[tuple[str, float, Callable[[], float]], HintMemory] = {}
@@ -309,7 +408,7 @@ class _DueWork:
 def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
          memory: HintMemory | None = None, measure_backlog: bool = False,
          launcher: runners.Launcher | None = None, runner_memory: HintMemory | None = None,
-         counting: progress.CountingLoop | None = None) -> TickReport:
+         counting: progress.CountingLoop | None = None, reservations: Reservations | None = None) -> TickReport:
     """One coordinator pass: find free slots and due work, start workers, retire lost tasks.
 
     Reads at most ``worker_slots`` slot entries, the running tasks' index entries (to count them
@@ -322,11 +421,14 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     With a ``launcher``, it starts container runners on free runner slots for due container work
     (:mod:`coworker.engine.runners`); the Lambda workers are never handed such work. Batch
     progress is counted by ``counting`` apart from the tick (as the supervisor does), else here,
-    after dispatch.
+    after dispatch. With ``reservations`` (the supervisor's), slots are reserved on its threads,
+    and the tick waits for them a bounded time (:class:`Reservations`).
     """
     began = time.monotonic()
     now = now or utcnow()
     free = slots.free_slots(settings.worker_slots, settings.worker_slots, now)
+    if reservations is not None:
+        free = reservations.unclaimed(free)
     free_threads = sum(settings.slot_threads(slots.slot_number(slot)) for slot in free)
     view = control.read()
     _reshard(view, now)  # before reading the queue: tasks in retired shards are read this tick
@@ -350,15 +452,16 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     scheduled = [key for key, task_type in occurrences.put + fired.put
                  if not view.is_paused(task_type) and key not in work.keys]
     hand_out = (work.keys + scheduled)[:free_threads]
-    requests = start_workers(settings, invoker, hand_out, free=free, now=now) if free else []
+    requests = start_workers(settings, invoker, hand_out, free=free, now=now, reservations=reservations) if free else []
     sent = [key for request in requests for key in request.keys]
-    if memory is not None:
+    if memory is not None and reservations is None:  # (reservations remember their keys as they send them)
         memory.remember(sent)
     runner_requests, busy_runners = _start_runners(settings, launcher, view, now, lost, runner_memory)
     counted = counting.take() if counting is not None else _count_batch_progress(settings, now)
     # (the last terms read the index and wait for a counting pass, so they are only asked when
     # everything else is quiet: nothing is handed out then)
     idle = (settings.idle_exit and not requests and not runner_requests and work.due == 0 and work.reaped == 0
+            and (reservations is None or reservations.pending() == 0)
             and running == 0 and not lost
             and len(free) == settings.worker_slots and counted == 0
             and parked == released == cancelled == woken == occurrences.created == fired.created == 0
@@ -620,38 +723,47 @@ class Supervisor:
         self.backlog_measured_at: float | None = None
         self.on_tick: Callable[[TickReport | None, str | None], None] | None = None
 
-    def _take_lease(self, remaining: Callable[[], float], stop: threading.Event) -> bool:
-        """Wait for the lease (an overlapping run still holds it) while time remains."""
+    def _take_lease(self, remaining: Callable[[], float], stop: threading.Event) -> float | None:
+        """Wait for the lease (an overlapping run still holds it) while time remains: the clock's
+        time when the write that took it was sent, or ``None``."""
         while True:
+            sent_at = self.clock()
             if slots.take(COORDINATOR_LEASE, self.holder, self.lease_seconds, LeaseState.HELD):
-                return True
+                return sent_at
             if remaining() < self.settings.tick_seconds or stop.wait(min(1.0, self.settings.tick_seconds)):
-                return False
+                return None
 
     def run(self, remaining: Callable[[], float], stop: threading.Event | None = None) -> list[TickReport]:
         """Tick until ``remaining()`` (seconds) drops below one tick, or ``stop`` is set."""
         stop = stop or threading.Event()
         settings = self.settings
-        if not self._take_lease(remaining, stop):
+        taken_at = self._take_lease(remaining, stop)
+        if taken_at is None:
             logger.info("another coordinator holds the lease; this run ends")
             return []
+        renew_at = taken_at + LEASE_RENEW_SHARE * self.lease_seconds
         reports: list[TickReport] = []
         # Batch progress is counted on a thread of its own: a slow counter write never holds a tick.
         counting = progress.CountingLoop(settings, settings.tick_seconds, settings.tick_seconds / 2).start()
+        reservations = Reservations(max(MIN_RESERVATION_WAIT_SECONDS, settings.tick_seconds / 2), self.memory)
         try:
             _keep_slots(settings.worker_slots, slots.WORKERS)
             if self.launcher is not None:
                 _keep_slots(settings.max_runners, slots.RUNNERS)
             next_at = self.clock()
             while not stop.is_set() and remaining() >= settings.tick_seconds:
-                if not slots.extend(COORDINATOR_LEASE, self.holder, self.lease_seconds):
-                    logger.warning("coordinator lease lost to another coordinator; stopping")
-                    return reports
+                if self.clock() >= renew_at:
+                    sent_at = self.clock()
+                    if not slots.extend(COORDINATOR_LEASE, self.holder, self.lease_seconds):
+                        logger.warning("coordinator lease lost to another coordinator; stopping")
+                        return reports
+                    renew_at = sent_at + LEASE_RENEW_SHARE * self.lease_seconds
                 measure = (self.backlog_measured_at is None
                            or self.clock() - self.backlog_measured_at >= settings.backlog_seconds)
                 try:
                     report = tick(settings, self.invoker, memory=self.memory, measure_backlog=measure,
-                                  launcher=self.launcher, runner_memory=self.runner_memory, counting=counting)
+                                  launcher=self.launcher, runner_memory=self.runner_memory, counting=counting,
+                                  reservations=reservations)
                     if measure:
                         self.backlog_measured_at = self.clock()
                     reports.append(report)
@@ -673,6 +785,7 @@ class Supervisor:
                 stop.wait(max(0.0, next_at - self.clock()))
         finally:
             counting.stop(wait=settings.tick_seconds)
+            reservations.shutdown(settings.tick_seconds)
             slots.release(COORDINATOR_LEASE, self.holder)
         return reports
 
