@@ -11,13 +11,13 @@ import pytest
 from coworker.data import connection, layout
 from coworker.data.layout import shard_of
 from coworker.data.models import LeaseModel, utcnow
-from coworker.engine import control, dispatch, lifecycle, slots, submit
+from coworker.engine import control, dispatch, lifecycle, schedules, slots, submit
 from coworker.engine import feeder as feeder_module
 from coworker.engine.dispatch import InProcessInvoker
 from coworker.engine.feeder import Feeder
 from coworker.engine.handlers import TaskContext, task_handler
 from coworker.engine.outcomes import TaskOutcome, TaskSource
-from coworker.engine.tasks import TaskSpec
+from coworker.engine.tasks import NewTask, TaskSpec
 from coworker.engine.worker import WorkerRequest, run_invocation
 
 from tests.support.doubles import RecordingInvoker
@@ -588,3 +588,39 @@ def test_a_held_slot_reservation_holds_no_tick_and_its_worker_starts_when_it_lan
     handed = [key for request in invoker.requests for key in request.keys]
     assert sorted(handed) == ["k0", "k1", "k2", "k3"]
     assert invoker.requests[1].slot == slots.slot_key(0)
+
+
+def test_a_held_occurrence_put_holds_no_tick_and_its_task_is_handed_out_when_it_lands(make_settings, monkeypatch):
+    # Given a schedule falling due, and a table that holds its occurrence's put
+    settings = make_settings(max_concurrency=4, batch_size=2, tick_seconds=0.2, idle_exit=False)
+    t0 = utcnow()
+    schedules.put("every-minute", "rate(1 minute)", "UTC", "once", NewTask(type="quick"), now=t0 - timedelta(minutes=1))
+    held, let_go = threading.Event(), threading.Event()
+    real_put = schedules._run_occurrence
+
+    def held_put(*args, **kwargs):
+        held.set()
+        let_go.wait(120)
+        return real_put(*args, **kwargs)
+
+    monkeypatch.setattr(schedules, "_run_occurrence", held_put)
+    invoker = RecordingInvoker()
+    ticks_while_held: list[object] = []
+    supervisor = dispatch.Supervisor(settings, invoker)
+    supervisor.on_tick = lambda report, error: held.is_set() and not let_go.is_set() and ticks_while_held.append(report)
+
+    # When the coordinator supervises
+    thread, stop, _ = _supervise_in_a_thread(supervisor)
+    try:
+        # Then it goes on ticking while the put is held
+        wait_until(lambda: len(ticks_while_held) >= 3, "three ticks while the occurrence's put is held", attempts=150)
+        assert invoker.requests == []
+        # and once the put lands, the occurrence's task is handed out (once)
+        let_go.set()
+        wait_until(lambda: invoker.requests, "the occurrence's task to be handed out")
+    finally:
+        let_go.set()
+        stop.set()
+        thread.join()
+    handed = [key for request in invoker.requests for key in request.keys]
+    assert len(handed) == 1 and handed[0].startswith("every-minute@")

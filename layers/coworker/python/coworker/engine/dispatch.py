@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from aws_lambda_powertools.metrics import MetricUnit
 
@@ -80,8 +80,9 @@ MIN_LEASE_SECONDS = 10.0
 # path every few ticks (a throttled table holds each for seconds), a stall of half a lease
 # (at least 5 s and 1.5 ticks) still tolerated.
 LEASE_RENEW_SHARE = 0.5
-# A supervisor's tick waits for its slot reservations half a tick, and at least this long.
-MIN_RESERVATION_WAIT_SECONDS = 1.0
+# A supervisor's tick waits for the parts it runs on other threads (slot reservations, schedule
+# occurrences and batch callbacks) half a tick, and at least this long.
+MIN_THREAD_WAIT_SECONDS = 1.0
 
 
 class Invoker(Protocol):
@@ -297,6 +298,76 @@ class Reservations:
         self._pool.shutdown(wait=False)
 
 
+T = TypeVar("T")
+
+
+class BoundedStep(Generic[T]):
+    """A part of a supervisor's tick run on a thread of its own and waited for a bounded time:
+    a write a throttled table holds for seconds holds that thread, never the tick. One run at a
+    time: a tick that finds the last run still under way starts no other, and the first tick
+    to find it done takes its result."""
+
+    def __init__(self, name: str) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._running: Future[T] | None = None
+
+    def start(self, work: Callable[[], T]) -> None:
+        """Run ``work`` unless the last run is still under way."""
+        if self._running is None:
+            self._running = self._pool.submit(work)
+
+    def result(self, wait_seconds: float) -> T | None:
+        """The run's result once it is done (raising what it raised), waiting at most
+        ``wait_seconds``; ``None`` while it is still under way."""
+        running = self._running
+        if running is None:
+            return None
+        done, _ = wait([running], timeout=wait_seconds)
+        if not done:
+            return None
+        self._running = None
+        return running.result()
+
+    def busy(self) -> bool:
+        return self._running is not None
+
+    def shutdown(self, wait_seconds: float) -> None:
+        """Let a run under way end for up to ``wait_seconds``, then stop taking more."""
+        if self._running is not None:
+            wait([self._running], timeout=wait_seconds)
+        self._pool.shutdown(wait=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Puts:
+    """What a tick puts besides dispatch: its schedules' occurrences and its batches' callbacks."""
+    occurrences: schedules.OccurrenceReport = dataclasses.field(default_factory=schedules.OccurrenceReport)
+    fired: callbacks.CallbackReport = dataclasses.field(default_factory=callbacks.CallbackReport)
+
+
+class TickThreads:
+    """The threads a supervisor's ticks hand their writes to, each waited for at most
+    ``wait_seconds`` (the rest lands while later ticks run): batch counting
+    (:class:`~coworker.engine.progress.CountingLoop`, never waited for), slot reservations
+    (:class:`Reservations`), and the schedules' occurrences with the batches' callbacks (a
+    :class:`BoundedStep`). Made and stopped by :meth:`Supervisor.run`."""
+
+    def __init__(self, settings: Settings, memory: HintMemory | None) -> None:
+        self.wait_seconds = max(MIN_THREAD_WAIT_SECONDS, settings.tick_seconds / 2)
+        self.counting = progress.CountingLoop(settings, settings.tick_seconds, settings.tick_seconds / 2).start()
+        self.reservations = Reservations(self.wait_seconds, memory)
+        self.puts: BoundedStep[_Puts] = BoundedStep("puts")
+
+    def busy(self) -> bool:
+        """Writes handed over and not landed yet."""
+        return self.reservations.pending() > 0 or self.puts.busy()
+
+    def stop(self, wait_seconds: float) -> None:
+        self.counting.stop(wait=wait_seconds)
+        self.reservations.shutdown(wait_seconds)
+        self.puts.shutdown(wait_seconds)
+
+
 def _reserve_all(wanted: Sequence[str], seconds: float, now: datetime) -> list[tuple[str, str]]:
     """Reserve the ``wanted`` slots, their writes sent together: the ``(slot, token)`` reserved,
     in ``wanted``'s order (a slot another dispatcher took meanwhile is left out)."""
@@ -408,7 +479,7 @@ class _DueWork:
 def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
          memory: HintMemory | None = None, measure_backlog: bool = False,
          launcher: runners.Launcher | None = None, runner_memory: HintMemory | None = None,
-         counting: progress.CountingLoop | None = None, reservations: Reservations | None = None) -> TickReport:
+         threads: TickThreads | None = None) -> TickReport:
     """One coordinator pass: find free slots and due work, start workers, retire lost tasks.
 
     Reads at most ``worker_slots`` slot entries, the running tasks' index entries (to count them
@@ -420,27 +491,35 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     due backlog by status (at most ``backlog_count_cap`` entries each, see :func:`index.backlog`).
     With a ``launcher``, it starts container runners on free runner slots for due container work
     (:mod:`coworker.engine.runners`); the Lambda workers are never handed such work. Batch
-    progress is counted by ``counting`` apart from the tick (as the supervisor does), else here,
-    after dispatch. With ``reservations`` (the supervisor's), slots are reserved on its threads,
-    and the tick waits for them a bounded time (:class:`Reservations`).
+    progress is counted here, after dispatch, unless the tick has the supervisor's ``threads``:
+    then counting, slot reservations, schedule occurrences and batch callbacks run on those, and
+    the tick waits for them a bounded time (:class:`TickThreads`).
     """
     began = time.monotonic()
     now = now or utcnow()
+    def put_due() -> _Puts:  # (before the queue read: what they put is handed out this tick)
+        return _Puts(schedules.create_due_occurrences(settings, now, timedelta(seconds=settings.supervise_seconds)),
+                     _fire_batch_callbacks(settings, now))  # (on the counts of the last tick's follow)
+
+    if threads is not None:
+        threads.puts.start(put_due)
     free = slots.free_slots(settings.worker_slots, settings.worker_slots, now)
-    if reservations is not None:
-        free = reservations.unclaimed(free)
+    if threads is not None:
+        free = threads.reservations.unclaimed(free)
     free_threads = sum(settings.slot_threads(slots.slot_number(slot)) for slot in free)
     view = control.read()
     _reshard(view, now)  # before reading the queue: tasks in retired shards are read this tick
     woken = gates.sweep(view.limits, now)  # before reading the queue: they are due at once
-    occurrences = schedules.create_due_occurrences(settings, now, timedelta(seconds=settings.supervise_seconds))
-    fired = _fire_batch_callbacks(settings, now)  # on the counts of the last tick's follow
+    puts = put_due() if threads is None else None
     running, lost = index.running_and_lost(now)
     backlog = _measure_backlog(settings, now, lost) if measure_backlog else None
     # With every slot busy the queue is read only for what a tick does besides handing out work:
     # parking paused types' tasks and cancelling stopped batches' (lost work comes from ``lost``).
     read_queue = bool(free) or bool(view.paused or view.stopped_batches)
     work = _find_due_work(settings, view, now, lost, max(free_threads, settings.batch_size), memory, read_queue)
+    if threads is not None:  # (run beside the reads above; what lands later is handed out by a later tick)
+        puts = threads.puts.result(max(0.0, threads.wait_seconds - (time.monotonic() - began)))
+    occurrences, fired = (puts or _Puts()).occurrences, (puts or _Puts()).fired
     parked = _each(lambda task: control.park(task, now), work.to_park)
     cancelled = _each(lambda task: lifecycle.cancel(task.key, settings, reason=STOPPED_BATCH_REASON) is not None,
                       work.to_cancel)
@@ -452,23 +531,24 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     scheduled = [key for key, task_type in occurrences.put + fired.put
                  if not view.is_paused(task_type) and key not in work.keys]
     hand_out = (work.keys + scheduled)[:free_threads]
+    reservations = threads.reservations if threads is not None else None
     requests = start_workers(settings, invoker, hand_out, free=free, now=now, reservations=reservations) if free else []
     sent = [key for request in requests for key in request.keys]
     if memory is not None and reservations is None:  # (reservations remember their keys as they send them)
         memory.remember(sent)
     runner_requests, busy_runners = _start_runners(settings, launcher, view, now, lost, runner_memory)
-    counted = counting.take() if counting is not None else _count_batch_progress(settings, now)
+    counted = threads.counting.take() if threads is not None else _count_batch_progress(settings, now)
     # (the last terms read the index and wait for a counting pass, so they are only asked when
     # everything else is quiet: nothing is handed out then)
     idle = (settings.idle_exit and not requests and not runner_requests and work.due == 0 and work.reaped == 0
-            and (reservations is None or reservations.pending() == 0)
+            and (threads is None or not threads.busy())
             and running == 0 and not lost
             and len(free) == settings.worker_slots and counted == 0
             and parked == released == cancelled == woken == occurrences.created == fired.created == 0
             and not occurrences.due_soon and not fired.settling
             and not view.stopped_batches and not view.to_release
             and not index.any_due(now + timedelta(seconds=settings.supervise_seconds))
-            and (counting is None or counting.quiet(since=began, wait=settings.tick_seconds / 2)))
+            and (threads is None or threads.counting.quiet(since=began, wait=settings.tick_seconds / 2)))
     report = TickReport(busy_slots=settings.worker_slots - len(free), free_slots=len(free), due=work.due,
                         dispatched=len(sent), invocations=len(requests), reaped=work.reaped,
                         running_tasks=running, parked=parked, released=released, cancelled=cancelled,
@@ -743,9 +823,9 @@ class Supervisor:
             return []
         renew_at = taken_at + LEASE_RENEW_SHARE * self.lease_seconds
         reports: list[TickReport] = []
-        # Batch progress is counted on a thread of its own: a slow counter write never holds a tick.
-        counting = progress.CountingLoop(settings, settings.tick_seconds, settings.tick_seconds / 2).start()
-        reservations = Reservations(max(MIN_RESERVATION_WAIT_SECONDS, settings.tick_seconds / 2), self.memory)
+        # Counting, slot reservations, occurrences and callbacks on threads of their own: a write
+        # held for seconds (a throttled table) holds one of those, never a tick.
+        threads = TickThreads(settings, self.memory)
         try:
             _keep_slots(settings.worker_slots, slots.WORKERS)
             if self.launcher is not None:
@@ -762,8 +842,7 @@ class Supervisor:
                            or self.clock() - self.backlog_measured_at >= settings.backlog_seconds)
                 try:
                     report = tick(settings, self.invoker, memory=self.memory, measure_backlog=measure,
-                                  launcher=self.launcher, runner_memory=self.runner_memory, counting=counting,
-                                  reservations=reservations)
+                                  launcher=self.launcher, runner_memory=self.runner_memory, threads=threads)
                     if measure:
                         self.backlog_measured_at = self.clock()
                     reports.append(report)
@@ -784,8 +863,7 @@ class Supervisor:
                     next_at += missed * settings.tick_seconds
                 stop.wait(max(0.0, next_at - self.clock()))
         finally:
-            counting.stop(wait=settings.tick_seconds)
-            reservations.shutdown(settings.tick_seconds)
+            threads.stop(settings.tick_seconds)
             slots.release(COORDINATOR_LEASE, self.holder)
         return reports
 
