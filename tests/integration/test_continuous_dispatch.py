@@ -624,3 +624,50 @@ def test_a_held_occurrence_put_holds_no_tick_and_its_task_is_handed_out_when_it_
         thread.join()
     handed = [key for request in invoker.requests for key in request.keys]
     assert len(handed) == 1 and handed[0].startswith("every-minute@")
+
+
+def test_held_park_writes_hold_no_tick_and_the_other_types_start_meanwhile(make_settings, monkeypatch):
+    # Given a paused type's tasks at the head of the queue, a table that holds their park writes,
+    # and tasks of another type behind them
+    settings = make_settings(max_concurrency=4, batch_size=2, tick_seconds=0.2, idle_exit=False)
+    for key in ("p0", "p1"):
+        submit.put_task(TaskSpec(key=key, type="slow"), settings, now=utcnow() - timedelta(minutes=5))
+    control.pause("slow")
+    held, let_go = threading.Event(), threading.Event()
+    real_park = control.park
+
+    def held_park(*args, **kwargs):
+        held.set()
+        let_go.wait(120)
+        return real_park(*args, **kwargs)
+
+    monkeypatch.setattr(control, "park", held_park)
+    invoker = RecordingInvoker()
+    ticks_while_held: list[object] = []
+    parked: list[int] = []
+
+    def on_tick(report, error):
+        parked.append(report.parked if report is not None else 0)
+        if held.is_set() and not let_go.is_set():
+            ticks_while_held.append(report)
+
+    supervisor = dispatch.Supervisor(settings, invoker)
+    supervisor.on_tick = on_tick
+
+    # When the coordinator supervises, and the other type's tasks arrive
+    thread, stop, _ = _supervise_in_a_thread(supervisor)
+    try:
+        wait_until(held.is_set, "a park write to be held")
+        _put(settings, ["q0", "q1"])
+        # Then it goes on ticking while the parks are held, and hands out the other type's tasks
+        wait_until(lambda: len(ticks_while_held) >= 3, "three ticks while the parks are held", attempts=150)
+        wait_until(lambda: sorted(invoker.keys) == ["q0", "q1"], "the other type's tasks to be handed out")
+        # and once the writes land, both are parked (and counted once)
+        let_go.set()
+        wait_until(lambda: sum(parked) == 2, "both parks to be counted")
+    finally:
+        let_go.set()
+        stop.set()
+        thread.join()
+    assert {lifecycle.get_task(key).status_shard.startswith("held#slow#") for key in ("p0", "p1")} == {True}
+    assert "p0" not in invoker.keys and "p1" not in invoker.keys

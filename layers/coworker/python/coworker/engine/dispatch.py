@@ -179,13 +179,13 @@ def fan_out(invoker: Invoker, requests: Sequence[WorkerRequest]) -> int:
 
 def start_workers(settings: Settings, invoker: Invoker, keys: Sequence[str],
                   free: Sequence[str] | None = None, now: datetime | None = None,
-                  reservations: Reservations | None = None) -> list[WorkerRequest]:
+                  reservations: Reservations | None = None, wait_seconds: float = 0.0) -> list[WorkerRequest]:
     """Reserve free slots and start one worker per slot's worth of keys (as many as slots allow).
 
     Each worker is handed as many keys as it runs threads. Returns the requests sent. Keys
     beyond the reserved slots stay due: running workers feed on them, or a later tick hands
     them out. With ``reservations`` (a supervisor's), the reservations are made on its threads
-    and waited for a bounded time (see :class:`Reservations`).
+    and waited for at most ``wait_seconds`` (see :class:`Reservations`).
     """
     if not keys:
         return []
@@ -194,7 +194,7 @@ def start_workers(settings: Settings, invoker: Invoker, keys: Sequence[str],
         free = slots.free_slots(settings.worker_slots, math.ceil(len(keys) / settings.batch_size), now)
     remaining = list(dict.fromkeys(keys))
     if reservations is not None:
-        return reservations.start(settings, invoker, remaining, free, now)
+        return reservations.start(settings, invoker, remaining, free, now, wait_seconds)
     requests: list[WorkerRequest] = []
     candidates = list(free)
     while remaining and candidates:
@@ -229,8 +229,7 @@ class Reservations:
     taken. Keys are given to the slots before their writes are sent; a slot another dispatcher
     took leaves its keys due (the next tick, or a feeding worker, takes them)."""
 
-    def __init__(self, wait_seconds: float, memory: HintMemory | None = None) -> None:
-        self.wait_seconds = wait_seconds
+    def __init__(self, memory: HintMemory | None = None) -> None:
         self.memory = memory
         self._pool = ThreadPoolExecutor(max_workers=FAN_OUT_THREADS, thread_name_prefix="reserve")
         self._pending: dict[Future[WorkerRequest | None], str] = {}  # (to the slot each reserves)
@@ -244,7 +243,7 @@ class Reservations:
         return [slot for slot in free if slot not in claimed]
 
     def start(self, settings: Settings, invoker: Invoker, keys: Sequence[str], free: Sequence[str],
-              now: datetime) -> list[WorkerRequest]:
+              now: datetime, wait_seconds: float) -> list[WorkerRequest]:
         """Reserve slots of ``free`` for ``keys`` and start their workers; the requests sent
         within ``wait_seconds`` (the rest are sent when their reservations land)."""
         planned: list[tuple[str, list[str]]] = []
@@ -262,7 +261,7 @@ class Reservations:
             self._pending.update(zip(futures, (slot for slot, _ in planned), strict=True))
         for future in futures:
             future.add_done_callback(self._done)
-        done, _ = wait(futures, timeout=self.wait_seconds)
+        done, _ = wait(futures, timeout=wait_seconds)
         return [request for future in futures if future in done and (request := future.result()) is not None]
 
     def _reserve_and_start(self, settings: Settings, invoker: Invoker, slot: str, hints: list[str],
@@ -345,27 +344,43 @@ class _Puts:
     fired: callbacks.CallbackReport = dataclasses.field(default_factory=callbacks.CallbackReport)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Chores:
+    """What a tick writes besides dispatch for the tasks it met: parked (a paused type's),
+    cancelled (a stopped batch's) and released (a type no longer paused)."""
+    parked: int = 0
+    cancelled: int = 0
+    released: int = 0
+
+
 class TickThreads:
     """The threads a supervisor's ticks hand their writes to, each waited for at most
     ``wait_seconds`` (the rest lands while later ticks run): batch counting
     (:class:`~coworker.engine.progress.CountingLoop`, never waited for), slot reservations
-    (:class:`Reservations`), and the schedules' occurrences with the batches' callbacks (a
-    :class:`BoundedStep`). Made and stopped by :meth:`Supervisor.run`."""
+    (:class:`Reservations`), the schedules' occurrences with the batches' callbacks, and the
+    chores (parking, cancelling, releasing: each a :class:`BoundedStep`). Made and stopped by
+    :meth:`Supervisor.run`."""
 
     def __init__(self, settings: Settings, memory: HintMemory | None) -> None:
         self.wait_seconds = max(MIN_THREAD_WAIT_SECONDS, settings.tick_seconds / 2)
         self.counting = progress.CountingLoop(settings, settings.tick_seconds, settings.tick_seconds / 2).start()
-        self.reservations = Reservations(self.wait_seconds, memory)
+        self.reservations = Reservations(memory)
         self.puts: BoundedStep[_Puts] = BoundedStep("puts")
+        self.chores: BoundedStep[_Chores] = BoundedStep("chores")
+
+    def left(self, began: float) -> float:
+        """How long a tick that began at ``began`` (monotonic) may still wait for its threads."""
+        return max(0.0, self.wait_seconds - (time.monotonic() - began))
 
     def busy(self) -> bool:
         """Writes handed over and not landed yet."""
-        return self.reservations.pending() > 0 or self.puts.busy()
+        return self.reservations.pending() > 0 or self.puts.busy() or self.chores.busy()
 
     def stop(self, wait_seconds: float) -> None:
         self.counting.stop(wait=wait_seconds)
         self.reservations.shutdown(wait_seconds)
         self.puts.shutdown(wait_seconds)
+        self.chores.shutdown(wait_seconds)
 
 
 def _reserve_all(wanted: Sequence[str], seconds: float, now: datetime) -> list[tuple[str, str]]:
@@ -497,6 +512,7 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     """
     began = time.monotonic()
     now = now or utcnow()
+
     def put_due() -> _Puts:  # (before the queue read: what they put is handed out this tick)
         return _Puts(schedules.create_due_occurrences(settings, now, timedelta(seconds=settings.supervise_seconds)),
                      _fire_batch_callbacks(settings, now))  # (on the counts of the last tick's follow)
@@ -518,25 +534,36 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     read_queue = bool(free) or bool(view.paused or view.stopped_batches)
     work = _find_due_work(settings, view, now, lost, max(free_threads, settings.batch_size), memory, read_queue)
     if threads is not None:  # (run beside the reads above; what lands later is handed out by a later tick)
-        puts = threads.puts.result(max(0.0, threads.wait_seconds - (time.monotonic() - began)))
+        puts = threads.puts.result(threads.left(began))
     occurrences, fired = (puts or _Puts()).occurrences, (puts or _Puts()).fired
-    parked = _each(lambda task: control.park(task, now), work.to_park)
-    cancelled = _each(lambda task: lifecycle.cancel(task.key, settings, reason=STOPPED_BATCH_REASON) is not None,
-                      work.to_cancel)
-    if measure_backlog:
-        cancelled += _settle_stopped_batches(settings, view)
-    released = _release_held(view)
+
+    def chores() -> _Chores:  # (tasks met here are not handed out: they may be written after dispatch)
+        return _Chores(
+            parked=_each(lambda task: control.park(task, now), work.to_park),
+            cancelled=(_each(lambda task: lifecycle.cancel(task.key, settings, reason=STOPPED_BATCH_REASON) is not None,
+                             work.to_cancel)
+                       + (_settle_stopped_batches(settings, view) if measure_backlog else 0)),
+            released=_release_held(view))
+
+    if threads is None:
+        done = chores()
+    else:  # (a run still under way from an earlier tick: these tasks are met again by a later one)
+        threads.chores.start(chores)
     # Tasks this tick put for schedules are handed out at once, as a submit's are (the queue
     # read leaves the freshest tasks to dispatch on submit and to feeding workers).
     scheduled = [key for key, task_type in occurrences.put + fired.put
                  if not view.is_paused(task_type) and key not in work.keys]
     hand_out = (work.keys + scheduled)[:free_threads]
     reservations = threads.reservations if threads is not None else None
-    requests = start_workers(settings, invoker, hand_out, free=free, now=now, reservations=reservations) if free else []
+    requests = (start_workers(settings, invoker, hand_out, free=free, now=now, reservations=reservations,
+                              wait_seconds=threads.left(began) if threads is not None else 0.0) if free else [])
     sent = [key for request in requests for key in request.keys]
     if memory is not None and reservations is None:  # (reservations remember their keys as they send them)
         memory.remember(sent)
     runner_requests, busy_runners = _start_runners(settings, launcher, view, now, lost, runner_memory)
+    if threads is not None:
+        done = threads.chores.result(threads.left(began)) or _Chores()
+    parked, cancelled, released = done.parked, done.cancelled, done.released
     counted = threads.counting.take() if threads is not None else _count_batch_progress(settings, now)
     # (the last terms read the index and wait for a counting pass, so they are only asked when
     # everything else is quiet: nothing is handed out then)
