@@ -10,9 +10,10 @@ Three paths start workers, all through the same capacity accounting (worker slot
 * **the supervisor** (:class:`Supervisor`): the coordinator ticks every ``tick_seconds`` on a
   fixed cadence within one long invocation, holding a single-flight lease; each tick tops up
   free slots with workers for due work (retries, expired locks, anything the other paths
-  missed), retires tasks lost on their last attempt and reports the backlog. Batch progress is
-  counted beside the ticks, on a thread of its own (:class:`~coworker.engine.progress.CountingLoop`),
-  so a slow counter write never holds a tick's dispatch.
+  missed), retires tasks lost on their last attempt and reports the backlog. Its writes besides
+  (batch counting, slot reservations, schedule occurrences and callbacks, parks and cancels) run
+  on threads of its own (:class:`TickThreads`), so a write a throttled table holds for seconds
+  never holds a tick past its wait.
 
 Delivery stays at-least-once: a key may be handed to two workers (the index is eventually
 consistent); the claim, one conditional write, decides.
