@@ -16,6 +16,8 @@ database does). It prints, from the handlers' own start times and the engine's c
   when another start was stamped after it, and taken again; after four, the task is booked behind
   every waiter);
 * claims per rate-limited task, and every warning by its text, and what the tasks ended as;
+* lock warnings (a lock that could not be extended, a claim lost) per task, rate-limited
+  against free;
 * for the tasks turned away with a booked start, the time from that booked start (the last one
   booked) to their handler's start: p50, p95 and the most.
 """
@@ -47,6 +49,7 @@ from coworker_local.database import create_table, embedded_database  # noqa: E40
 _started: dict[str, float] = {}
 _claims: collections.Counter[str] = collections.Counter()
 _warnings: collections.Counter[str] = collections.Counter()
+_lock_warnings: collections.Counter[str] = collections.Counter()  # "rated" / "free" -> lock warnings
 _spent: collections.Counter[str] = collections.Counter()
 _booked: dict[str, float] = {}  # key -> the start last booked for it (epoch s)
 _guard = threading.Lock()
@@ -63,8 +66,11 @@ def _handler(payload, context):
 class _Warnings(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.levelno >= logging.WARNING:
+            key = str(getattr(record, "task_key", ""))
             with _guard:
                 _warnings[record.getMessage()] += 1
+                if key and ("lock could not be extended" in record.getMessage() or "claim lost" in record.getMessage()):
+                    _lock_warnings["rated" if key.startswith("rated-") else "free"] += 1
 
 
 class _TimedTurn:
@@ -177,6 +183,8 @@ def main() -> None:
                   f"p95 {p95:.2f} s, most {late[-1]:.2f} s")
         statuses = collections.Counter(lifecycle.get_task(key).status for key in created)
         print("rate-limited tasks now:", dict(statuses))
+        print(f"lock warnings per task (could not be extended, claim lost): rate-limited "
+              f"{_lock_warnings['rated'] / options.tasks:.2f}, free {_lock_warnings['free'] / options.tasks:.2f}")
         for message, count in _warnings.most_common():
             print(f"warning x{count}: {message}")
     finally:
