@@ -41,32 +41,36 @@ from coworker_local.dynamodb_local import unavailable_reason  # noqa: E402
 
 _table_numbers = itertools.count()
 
-# The files that take longest, longest first (from a whole run's per-test times, 2026-11-29).
-# ``scripts/test.sh`` hands files out to its workers in collection order (loadfile, without
-# xdist's reordering by test count), so these start first and the short files fill the end: no
-# worker is left alone on a long file while the other has finished.
+# The files that take longest, longest first (their summed test time in a whole CI run on a
+# quiet machine, 2026-11-29, in seconds). ``scripts/test.sh`` hands files out to its workers in
+# collection order (loadfile, without xdist's reordering by test count), so these start first and
+# the short files fill the end: no worker is left alone on a long file while the others have finished.
 LONGEST_FILES_FIRST = (
-    "tests/rehearsal/test_on_the_wire.py",
-    "tests/integration/test_upgrade_in_flight.py",  # (added 2026-11-29: 67 s and 69 s on a loaded machine)
-    "tests/e2e/test_local_runtime.py",
-    "tests/cli/test_cli.py",
-    "tests/integration/test_follow_ups.py",
-    "tests/integration/test_coordinator.py",
-    "tests/integration/test_rate_limits.py",
-    "tests/integration/test_concurrency.py",
-    "tests/integration/test_continuous_dispatch.py",
-    "tests/api/test_api.py",
-    "tests/integration/test_container_runner.py",
-    "tests/fuzz/test_api_fuzz.py",
-    "tests/integration/test_lifecycle.py",
-    "tests/rehearsal/test_grants.py",
-    "tests/api/test_batch_counters.py",
-    "tests/integration/test_follow_up_batch_counts.py",
-    "tests/integration/test_time_limits.py",
-    "tests/rehearsal/test_fresh_app.py",
-    "tests/e2e/test_dashboard_browser.py",
-    "tests/integration/test_sharded_index.py",
-    "tests/integration/test_coordinator_cost.py",
+    "tests/e2e/test_local_runtime.py",  # 174
+    "tests/integration/test_rate_log_chunks.py",  # 140
+    "tests/rehearsal/test_grants.py",  # 100
+    "tests/rehearsal/test_on_the_wire.py",  # 91
+    "tests/integration/test_upgrade_in_flight.py",  # 47 (67 and 69 on a loaded machine)
+    "tests/fuzz/test_api_fuzz.py",  # 73
+    "tests/integration/test_slow_writes.py",  # 70
+    "tests/integration/test_continuous_dispatch.py",  # 67
+    "tests/cli/test_cli.py",  # 67
+    "tests/integration/test_coordinator.py",  # 63
+    "tests/integration/test_time_limits.py",  # 59
+    "tests/integration/test_coordinator_cost.py",  # 56
+    "tests/e2e/test_dashboard_browser.py",  # 56
+    "tests/integration/test_follow_ups.py",  # 54
+    "tests/integration/test_rate_limits.py",  # 52
+    "tests/api/test_batch_counters.py",  # 43
+    "tests/integration/test_batch_callbacks.py",  # 43
+    "tests/integration/test_concurrency.py",  # 43
+    "tests/integration/test_follow_up_batch_counts.py",  # 42
+    "tests/api/test_bulk.py",  # 39
+    "tests/integration/test_container_runner.py",  # 38
+    "tests/integration/test_lifecycle.py",  # 38
+    "tests/integration/test_sharded_index.py",  # 34
+    "tests/api/test_api.py",  # 33
+    "tests/rehearsal/test_fresh_app.py",  # 33
 )
 
 
