@@ -82,7 +82,7 @@ MIN_LEASE_SECONDS = 10.0
 # (at least 5 s and 1.5 ticks) still tolerated.
 LEASE_RENEW_SHARE = 0.5
 # A supervisor's tick waits for the parts it runs on other threads (slot reservations, schedule
-# occurrences and batch callbacks) half a tick, and at least this long.
+# occurrences and batch callbacks, parks and cancels) half a tick from its start, at least this long.
 MIN_THREAD_WAIT_SECONDS = 1.0
 
 
@@ -508,8 +508,8 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     With a ``launcher``, it starts container runners on free runner slots for due container work
     (:mod:`coworker.engine.runners`); the Lambda workers are never handed such work. Batch
     progress is counted here, after dispatch, unless the tick has the supervisor's ``threads``:
-    then counting, slot reservations, schedule occurrences and batch callbacks run on those, and
-    the tick waits for them a bounded time (:class:`TickThreads`).
+    then counting, slot reservations, schedule occurrences and batch callbacks, parks, cancels
+    and releases run on those, and the tick waits for them a bounded time (:class:`TickThreads`).
     """
     began = time.monotonic()
     now = now or utcnow()
