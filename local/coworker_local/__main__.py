@@ -219,7 +219,15 @@ def main(argv: list[str] | None = None) -> int:
     log = _route_logs(log_path)
 
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    starting = threading.Event()
+    starting.set()
+
+    def on_sigterm(*_: object) -> None:
+        stop.set()
+        if starting.is_set():  # a long start (a kept table's scan) is cut short, as Ctrl-C cuts it
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     _stop_with_parent(stop)
     runtime = LocalRuntime(settings, host=args.host, port=args.api_port, allowed_hosts=args.allowed_hosts,
                            max_invocations=args.max_invocations, log=log, drain_seconds=args.drain_seconds,
@@ -230,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                            function_env=function_env, console_port=args.console_port if args.console else None)
     try:
         runtime.start()
+        starting.clear()  # (in the try: a SIGTERM just before it is an interrupted start)
     except DatabaseStartError as exc:
         print(f"cannot start the database: {exc}", file=sys.stderr)
         runtime.stop()
@@ -246,8 +255,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot start: {exc} (is port {args.api_port} taken? try --api-port 0)", file=sys.stderr)
         runtime.stop()
         return 1
-    except KeyboardInterrupt:  # Ctrl-C while starting: stop what has started, in order
+    except KeyboardInterrupt:  # Ctrl-C (or SIGTERM) while starting: stop what has started, in order
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("\nStopped while starting.", file=sys.stderr, flush=True)
         runtime.stop()
         return 130
     code = 0

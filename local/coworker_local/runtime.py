@@ -214,6 +214,16 @@ class CoordinatorTimer:
             self._thread.join(timeout=30)
 
 
+# A kept table's layout check says how far it got every this many items (a million take minutes).
+RESHARD_PROGRESS_EVERY = 100_000
+
+
+def _say_reshard_progress(report: migration.ReshardReport) -> None:
+    if report.scanned and report.scanned % RESHARD_PROGRESS_EVERY == 0:
+        print(f"checking the kept table's index layout: {report.scanned:,} items read, {report.moved:,} moved "
+              "(Ctrl-C stops)", file=sys.stderr, flush=True)
+
+
 class LocalRuntime:
     """Embedded DynamoDB, API, coordinator timer, worker pool and dashboard, started together."""
 
@@ -366,7 +376,7 @@ class LocalRuntime:
         configure(self.settings)
         if not self.table_created:
             # A kept data folder: its tasks may predate the index layout (or the shard count).
-            moved = migration.reshard().moved
+            moved = migration.reshard(progress=_say_reshard_progress).moved
             if moved:
                 logger.info("kept table resharded", extra={"moved": moved})
         # This run's settings for anything in this process that reads them as a function would.

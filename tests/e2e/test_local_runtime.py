@@ -319,6 +319,35 @@ def test_a_runtime_started_with_ctrl_c_ignored_still_stops_on_it(tmp_path):
         runtime.kill_group()
 
 
+def test_sigterm_during_a_long_start_stops_the_runtime_as_ctrl_c_does(tmp_path):
+    """Given a runtime whose start takes long (a kept table of a million tasks is read first),
+    when it gets SIGTERM while starting, then it stops what it started and exits, rather than
+    finish starting first."""
+    script = textwrap.dedent("""
+        import sys, time
+        from coworker_local import __main__ as command, runtime
+
+        def long_start(self):
+            print("starting", flush=True)
+            time.sleep(120)
+
+        runtime.LocalRuntime.start = long_start
+        runtime.LocalRuntime.stop = lambda self: print("stopped what had started", flush=True)
+        sys.exit(command.main(["--no-demo", "--db", "moto", "--api-port", "0"]))
+    """)
+    process = subprocess.Popen([sys.executable, "-c", script], env=runtime_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == "starting"
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130
+    assert "Stopped while starting." in out and "stopped what had started" in out
+
+
 def _children(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` (from /proc)."""
     found = []
