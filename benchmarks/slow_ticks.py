@@ -8,7 +8,7 @@ sleeping 1 s) drains batch tasks from DynamoDB Local: first for ``--phase-second
 write passing at once, then as long with ``--slow-share`` of the writes (every thread's: the
 workers', the ticks', the batch counting's) held for a random time up to ``--slow-seconds``, as a
 throttled table would. It prints each phase's tick durations (p50, p95, max) and the tasks that ended in
-it. Figures, not a test: nothing is asserted.
+it, and the handlers running (of the 30 threads) over time. Figures, not a test: nothing is asserted.
 """
 
 from __future__ import annotations
@@ -27,14 +27,31 @@ import botocore.client
 
 BENCHMARKS_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS_DIR))
-import bench_handlers  # noqa: E402,F401 - registers bench-sleep
 from coworker.bootstrap import configure  # noqa: E402
 from coworker.config import Settings  # noqa: E402
 from coworker.data.models import TaskModel, utcnow  # noqa: E402
 from coworker.engine import batches, dispatch, lifecycle, slots  # noqa: E402
+from coworker.engine.handlers import TaskContext, task_handler  # noqa: E402
 from coworker.engine.tasks import TaskSpec  # noqa: E402
 from coworker_local.database import create_table  # noqa: E402
 from system import start_database  # noqa: E402
+
+_running = 0  # handlers running now, in all of this process's workers
+_running_lock = threading.Lock()
+
+
+@task_handler("slow-ticks-sleep")
+def _sleep(payload: dict | None, context: TaskContext) -> dict:
+    """Sleep ``seconds`` (1 by default), counted among the handlers running."""
+    global _running
+    with _running_lock:
+        _running += 1
+    try:
+        time.sleep(float((payload or {}).get("seconds", 1.0)))
+    finally:
+        with _running_lock:
+            _running -= 1
+    return {}
 
 WRITES = frozenset({"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"})
 
@@ -42,6 +59,13 @@ WRITES = frozenset({"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "Tr
 def percentile(values: Sequence[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else float("nan")
+
+
+def _tenths(samples: Sequence[int]) -> str:
+    """The mean of each tenth of ``samples``, in order (how busy the threads were over time)."""
+    size = max(1, len(samples) // 10)
+    return " ".join(f"{statistics.fmean(samples[i:i + size]):.0f}" for i in range(0, size * 10, size)
+                    if samples[i:i + size])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         now = utcnow()
         for number in range(args.batches):
             batch_id = f"b{number:03d}"
-            tasks = [lifecycle.new_task(TaskSpec(key=f"{batch_id}-{i:04d}", type="bench-sleep", batch_id=batch_id,
+            tasks = [lifecycle.new_task(TaskSpec(key=f"{batch_id}-{i:04d}", type="slow-ticks-sleep", batch_id=batch_id,
                                                  payload={"seconds": 1.0}),
                                         settings, now) for i in range(args.tasks // args.batches)]
             batches.put_tasks(tasks, batch_id)
@@ -89,6 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         botocore.client.BaseClient._make_api_call = slow_writes  # type: ignore[method-assign]
         durations: dict[bool, list[float]] = {False: [], True: []}
+        busy: dict[bool, list[int]] = {False: [], True: []}  # handlers running, sampled twice a second
         real_tick = dispatch.tick
 
         def timed_tick(*a: object, **kw: object) -> dispatch.TickReport:
@@ -106,7 +131,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         def ended() -> int:
             return sum(1 for _ in TaskModel.scan(TaskModel.status == "finished", attributes_to_get=["key"]))
 
+        def sample() -> None:
+            while not stop.wait(0.5):
+                busy[held.is_set()].append(_running)
+
         run.start()
+        threading.Thread(target=sample, daemon=True).start()
         time.sleep(args.phase_seconds)
         ended_fast = ended()
         held.set()
@@ -126,7 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         values = durations[phase]
         print(f"  {name}: {len(values)} ticks, duration p50 {statistics.median(values) if values else 0:.2f} s, "
               f"p95 {percentile(values, 0.95):.2f} s, max {max(values, default=0):.2f} s; "
-              f"tasks finished {ended_slow if phase else ended_fast}")
+              f"tasks finished {ended_slow if phase else ended_fast}; handlers running of 30: "
+              f"mean {statistics.fmean(busy[phase]) if busy[phase] else 0:.1f}, "
+              f"by tenths of the phase {_tenths(busy[phase])}")
     if ended_fast + ended_slow >= args.tasks:
         print("  (every task finished: the second phase ran out of work and its figure is a floor; raise --tasks)")
     return 0
