@@ -3,8 +3,10 @@ parallel fan-out. Contract tests: they run on DynamoDB Local and on moto."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -536,55 +538,74 @@ def test_slots_left_from_a_larger_concurrency_neither_hide_free_slots_nor_linger
     assert left == ["slot#0000"]
 
 
-def _supervise_in_a_thread(supervisor: dispatch.Supervisor) -> tuple[threading.Thread, threading.Event, list]:
+class _HeldWrite:
+    """A write the table holds: calls of ``owner.name`` (those ``only`` picks) wait until
+    ``let_go`` is set; ``ticks`` are the reports of a supervisor's ticks meanwhile."""
+
+    def __init__(self, monkeypatch, owner, name: str, only=lambda *args: True) -> None:
+        self.held, self.let_go = threading.Event(), threading.Event()
+        self.calls: list[tuple] = []
+        self.ticks: list = []
+        real = getattr(owner, name)
+
+        def hold(*args, **kwargs):
+            self.calls.append(args)
+            if only(*args):
+                self.held.set()
+                self.let_go.wait(120)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, hold)
+
+    def count(self, report) -> None:
+        if self.held.is_set() and not self.let_go.is_set():
+            self.ticks.append(report)
+
+
+@contextlib.contextmanager
+def _supervising(settings, write: _HeldWrite, on_tick=None) -> Iterator[RecordingInvoker]:
+    """A supervisor ticking in a thread, its workers recorded, stopped (and the write let go) on the way out."""
+    invoker = RecordingInvoker()
+    supervisor = dispatch.Supervisor(settings, invoker)
+
+    def ticked(report, error):
+        write.count(report)
+        if on_tick is not None:
+            on_tick(report)
+
+    supervisor.on_tick = ticked
     stop = threading.Event()
-    reports: list = []
-    thread = threading.Thread(target=lambda: reports.extend(supervisor.run(lambda: 60.0, stop)))
+    thread = threading.Thread(target=supervisor.run, args=(lambda: 60.0, stop))
     thread.start()
-    return thread, stop, reports
+    try:
+        yield invoker
+    finally:
+        write.let_go.set()
+        stop.set()
+        thread.join()
 
 
 def test_a_held_slot_reservation_holds_no_tick_and_its_worker_starts_when_it_lands(make_settings, monkeypatch):
     # Given due work for two workers, and a table that holds the reservation of slot 0
     settings = make_settings(max_concurrency=4, batch_size=2, tick_seconds=0.2, idle_exit=False)
     _put(settings, [f"k{i}" for i in range(4)])
-    held, let_go = threading.Event(), threading.Event()
-    real_reserve = slots.reserve
-    reserving: list[str] = []
-
-    def held_reserve(slot, *args, **kwargs):
-        reserving.append(slot)
-        if slot == slots.slot_key(0):
-            held.set()
-            let_go.wait(120)
-        return real_reserve(slot, *args, **kwargs)
-
-    monkeypatch.setattr(slots, "reserve", held_reserve)
-    invoker = RecordingInvoker()
-    ticks_while_held: list[object] = []
-    supervisor = dispatch.Supervisor(settings, invoker)
-    supervisor.on_tick = lambda report, error: held.is_set() and not let_go.is_set() and ticks_while_held.append(report)
+    write = _HeldWrite(monkeypatch, slots, "reserve", only=lambda slot, *args: slot == slots.slot_key(0))
 
     # When the coordinator supervises
-    thread, stop, _ = _supervise_in_a_thread(supervisor)
-    try:
+    with _supervising(settings, write) as invoker:
         # Then it goes on ticking while the reservation is held, the other slot's worker started
-        wait_until(lambda: len(ticks_while_held) >= 3, "three ticks while a reservation is held", attempts=150)
+        wait_until(lambda: len(write.ticks) >= 3, "three ticks while a reservation is held", attempts=150)
         assert [request.slot for request in invoker.requests] == [slots.slot_key(1)]
         # and work due meanwhile (ahead of the keys in flight) is not planned onto the slot whose
         # reservation is in flight
         for key in ("k4", "k5"):
             submit.put_task(TaskSpec(key=key, type="quick"), settings, now=utcnow() - timedelta(minutes=5))
-        seen = len(ticks_while_held)
-        wait_until(lambda: len(ticks_while_held) >= seen + 3, "three more ticks while it is held", attempts=150)
-        assert reserving.count(slots.slot_key(0)) == 1
+        seen = len(write.ticks)
+        wait_until(lambda: len(write.ticks) >= seen + 3, "three more ticks while it is held", attempts=150)
+        assert [args[0] for args in write.calls].count(slots.slot_key(0)) == 1
         # and once the write lands, slot 0's worker starts with keys no other worker was given
-        let_go.set()
+        write.let_go.set()
         wait_until(lambda: len(invoker.requests) == 2, "the held reservation's worker to start")
-    finally:
-        let_go.set()
-        stop.set()
-        thread.join()
     handed = [key for request in invoker.requests for key in request.keys]
     assert sorted(handed) == ["k0", "k1", "k2", "k3"]
     assert invoker.requests[1].slot == slots.slot_key(0)
@@ -595,33 +616,16 @@ def test_a_held_occurrence_put_holds_no_tick_and_its_task_is_handed_out_when_it_
     settings = make_settings(max_concurrency=4, batch_size=2, tick_seconds=0.2, idle_exit=False)
     t0 = utcnow()
     schedules.put("every-minute", "rate(1 minute)", "UTC", "once", NewTask(type="quick"), now=t0 - timedelta(minutes=1))
-    held, let_go = threading.Event(), threading.Event()
-    real_put = schedules._run_occurrence
-
-    def held_put(*args, **kwargs):
-        held.set()
-        let_go.wait(120)
-        return real_put(*args, **kwargs)
-
-    monkeypatch.setattr(schedules, "_run_occurrence", held_put)
-    invoker = RecordingInvoker()
-    ticks_while_held: list[object] = []
-    supervisor = dispatch.Supervisor(settings, invoker)
-    supervisor.on_tick = lambda report, error: held.is_set() and not let_go.is_set() and ticks_while_held.append(report)
+    write = _HeldWrite(monkeypatch, schedules, "_run_occurrence")
 
     # When the coordinator supervises
-    thread, stop, _ = _supervise_in_a_thread(supervisor)
-    try:
+    with _supervising(settings, write) as invoker:
         # Then it goes on ticking while the put is held
-        wait_until(lambda: len(ticks_while_held) >= 3, "three ticks while the occurrence's put is held", attempts=150)
+        wait_until(lambda: len(write.ticks) >= 3, "three ticks while the occurrence's put is held", attempts=150)
         assert invoker.requests == []
         # and once the put lands, the occurrence's task is handed out (once)
-        let_go.set()
+        write.let_go.set()
         wait_until(lambda: invoker.requests, "the occurrence's task to be handed out")
-    finally:
-        let_go.set()
-        stop.set()
-        thread.join()
     handed = [key for request in invoker.requests for key in request.keys]
     assert len(handed) == 1 and handed[0].startswith("every-minute@")
 
@@ -633,41 +637,18 @@ def test_held_park_writes_hold_no_tick_and_the_other_types_start_meanwhile(make_
     for key in ("p0", "p1"):
         submit.put_task(TaskSpec(key=key, type="slow"), settings, now=utcnow() - timedelta(minutes=5))
     control.pause("slow")
-    held, let_go = threading.Event(), threading.Event()
-    real_park = control.park
-
-    def held_park(*args, **kwargs):
-        held.set()
-        let_go.wait(120)
-        return real_park(*args, **kwargs)
-
-    monkeypatch.setattr(control, "park", held_park)
-    invoker = RecordingInvoker()
-    ticks_while_held: list[object] = []
+    write = _HeldWrite(monkeypatch, control, "park")
     parked: list[int] = []
 
-    def on_tick(report, error):
-        parked.append(report.parked if report is not None else 0)
-        if held.is_set() and not let_go.is_set():
-            ticks_while_held.append(report)
-
-    supervisor = dispatch.Supervisor(settings, invoker)
-    supervisor.on_tick = on_tick
-
     # When the coordinator supervises, and the other type's tasks arrive
-    thread, stop, _ = _supervise_in_a_thread(supervisor)
-    try:
-        wait_until(held.is_set, "a park write to be held")
+    with _supervising(settings, write, on_tick=lambda report: parked.append(report.parked if report else 0)) as invoker:
+        wait_until(write.held.is_set, "a park write to be held")
         _put(settings, ["q0", "q1"])
         # Then it goes on ticking while the parks are held, and hands out the other type's tasks
-        wait_until(lambda: len(ticks_while_held) >= 3, "three ticks while the parks are held", attempts=150)
+        wait_until(lambda: len(write.ticks) >= 3, "three ticks while the parks are held", attempts=150)
         wait_until(lambda: sorted(invoker.keys) == ["q0", "q1"], "the other type's tasks to be handed out")
         # and once the writes land, both are parked (and counted once)
-        let_go.set()
+        write.let_go.set()
         wait_until(lambda: sum(parked) == 2, "both parks to be counted")
-    finally:
-        let_go.set()
-        stop.set()
-        thread.join()
     assert {lifecycle.get_task(key).status_shard.startswith("held#slow#") for key in ("p0", "p1")} == {True}
     assert "p0" not in invoker.keys and "p1" not in invoker.keys
