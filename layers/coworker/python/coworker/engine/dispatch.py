@@ -536,7 +536,8 @@ def tick(settings: Settings, invoker: Invoker, now: datetime | None = None,
     work = _find_due_work(settings, view, now, lost, max(free_threads, settings.batch_size), memory, read_queue)
     if threads is not None:  # (run beside the reads above; what lands later is handed out by a later tick)
         puts = threads.puts.result(threads.left(began))
-    occurrences, fired = (puts or _Puts()).occurrences, (puts or _Puts()).fired
+    puts = puts or _Puts()  # (none yet: the run started is still under way)
+    occurrences, fired = puts.occurrences, puts.fired
 
     def chores() -> _Chores:  # (tasks met here are not handed out: they may be written after dispatch)
         return _Chores(
