@@ -172,9 +172,9 @@ def start_runtime(tmp_path_factory, dynamodb_local_server) -> Iterator:
 
 
 @pytest.fixture(scope="module")
-def start_module_runtime(tmp_path_factory, dynamodb_local_server) -> Iterator:
+def start_module_runtime(tmp_path_factory, dynamodb_local_kept) -> Iterator:
     """Start local runtimes shared by the tests of a module; all stopped at the end of the module."""
-    with _runtimes(tmp_path_factory, dynamodb_local_server) as start:
+    with _runtimes(tmp_path_factory, dynamodb_local_kept) as start:
         yield start
 
 
