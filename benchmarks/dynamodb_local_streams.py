@@ -12,8 +12,8 @@ afresh once N tables were made on it, as ``tests/conftest.py`` does between test
 Measured 2026-11-30, 12 rounds on a quiet machine: with streams on, the JVM's CPU per round grew
 from 2.0 s (round 1) to 7.7 s (round 11), its SQLite thread's from 1.2 s to 6.6 s, 53 CPU-s in all;
 with streams off, 1.2-1.6 s a round throughout. Started afresh after every 20 tables: 1.8-2.0 s a
-round, 3.9-4.1 s with a start, 35 CPU-s in all. Deleting a table, or turning its stream off first,
-does not bring the cost down; a fresh server does.
+round, 3.9-4.1 s with a start, 35 CPU-s in all. Deleting the tables does not bring the cost down;
+a fresh server does.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import throughput  # noqa: E402  - sets up the import paths and Powertools' switches
 from coworker.config import Settings  # noqa: E402
 from coworker.data.layout import PARTITION_KEY  # noqa: E402
 from coworker_local.database import admin_client, create_table  # noqa: E402
@@ -38,10 +39,8 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 def jvm_cpu(pid: int) -> collections.Counter[str]:
     """CPU-seconds so far of the whole JVM and of its SQLite thread (threads that ended count in
     the whole only)."""
-    spent: collections.Counter[str] = collections.Counter()
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    spent["jvm"] = (int(fields[11]) + int(fields[12])) / _TICKS
-    for task in Path(f"/proc/{pid}/task").iterdir():
+    spent = collections.Counter({"jvm": throughput.process_cpu_seconds(pid)})
+    for task in Path(f"/proc/{pid}/task").iterdir():  # (/proc/<thread id>/stat would give the whole JVM's)
         try:
             if (task / "comm").read_text().startswith("SQLite"):
                 fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
